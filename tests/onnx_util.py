@@ -1,0 +1,84 @@
+"""Building small ONNX models in tests and checking them against onnxruntime."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from welder.check import error_metric, onnxruntime_outputs, threshold_for
+from welder.frontend.onnx import import_onnx
+
+NP_TO_ONNX = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.float64): TensorProto.DOUBLE,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.bool_): TensorProto.BOOL,
+}
+
+
+def make_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    initializers: Mapping[str, np.ndarray] | None = None,
+    opset: int = 17,
+) -> onnx.ModelProto:
+    """A model whose inputs take the shapes and dtypes of the example arrays; output
+    types are left to shape inference."""
+    graph = helper.make_graph(
+        list(nodes),
+        "test",
+        [helper.make_tensor_value_info(k, NP_TO_ONNX[v.dtype], v.shape) for k, v in inputs.items()],
+        [helper.make_value_info(o, onnx.TypeProto()) for o in outputs],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def run_both(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]):
+    """(welder interpreter outputs, onnxruntime outputs), keyed by output name."""
+    graph = import_onnx(model)
+    ours = graph.run(feeds)
+    ref = onnxruntime_outputs(model, feeds, [o.name for o in model.graph.output])
+    return ours, ref
+
+
+def assert_matches_ort(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], threshold: float | None = None
+) -> None:
+    """Import ``model``, interpret it and compare every output with onnxruntime."""
+    ours, ref = run_both(model, feeds)
+    for name, expected in ref.items():
+        got = ours[name]
+        assert got.shape == expected.shape, f"{name}: shape {got.shape} != {expected.shape}"
+        assert got.dtype == expected.dtype, f"{name}: dtype {got.dtype} != {expected.dtype}"
+        dtype = "bool" if expected.dtype == np.bool_ else expected.dtype.name
+        limit = threshold_for(dtype) if threshold is None else threshold
+        err = error_metric(got, expected)
+        assert err <= limit, f"{name}: error {err:.3e} > {limit:.1e}"
+
+
+def single_op(
+    op: str,
+    inputs: Mapping[str, np.ndarray],
+    attrs: Mapping | None = None,
+    initializers: Mapping[str, np.ndarray] | None = None,
+    n_outputs: int = 1,
+    opset: int = 17,
+    input_order: Sequence[str] | None = None,
+) -> onnx.ModelProto:
+    """A model of one node; ``input_order`` lists the node inputs ('' for omitted ones)
+    when they mix graph inputs and initializers."""
+    names = list(input_order) if input_order is not None else [*inputs, *(initializers or {})]
+    outs = [f"out{k}" for k in range(n_outputs)]
+    node = helper.make_node(op, names, outs, name=f"{op.lower()}_0", **(attrs or {}))
+    return make_model([node], inputs, outs, initializers, opset)

@@ -1,0 +1,456 @@
+"""ONNX -> Graph.
+
+Stages, each a function so tests and tools can run them one at a time:
+
+1. ``load_model``: parse the file and its external data (never outside the model folder);
+2. ``fix_input_shapes``: apply ``--input-shape`` overrides, reject symbolic dimensions;
+3. ``check_model``: opset range and the list of unsupported operators, before any work;
+4. ``simplify``: graph-level rewrites on ONNX (BatchNormalization folded into Conv);
+5. ``lower``: one registered lowering per node, constant folding as it goes, shapes
+   cross-checked against ONNX shape inference, dead nodes removed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+import welder.frontend.ops  # noqa: F401  (registers every lowering)
+from welder.errors import ModelError, ShapeError, UnsupportedError
+from welder.frontend.passes import simplify
+from welder.frontend.registry import (
+    LOWERINGS,
+    LowerContext,
+    Tensor,
+    array_dtype,
+    dtype_from_onnx,
+)
+from welder.graph import Graph, Node, TensorInfo
+from welder.ir.compute import Compute, compute
+from welder.ir.interpret import evaluate, np_dtype
+
+MIN_OPSET, MAX_OPSET = 11, 21
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+# Fold a node whose inputs are all constant unless it would blow up the weights: an
+# Expand of a scalar to a large activation stays a (cheap, inlinable) compute.
+_FOLD_MIN_ELEMENTS = 1 << 16
+
+
+def import_onnx(
+    model: str | os.PathLike | onnx.ModelProto,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    name: str | None = None,
+) -> Graph:
+    """Import an ONNX model (a path or a loaded ModelProto) into a Graph."""
+    if not isinstance(model, onnx.ModelProto):
+        name = name or Path(model).stem
+        model = load_model(model)
+    model = fix_input_shapes(model, input_shapes or {})
+    check_model(model)
+    model = simplify(model)
+    return lower(model, name=name or model.graph.name or "model")
+
+
+# -- 1. loading --------------------------------------------------------------------------
+
+
+def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.onnx"
+    if not path.is_file():
+        raise ModelError(f"no ONNX model at {str(path)!r}")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf raises a bare DecodeError with no file name
+        raise ModelError(f"{str(path)!r} is not a readable ONNX model: {e}") from None
+    base = path.resolve().parent
+    for t in _external_tensors(model):
+        location = next((e.value for e in t.external_data if e.key == "location"), "")
+        target = (base / location).resolve()
+        if not location or os.path.isabs(location) or not target.is_relative_to(base):
+            raise ModelError(
+                f"initializer {t.name!r} refers to external data {location!r} outside the "
+                f"model folder {str(base)!r}; refusing to read it"
+            )
+        if not target.is_file():
+            raise ModelError(f"initializer {t.name!r}: external data file {str(target)!r} is missing")
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, str(base))
+    except Exception as e:
+        raise ModelError(f"{str(path)!r}: cannot read external data: {e}") from None
+    return model
+
+
+def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [
+        t
+        for t in onnx.external_data_helper._get_all_tensors(model)
+        if t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
+    ]
+
+
+# -- 2. input shapes ---------------------------------------------------------------------
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Inputs that are not initializers (old exporters list weights as inputs too)."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    """Apply shape overrides; every input must end up fully static."""
+    model_inputs = {i.name: i for i in graph_inputs(model)}
+    unknown = sorted(set(shapes) - set(model_inputs))
+    if unknown:
+        raise ShapeError(
+            f"--input-shape names {', '.join(map(repr, unknown))}, but the model's inputs are "
+            f"{', '.join(map(repr, model_inputs)) or 'none'}"
+        )
+    model = _copy(model) if shapes else model
+    symbolic = []
+    for vi in graph_inputs(model):
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in shapes:
+            new = [int(d) for d in shapes[vi.name]]
+            if vi.type.tensor_type.HasField("shape") and len(dims) != len(new):
+                raise ShapeError(
+                    f"--input-shape {vi.name}: the model declares rank {len(dims)} "
+                    f"({_fmt_dims(dims)}), got {len(new)} dimensions"
+                )
+            for k, d in enumerate(dims):
+                if d.HasField("dim_value") and d.dim_value != new[k]:
+                    raise ShapeError(
+                        f"--input-shape {vi.name}: dimension {k} is fixed to {d.dim_value} by "
+                        f"the model, got {new[k]}"
+                    )
+            vi.type.tensor_type.shape.Clear()
+            for d in new:
+                vi.type.tensor_type.shape.dim.add().dim_value = d
+        elif not vi.type.tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
+            symbolic.append(vi)
+    if symbolic:
+        lines = [f"  {vi.name}: {_fmt_dims(vi.type.tensor_type.shape.dim)}" for vi in symbolic]
+        example = " ".join(
+            f"--input-shape {vi.name}={'x'.join(_guess_dim(d) for d in vi.type.tensor_type.shape.dim)}"
+            for vi in symbolic
+        )
+        raise ShapeError(
+            "these model inputs have symbolic or unknown dimensions:\n"
+            + "\n".join(lines)
+            + f"\nfix them on the command line, e.g. {example}\n"
+            "(Python: input_shapes={'name': (1, 128)})"
+        )
+    return model
+
+
+def _fmt_dims(dims) -> str:
+    return (
+        "["
+        + ", ".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims)
+        + "]"
+    )
+
+
+def _guess_dim(d) -> str:
+    return str(d.dim_value) if d.HasField("dim_value") else "N"
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+# -- 3. up-front checks --------------------------------------------------------------------
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    for o in model.opset_import:
+        if o.domain in DEFAULT_DOMAINS:
+            return int(o.version)
+    raise ModelError("the model imports no version of the default ONNX domain")
+
+
+def check_model(model: onnx.ModelProto) -> None:
+    """Reject what cannot be imported, listing every problem at once."""
+    opset = model_opset(model)
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        target = MAX_OPSET if opset > MAX_OPSET else 13
+        raise UnsupportedError(
+            f"the model uses opset {opset}; welder supports opsets {MIN_OPSET} to {MAX_OPSET}. "
+            f"Convert it with onnx.version_converter.convert_version(model, {target})"
+        )
+    missing: dict[tuple[str, str], str] = {}
+    for node in model.graph.node:
+        domain = node.domain or ""
+        if domain not in DEFAULT_DOMAINS or node.op_type not in LOWERINGS:
+            key = (node.op_type if domain in DEFAULT_DOMAINS else f"{domain}.{node.op_type}", domain)
+            missing.setdefault(key, node.name or node.output[0])
+    if missing:
+        lines = [
+            f"  {op} (opset {opset if dom in DEFAULT_DOMAINS else _domain_version(model, dom)}), "
+            f"first at node {first!r}"
+            for (op, dom), first in missing.items()
+        ]
+        raise UnsupportedError(
+            f"the model uses {len(missing)} unsupported operator type(s):\n" + "\n".join(lines)
+        )
+
+
+def _domain_version(model: onnx.ModelProto, domain: str) -> str:
+    return next((str(o.version) for o in model.opset_import if o.domain == domain), "?")
+
+
+# -- 5. lowering ---------------------------------------------------------------------------
+
+
+class _Builder:
+    """The graph under construction; LowerContext appends to it."""
+
+    def __init__(self, reserved: set[str]) -> None:
+        self.computes: dict[str, Compute] = {}
+        self.origin: dict[str, tuple[str, str]] = {}
+        self.constants: dict[str, np.ndarray] = {}
+        self.inputs: dict[str, TensorInfo] = {}
+        self.reserved = reserved
+        self.used: set[str] = set()
+
+    def fresh_name(self, node: onnx.NodeProto, hint: str) -> str:
+        base = next((o for o in node.output if o), node.name or node.op_type)
+        stem = f"{base}:{hint}" if hint else f"{base}:tmp"
+        name, k = stem, 1
+        while name in self.used or name in self.reserved:
+            k += 1
+            name = f"{stem}{k}"
+        self.used.add(name)
+        return name
+
+    def add_compute(self, c: Compute, ctx: LowerContext) -> None:
+        self.computes[c.name] = c
+        self.origin[c.name] = (ctx.op_type, ctx.node.name)
+
+    def add_constant(self, name: str, value: np.ndarray) -> None:
+        self.used.add(name)
+        self.constants[name] = value
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        return self.constants.get(name)
+
+    def tensor(self, name: str) -> Tensor:
+        if name in self.computes:
+            c = self.computes[name]
+            return Tensor(name, c.shape, c.dtype)
+        if name in self.constants:
+            v = self.constants[name]
+            return Tensor(name, tuple(v.shape), array_dtype(v, name))
+        t = self.inputs[name]
+        return Tensor(name, t.shape, t.dtype)
+
+    def rename(self, mapping: dict[str, str]) -> None:
+        """Rename tensors created by the current node (its outputs get ONNX names)."""
+        if not mapping:
+            return
+        renamed: dict[str, Compute] = {}
+        for name, c in self.computes.items():
+            new = c.renamed(mapping.get(name, name), mapping)
+            renamed[new.name] = new
+            if name in mapping:
+                self.origin[new.name] = self.origin.pop(name)
+        self.computes = renamed
+        for old, new in mapping.items():
+            if old in self.constants:
+                self.constants[new] = self.constants.pop(old)
+            self.used.add(new)
+
+
+def lower(model: onnx.ModelProto, name: str = "model") -> Graph:
+    """Lower every node of a checked model; returns the dead-code-free Graph."""
+    opset = model_opset(model)
+    g = model.graph
+    reserved = {v for n in g.node for v in (*n.input, *n.output)} | {t.name for t in g.initializer}
+    b = _Builder(reserved)
+    env: dict[str, str] = {}  # ONNX tensor name -> our tensor name
+
+    for init in g.initializer:
+        arr = _to_numpy(init)
+        b.add_constant(init.name, arr)
+        env[init.name] = init.name
+    for vi in graph_inputs(model):
+        shape = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        dtype = dtype_from_onnx(vi.type.tensor_type.elem_type, f"model input {vi.name!r}")
+        b.inputs[vi.name] = TensorInfo(vi.name, shape, dtype)
+        b.used.add(vi.name)
+        env[vi.name] = vi.name
+
+    inferred = _inferred_types(model)
+    for node in _topo_sort(g):
+        _lower_node(node, opset, env, b, inferred)
+
+    outputs = []
+    for o in g.output:
+        if o.name not in env:
+            raise ModelError(f"graph output {o.name!r} is not produced by any node")
+        outputs.append(_materialise_output(o.name, env[o.name], b, outputs))
+    nodes = [
+        Node(c, op_type=b.origin.get(n, ("Copy", ""))[0], source=b.origin.get(n, ("", ""))[1])
+        for n, c in b.computes.items()
+    ]
+    graph = Graph(b.inputs.values(), nodes, outputs, b.constants, name=name)
+    return graph.eliminate_dead_nodes()
+
+
+def _lower_node(
+    node: onnx.NodeProto,
+    opset: int,
+    env: dict[str, str],
+    b: _Builder,
+    inferred: dict[str, tuple[tuple[int, ...] | None, int]],
+) -> None:
+    inputs: list[Tensor | None] = []
+    for name in node.input:
+        if not name:
+            inputs.append(None)
+        elif name not in env:
+            raise ModelError(f"{node.op_type} node {node.name!r} reads {name!r}, which nothing produces")
+        else:
+            inputs.append(b.tensor(env[name]))
+    ctx = LowerContext(node, opset, inputs, b)
+    result = LOWERINGS[node.op_type].fn(ctx)
+    outs = [result] if isinstance(result, Tensor) or result is None else list(result)
+    if len(outs) < len(node.output):
+        outs += [None] * (len(node.output) - len(outs))
+
+    mapping: dict[str, str] = {}
+    for k, onnx_name in enumerate(node.output):
+        if not onnx_name:
+            continue
+        t = outs[k]
+        if t is None:
+            raise UnsupportedError(f"{ctx.label}: output #{k} ({onnx_name!r}) is not supported")
+        if t.name in ctx.created and t.name not in mapping and onnx_name not in b.used:
+            mapping[t.name] = onnx_name
+    b.rename(mapping)
+    created = [mapping.get(n, n) for n in ctx.created]
+    for k, onnx_name in enumerate(node.output):
+        if onnx_name:
+            env[onnx_name] = mapping.get(outs[k].name, outs[k].name)
+
+    if all(t is None or t.name in b.constants for t in inputs):
+        _fold_constants(created, inputs, b)
+    for onnx_name in node.output:
+        if onnx_name:
+            _check_against_inference(ctx, onnx_name, b.tensor(env[onnx_name]), inferred)
+
+
+def _fold_constants(created: list[str], inputs: list[Tensor | None], b: _Builder) -> None:
+    budget = max(_FOLD_MIN_ELEMENTS, 4 * sum(t.size for t in inputs if t is not None))
+    for name in created:
+        c = b.computes.get(name)
+        if c is None:
+            continue
+        if int(np.prod(c.shape, dtype=np.int64)) > budget:
+            return
+        if any(t not in b.constants for t in c.inputs):
+            return
+        b.constants[name] = evaluate(c, b.constants)
+        del b.computes[name]
+        b.origin.pop(name, None)
+
+
+def _materialise_output(onnx_name: str, ours: str, b: _Builder, done: list[str]) -> str:
+    """Make the graph output carry the ONNX output name, renaming or copying as needed."""
+    if ours == onnx_name and onnx_name not in done:
+        return onnx_name
+    if ours in b.computes and ours not in done and onnx_name not in b.used:
+        b.rename({ours: onnx_name})
+        return onnx_name
+    t = b.tensor(ours)
+    copy = compute(onnx_name, t.shape, lambda *i: t[i])
+    b.computes[onnx_name] = copy
+    b.origin[onnx_name] = ("Identity", onnx_name)
+    b.used.add(onnx_name)
+    return onnx_name
+
+
+def _inferred_types(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...] | None, int]]:
+    """Static shapes and element types ONNX shape inference finds (empty if it fails)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:
+        return {}
+    out = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        tt = vi.type.tensor_type
+        shape = None
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            shape = tuple(d.dim_value for d in tt.shape.dim)
+        out[vi.name] = (shape, tt.elem_type)
+    return out
+
+
+def _check_against_inference(
+    ctx: LowerContext, onnx_name: str, t: Tensor, inferred: dict[str, tuple[tuple[int, ...] | None, int]]
+) -> None:
+    shape, elem = inferred.get(onnx_name, (None, 0))
+    if shape is not None and tuple(shape) != t.shape:
+        raise ModelError(
+            f"{ctx.label}: output {onnx_name!r} has shape {list(t.shape)} here but "
+            f"{list(shape)} by ONNX shape inference"
+        )
+    if elem and elem in _ELEM_CHECKED and dtype_from_onnx(elem, onnx_name) != t.dtype:
+        raise ModelError(
+            f"{ctx.label}: output {onnx_name!r} has dtype {t.dtype} here but "
+            f"{dtype_from_onnx(elem, onnx_name)} by ONNX shape inference"
+        )
+
+
+_ELEM_CHECKED = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.INT32,
+    onnx.TensorProto.INT64,
+    onnx.TensorProto.BOOL,
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8,
+}
+
+
+def _topo_sort(g: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Nodes in dependency order, file order among ready nodes (ONNX requires a
+    topological file order, but some exporters break it)."""
+    produced = {o: k for k, n in enumerate(g.node) for o in n.output if o}
+    users: dict[int, list[int]] = {}
+    pending = [0] * len(g.node)
+    for k, n in enumerate(g.node):
+        for p in {produced[i] for i in n.input if i in produced}:
+            users.setdefault(p, []).append(k)
+            pending[k] += 1
+    ready = [k for k, c in enumerate(pending) if c == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(g.node[k])
+        for u in users.get(k, []):
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(g.node):
+        stuck = next(n for k, n in enumerate(g.node) if pending[k])
+        raise ModelError(f"the graph has a cycle through node {stuck.name or stuck.output[0]!r}")
+    return order
+
+
+def _to_numpy(t: onnx.TensorProto) -> np.ndarray:
+    dtype = dtype_from_onnx(t.data_type, f"initializer {t.name!r}")
+    return np.asarray(numpy_helper.to_array(t)).astype(np_dtype(dtype), copy=False)

@@ -1,0 +1,254 @@
+"""The operator graph: Computes connected by the tensors they produce and load.
+
+Every node owns exactly one Compute and is named after the tensor it produces.  Model
+inputs and constants (weights) are tensors without a producing node.  The graph is kept
+in topological order; networkx provides the graph algorithms the scheduler needs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+from welder.errors import ModelError
+from welder.ir.compute import Compute
+from welder.ir.interpret import evaluate, np_dtype
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np_dtype(self.dtype).itemsize
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+@dataclass
+class Node:
+    """One Compute plus where it came from (for messages and reports)."""
+
+    compute: Compute
+    op_type: str = ""
+    source: str = ""
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.compute.name
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.compute.inputs
+
+    @property
+    def info(self) -> TensorInfo:
+        return TensorInfo(self.name, self.compute.shape, self.compute.dtype)
+
+
+class Graph:
+    def __init__(
+        self,
+        inputs: Iterable[TensorInfo],
+        nodes: Iterable[Node],
+        outputs: Iterable[str],
+        constants: Mapping[str, np.ndarray] | None = None,
+        name: str = "model",
+    ) -> None:
+        self.name = name
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.constants: dict[str, np.ndarray] = dict(constants or {})
+        self.nodes: dict[str, Node] = {}
+        self._nx = nx.DiGraph()
+        for n in nodes:
+            self.add(n)
+        self.validate()
+
+    # -- construction ---------------------------------------------------------------
+
+    def add(self, node: Node) -> None:
+        if node.name in self.nodes or node.name in self.constants or node.name in self.input_names:
+            raise ModelError(f"tensor {node.name!r} is defined twice")
+        for t in node.inputs:
+            if t not in self.nodes and t not in self.constants and t not in self.input_names:
+                raise ModelError(f"node {node.name!r} reads undefined tensor {t!r}")
+        self.nodes[node.name] = node
+        self._nx.add_node(node.name)
+        for t in node.inputs:
+            if t in self.nodes:
+                self._nx.add_edge(t, node.name, tensor=t)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    def validate(self) -> None:
+        for o in self.outputs:
+            if o not in self.nodes and o not in self.constants and o not in self.input_names:
+                raise ModelError(f"graph output {o!r} is not produced by any node")
+        for n in self.nodes.values():
+            for ld in n.compute.loads():
+                rank = len(self.tensor(ld.tensor).shape)
+                if len(ld.indices) != rank:
+                    raise ModelError(
+                        f"node {n.name!r} indexes {ld.tensor!r} with {len(ld.indices)} "
+                        f"indices but it has rank {rank}"
+                    )
+
+    # -- queries ----------------------------------------------------------------------
+
+    def tensor(self, name: str) -> TensorInfo:
+        if name in self.nodes:
+            return self.nodes[name].info
+        if name in self.constants:
+            c = self.constants[name]
+            return TensorInfo(name, tuple(c.shape), _dtype_name(c.dtype))
+        for t in self.inputs:
+            if t.name == name:
+                return t
+        raise KeyError(f"unknown tensor {name!r}")
+
+    def producer(self, tensor: str) -> Node | None:
+        return self.nodes.get(tensor)
+
+    def consumers(self, tensor: str) -> list[Node]:
+        if tensor in self.nodes:
+            return [self.nodes[s] for s in self._nx.successors(tensor)]
+        return [n for n in self.nodes.values() if tensor in n.inputs]
+
+    def topo_order(self) -> list[Node]:
+        """Nodes in a deterministic topological order (insertion order breaks ties)."""
+        rank = {name: k for k, name in enumerate(self.nodes)}
+        order = nx.lexicographical_topological_sort(self._nx, key=rank.__getitem__)
+        return [self.nodes[n] for n in order]
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.topo_order())
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def nx(self) -> nx.DiGraph:
+        """Read-only view of the node-to-node dependency graph."""
+        return self._nx.copy(as_view=True)
+
+    # -- transformations --------------------------------------------------------------
+
+    def subgraph(self, names: Iterable[str], name: str | None = None) -> Graph:
+        """The nodes ``names`` as a graph of their own: tensors they read from outside
+        become inputs (constants stay constants) and tensors used outside (or graph
+        outputs) become outputs."""
+        keep = [n for n in self.topo_order() if n.name in set(names)]
+        inside = {n.name for n in keep}
+        inputs: dict[str, TensorInfo] = {}
+        consts: dict[str, np.ndarray] = {}
+        for n in keep:
+            for t in n.inputs:
+                if t in inside:
+                    continue
+                if t in self.constants:
+                    consts[t] = self.constants[t]
+                else:
+                    inputs.setdefault(t, self.tensor(t))
+        outputs = [
+            n.name
+            for n in keep
+            if n.name in self.outputs or any(c.name not in inside for c in self.consumers(n.name))
+        ]
+        return Graph(inputs.values(), keep, outputs, consts, name=name or self.name)
+
+    def eliminate_dead_nodes(self) -> Graph:
+        """A copy without the nodes and constants no output depends on."""
+        live: set[str] = set()
+        stack = [o for o in self.outputs]
+        while stack:
+            t = stack.pop()
+            if t in live:
+                continue
+            live.add(t)
+            if t in self.nodes:
+                stack.extend(self.nodes[t].inputs)
+        nodes = [n for n in self.topo_order() if n.name in live]
+        consts = {k: v for k, v in self.constants.items() if k in live}
+        return Graph(self.inputs, nodes, self.outputs, consts, name=self.name)
+
+    # -- evaluation & serialisation -----------------------------------------------------
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Evaluate the graph with the reference interpreter; returns every output."""
+        env: dict[str, np.ndarray] = dict(self.constants)
+        for t in self.inputs:
+            if t.name not in feeds:
+                raise ModelError(f"missing input {t.name!r}")
+            env[t.name] = np.asarray(feeds[t.name])
+        remaining = {name: len(self.consumers(name)) for name in self.nodes}
+        for node in self.topo_order():
+            env[node.name] = evaluate(node.compute, env)
+            for t in node.inputs:
+                if t in remaining:
+                    remaining[t] -= 1
+                    if remaining[t] == 0 and t not in self.outputs:
+                        del env[t]
+        return {o: env[o] for o in self.outputs}
+
+    def to_json(self) -> dict:
+        """Readable, stable description (model.json)."""
+        order = self.topo_order()
+        return {
+            "format": "welder.graph/1",
+            "name": self.name,
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [self.tensor(o).to_json() for o in self.outputs],
+            "constants": [self.tensor(k).to_json() for k in sorted(self.constants)],
+            "nodes": [
+                {
+                    "name": n.name,
+                    "op_type": n.op_type,
+                    "source": n.source,
+                    "kind": "reduction" if n.compute.is_reduction else "injective",
+                    "shape": list(n.compute.shape),
+                    "dtype": n.compute.dtype,
+                    "inputs": list(n.inputs),
+                    "compute": str(n.compute),
+                }
+                for n in order
+            ],
+            "edges": [
+                {"src": t, "dst": n.name, "tensor": t} for n in order for t in n.inputs if t in self.nodes
+            ],
+        }
+
+    def write_json(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+            f.write("\n")
+
+    def summary(self) -> str:
+        kinds = {"reduction": 0, "injective": 0}
+        for n in self.nodes.values():
+            kinds["reduction" if n.compute.is_reduction else "injective"] += 1
+        return (
+            f"{self.name}: {len(self.nodes)} computes ({kinds['reduction']} reductions, "
+            f"{kinds['injective']} injective), {len(self.constants)} constants, "
+            f"{sum(self.tensor(c).nbytes for c in self.constants) / 2**20:.1f} MiB of weights"
+        )
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    dt = np.dtype(dt)
+    return "bool" if dt == np.bool_ else dt.name

@@ -1,0 +1,110 @@
+"""``welder.InferenceSession``: the onnxruntime-shaped Python API.
+
+    sess = welder.InferenceSession("model.onnx", backend="interpret")
+    [out] = sess.run(None, {"input": x})
+
+A back end is anything with ``run(feeds) -> {output name: array}`` built from the
+imported graph; ``BACKENDS`` maps the names users pass to their constructors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from welder.errors import ModelError, WelderError
+from welder.frontend.onnx import import_onnx
+from welder.graph import Graph, TensorInfo
+from welder.ir.interpret import np_dtype
+
+
+class Backend(Protocol):
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class InterpretBackend:
+    """The numpy reference interpreter: slow, exact, needs nothing but numpy."""
+
+    def __init__(self, graph: Graph, **_: object) -> None:
+        self.graph = graph
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.graph.run(feeds)
+
+
+BACKENDS: dict[str, Callable[..., Backend]] = {"interpret": InterpretBackend}
+
+_ORT_TYPES = {"float32": "float", "float64": "double"}
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """Mirrors onnxruntime's NodeArg: ``name``, ``shape``, ``type`` ('tensor(float)')."""
+
+    name: str
+    shape: list[int]
+    type: str
+
+
+def _node_arg(t: TensorInfo) -> NodeArg:
+    return NodeArg(t.name, list(t.shape), f"tensor({_ORT_TYPES.get(t.dtype, t.dtype)})")
+
+
+class InferenceSession:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        backend: str = "interpret",
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        **options: object,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise WelderError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        self.path = os.fspath(path)
+        self.backend_name = backend
+        self.graph = import_onnx(path, input_shapes)
+        self._backend = BACKENDS[backend](self.graph, **options)
+
+    def get_inputs(self) -> list[NodeArg]:
+        return [_node_arg(t) for t in self.graph.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [_node_arg(self.graph.tensor(o)) for o in self.graph.outputs]
+
+    def get_providers(self) -> list[str]:
+        return [self.backend_name]
+
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, object], run_options: object = None
+    ) -> list[np.ndarray]:
+        feeds = self._validate(input_feed)
+        names = list(output_names) if output_names else list(self.graph.outputs)
+        unknown = [n for n in names if n not in self.graph.outputs]
+        if unknown:
+            raise ModelError(f"unknown output(s) {unknown}; the model has {self.graph.outputs}")
+        results = self._backend.run(feeds)
+        return [np.asarray(results[n]) for n in names]
+
+    def _validate(self, feed: Mapping[str, object]) -> dict[str, np.ndarray]:
+        expected = {t.name: t for t in self.graph.inputs}
+        extra = sorted(set(feed) - set(expected))
+        if extra:
+            raise ModelError(f"unknown input(s) {extra}; the model takes {list(expected)}")
+        out = {}
+        for name, t in expected.items():
+            if name not in feed:
+                raise ModelError(f"missing input {name!r} (shape {list(t.shape)}, {t.dtype})")
+            arr = np.asarray(feed[name])
+            if arr.dtype != np_dtype(t.dtype):
+                raise ModelError(f"input {name!r} has dtype {arr.dtype}, the model expects {t.dtype}")
+            if arr.shape != t.shape:
+                raise ModelError(
+                    f"input {name!r} has shape {list(arr.shape)}, the model was imported with "
+                    f"{list(t.shape)} (pass input_shapes= to import it with another)"
+                )
+            out[name] = arr
+        return out
