@@ -1,0 +1,222 @@
+"""The importer's behaviour around the lowerings: loading, shapes, checks, folding."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from onnx_util import assert_matches_ort, make_model
+
+import welder
+from welder.errors import ModelError, ShapeError, UnsupportedError
+from welder.frontend.onnx import import_onnx, load_model
+
+RNG = np.random.default_rng(0)
+
+
+def small_model(opset=17):
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Add", ["x", "w"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["y"], name="relu"),
+    ]
+    return make_model(nodes, {"x": x}, ["y"], {"w": RNG.standard_normal((3,)).astype(np.float32)}, opset), x
+
+
+def with_symbolic_input(model, dims):
+    shape = model.graph.input[0].type.tensor_type.shape
+    shape.Clear()
+    for d in dims:
+        if isinstance(d, str):
+            shape.dim.add().dim_param = d
+        else:
+            shape.dim.add().dim_value = d
+    return model
+
+
+def test_missing_and_garbage_files(tmp_path):
+    with pytest.raises(ModelError, match="no ONNX model"):
+        load_model(tmp_path / "nope.onnx")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00not a protobuf\xff" * 10)
+    with pytest.raises(ModelError, match="not a readable ONNX model"):
+        load_model(bad)
+
+
+def test_folder_with_model_onnx(tmp_path):
+    model, _x = small_model()
+    onnx.save(model, tmp_path / "model.onnx")
+    assert welder.InferenceSession(tmp_path).get_inputs()[0].name == "x"
+
+
+def test_external_data_inside_folder_loads(tmp_path):
+    model, x = small_model()
+    w = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    onnx.save(
+        model, tmp_path / "m.onnx", save_as_external_data=True, location="weights.bin", size_threshold=0
+    )
+    assert (tmp_path / "weights.bin").exists()
+    sess = welder.InferenceSession(tmp_path / "m.onnx")
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], np.maximum(x + w, 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("location", ["../outside.bin", "/etc/passwd", "sub/../../outside.bin"])
+def test_external_data_outside_folder_is_refused(tmp_path, location):
+    model, _ = small_model()
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (tmp_path / "outside.bin").write_bytes(b"\0" * 64)
+    onnx.save(model, folder / "m.onnx", save_as_external_data=True, location="w.bin", size_threshold=0)
+    loaded = onnx.load(str(folder / "m.onnx"), load_external_data=False)
+    for entry in loaded.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = location
+    onnx.save(loaded, folder / "m.onnx")
+    with pytest.raises(ModelError, match="outside the model folder"):
+        load_model(folder / "m.onnx")
+
+
+def test_symbolic_dims_need_input_shape():
+    model, _x = small_model()
+    with_symbolic_input(model, ["batch", 3])
+    with pytest.raises(ShapeError) as e:
+        import_onnx(model)
+    assert "x: [batch, 3]" in str(e.value) and "--input-shape x=Nx3" in str(e.value)
+    graph = import_onnx(model, {"x": (5, 3)})
+    assert graph.inputs[0].shape == (5, 3)
+
+
+@pytest.mark.parametrize(
+    "shapes, message",
+    [({"y": (1, 3)}, "model's inputs are 'x'"), ({"x": (2, 3, 1)}, "rank 2"), ({"x": (2, 4)}, "fixed to 3")],
+)
+def test_bad_input_shape_overrides(shapes, message):
+    model, _ = small_model()
+    with_symbolic_input(model, ["batch", 3])
+    with pytest.raises(ShapeError, match=message):
+        import_onnx(model, shapes)
+
+
+@pytest.mark.parametrize("opset", [10, 22])
+def test_opset_outside_range(opset):
+    model, _ = small_model(opset)
+    with pytest.raises(UnsupportedError, match=f"opset {opset}"):
+        import_onnx(model)
+
+
+def test_every_unsupported_op_is_listed_once():
+    x = np.zeros((4,), np.float32)
+    nodes = [
+        helper.make_node("NonZero", ["x"], ["nz"], name="first_nz"),
+        helper.make_node("NonZero", ["x"], ["nz2"], name="second_nz"),
+        helper.make_node("FancyOp", ["x"], ["f"], name="ms", domain="com.microsoft"),
+        helper.make_node("Relu", ["x"], ["r"], name="ok"),
+    ]
+    model = make_model(nodes, {"x": x}, ["nz", "nz2", "f", "r"])
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with pytest.raises(UnsupportedError) as e:
+        import_onnx(model)
+    text = str(e.value)
+    assert "2 unsupported" in text
+    assert "NonZero (opset 17), first at node 'first_nz'" in text
+    assert "com.microsoft.FancyOp (opset 1), first at node 'ms'" in text
+    assert "second_nz" not in text and "Relu" not in text
+
+
+def test_nodes_out_of_order_and_cycles():
+    model, x = small_model()
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(nodes))
+    assert_matches_ort(
+        make_model(
+            list(model.graph.node),
+            {"x": x},
+            ["y"],
+            {"w": onnx.numpy_helper.to_array(model.graph.initializer[0])},
+        ),
+        {"x": x},
+    )
+    cyclic = make_model(
+        [
+            helper.make_node("Relu", ["b"], ["a"], name="r1"),
+            helper.make_node("Relu", ["a"], ["b"], name="r2"),
+        ],
+        {"x": x},
+        ["a"],
+    )
+    with pytest.raises(ModelError, match="cycle"):
+        import_onnx(cyclic)
+
+
+def test_constant_subgraphs_fold_and_dead_nodes_vanish():
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Mul", ["c1", "c2"], ["c3"], name="const_mul"),
+        helper.make_node("Add", ["x", "c3"], ["y"], name="add"),
+        helper.make_node("Exp", ["x"], ["unused"], name="dead"),
+    ]
+    c = {
+        "c1": RNG.standard_normal((3,)).astype(np.float32),
+        "c2": RNG.standard_normal((3,)).astype(np.float32),
+    }
+    model = make_model(nodes, {"x": x}, ["y"], c)
+    graph = import_onnx(model)
+    assert [n.op_type for n in graph.topo_order()] == ["Add"]
+    np.testing.assert_allclose(graph.constants["c3"], c["c1"] * c["c2"])
+    assert "c1" not in graph.constants
+    assert_matches_ort(model, {"x": x})
+
+
+def test_outputs_that_alias_inputs_constants_or_each_other():
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Identity", ["x"], ["same_as_x"]),
+        helper.make_node("Identity", ["w"], ["same_as_w"]),
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Identity", ["r"], ["r_again"]),
+    ]
+    model = make_model(
+        nodes, {"x": x}, ["same_as_x", "same_as_w", "r", "r_again"], {"w": np.arange(3, dtype=np.float32)}
+    )
+    graph = import_onnx(model)
+    assert graph.outputs == ["same_as_x", "same_as_w", "r", "r_again"]
+    assert_matches_ort(model, {"x": x})
+
+
+def test_model_json_is_stable_and_readable(tmp_path):
+    model, _ = small_model()
+    a = import_onnx(model).to_json()
+    b = import_onnx(model).to_json()
+    assert json.dumps(a) == json.dumps(b)
+    assert a["nodes"][-1]["compute"] == "y[i0:2, i1:3] = max(a[i0, i1], 0.0)"
+    assert a["edges"] == [{"src": "a", "dst": "y", "tensor": "a"}]
+
+
+def test_session_validates_feeds(tmp_path):
+    model, x = small_model()
+    onnx.save(model, tmp_path / "m.onnx")
+    sess = welder.InferenceSession(tmp_path / "m.onnx")
+    assert sess.get_inputs()[0].type == "tensor(float)"
+    with pytest.raises(ModelError, match="missing input 'x'"):
+        sess.run(None, {})
+    with pytest.raises(ModelError, match="dtype float64"):
+        sess.run(None, {"x": x.astype(np.float64)})
+    with pytest.raises(ModelError, match=r"shape \[3, 2\]"):
+        sess.run(None, {"x": x.T.copy()})
+    with pytest.raises(ModelError, match="unknown output"):
+        sess.run(["nope"], {"x": x})
+    with pytest.raises(ModelError, match="unknown input"):
+        sess.run(None, {"x": x, "z": x})
+
+
+def test_shape_inference_disagreement_is_reported(monkeypatch):
+    """A lowering that computes the wrong shape is caught at import, naming the node."""
+    from welder.frontend import registry
+
+    model, _x = small_model()
+    bad = registry.Lowering("Relu", lambda ctx: ctx.compute((7,), lambda i: ctx.input(0)[0, 0]))
+    monkeypatch.setitem(registry.LOWERINGS, "Relu", bad)
+    with pytest.raises(ModelError, match=r"Relu node 'relu'.*\[7\].*\[2, 3\]"):
+        import_onnx(model)

@@ -1,0 +1,86 @@
+"""Expressions and Computes: typing rules, exact simplification, canonical naming."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scalar_eval import eval_expr
+
+from welder.frontend.registry import Tensor
+from welder.ir.compute import compute, reduce, reduce_axis
+from welder.ir.expr import INDEX, Binary, Const, Var, binary, call, cast, lt, select
+
+
+def test_scalars_take_the_other_operands_dtype():
+    x = Tensor("x", (4,), "float16")[Var("i")]
+    assert (x * 0.5).dtype == "float16"
+    assert (Var("i") + 1).dtype == INDEX
+
+
+def test_mixed_dtypes_are_rejected():
+    with pytest.raises(TypeError, match="dtypes differ"):
+        Binary("add", Const(1.0, "float32"), Const(1.0, "float16"))
+    with pytest.raises(TypeError, match="index"):
+        Tensor("x", (4,), "float32")[Const(1.0, "float32")]
+
+
+def test_select_of_constant_condition_folds():
+    i = Var("i")
+    assert select(Const(True, "bool"), i, i + 1) == i
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["add", "sub", "mul", "floordiv", "mod"]), st.integers(-3, 5)),
+        min_size=1,
+        max_size=6,
+    ),
+    i=st.integers(-20, 20),
+)
+def test_index_simplification_is_exact(ops, i):
+    """Whatever `binary` rewrites, the value at every point stays the same."""
+    simplified, raw = Var("i"), Var("i")
+    for op, c in ops:
+        if op in ("floordiv", "mod") and c <= 0:
+            c = 1 - c
+        simplified = binary(op, simplified, c)
+        raw = Binary(op, raw, Const(c, INDEX))
+    assert eval_expr(simplified, {"i": i}, {}) == eval_expr(raw, {"i": i}, {})
+
+
+def test_conv_offsets_collapse_into_one_constant():
+    i = Var("i")
+    assert str((i * 2 + 3) - 1) == "((i * 2) + 2)"
+
+
+def test_compute_uses_canonical_axis_names():
+    a = Tensor("A", (4, 8), "float32")
+    b = Tensor("B", (8, 3), "float32")
+
+    def make(name):
+        k = reduce_axis(8)
+        return compute(name, (4, 3), lambda i, j: reduce("sum", a[i, k] * b[k, j], k))
+
+    c1, c2 = make("C"), make("C")
+    assert c1 == c2 and hash(c1) == hash(c2)
+    assert str(c1) == "C[i0:4, i1:3] = sum[r0:8] (A[i0, r0] * B[r0, i1])"
+    assert c1.inputs == ("A", "B") and c1.is_reduction
+
+
+def test_compute_checks_dtypes():
+    x = Tensor("x", (2,), "float32")
+    with pytest.raises(TypeError):
+        compute("y", (2,), lambda i: x[i], dtype="float16")
+    assert compute("y", (2,), lambda i: cast(lt(x[i], 0.0), "float32")).dtype == "float32"
+
+
+def test_unknown_function_and_arity():
+    with pytest.raises(ValueError):
+        call("frobnicate", Const(1.0, "float32"))
+    with pytest.raises(TypeError):
+        call("fmod", Const(1.0, "float32"))
+
+
+def test_odd_tensor_names_are_quoted_when_printed():
+    x = Tensor("bert/layer 0[attn]", (2,), "float32")
+    assert str(x[Var("i")]) == '"bert/layer 0[attn]"[i]'
