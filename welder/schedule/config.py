@@ -1,0 +1,100 @@
+"""The plain data a schedule consists of: what the policy decides and codegen obeys.
+
+Everything here serialises to JSON (``tuned.json``) and back, so a tuned model can be
+rebuilt without searching again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class StagedInput:
+    """A global tensor copied into shared memory one reduction step at a time."""
+
+    tensor: str
+    extents: tuple[int, ...]  # region per step
+    offset: int  # byte offset in the group's shared pool
+    vector: int  # elements per load instruction
+
+
+@dataclass
+class StageConfig:
+    """How one tile-owning node of a group computes its tile.
+
+    Threads are laid out over the tile's axes (``thread_shape``, innermost axis fastest);
+    thread ``t`` handles elements ``t_d + j_d * thread_shape[d]`` for ``j_d <
+    reg_tile[d]``.  Threads beyond ``prod(thread_shape)`` split the reduction
+    (``reduce_threads`` per output, combined with shuffles).
+    """
+
+    node: str
+    tile: tuple[int, ...]  # extents of the region this block computes
+    thread_shape: tuple[int, ...]
+    reg_tile: tuple[int, ...]
+    reduce_threads: int = 1
+    rstep: tuple[int, ...] = ()
+    staged: list[StagedInput] = field(default_factory=list)
+    smem_offset: int | None = None  # where its tile lives when consumed inside the group
+    write_global: bool = False
+
+
+@dataclass
+class Estimate:
+    """The cost model's view of one config."""
+
+    blocks: int
+    blocks_per_sm: int
+    waves: int
+    read_bytes: int  # global memory, whole kernel, rounded to transactions
+    write_bytes: int
+    flops: int
+    smem_bytes: int
+    regs_per_thread: int
+    latency_us: float
+
+
+@dataclass
+class GroupConfig:
+    root: str
+    block_tile: tuple[int, ...]
+    grid: tuple[int, ...]  # blocks per root axis
+    block_order: tuple[int, ...]  # root axes, slowest-varying first, for blockIdx.x
+    threads: int
+    stages: list[StageConfig]
+    smem_bytes: int
+    estimate: Estimate
+
+    @property
+    def num_blocks(self) -> int:
+        n = 1
+        for g in self.grid:
+            n *= g
+        return n
+
+    def stage(self, node: str) -> StageConfig:
+        return next(s for s in self.stages if s.node == node)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> GroupConfig:
+        stages = []
+        for s in d["stages"]:
+            staged = [StagedInput(**{**x, "extents": tuple(x["extents"])}) for x in s["staged"]]
+            stages.append(StageConfig(**{**_tuples(s, StageConfig), "staged": staged}))
+        return GroupConfig(
+            **{**_tuples(d, GroupConfig), "stages": stages, "estimate": Estimate(**d["estimate"])}
+        )
+
+
+def _tuples(d: dict[str, Any], cls: type) -> dict[str, Any]:
+    """JSON lists back to the tuples the dataclass declares."""
+    out = dict(d)
+    for f in fields(cls):
+        if f.name in out and isinstance(out[f.name], list) and "tuple" in str(f.type):
+            out[f.name] = tuple(out[f.name])
+    return out

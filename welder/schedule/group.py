@@ -1,0 +1,82 @@
+"""A fused group: a convex set of graph nodes with one sink that becomes one kernel.
+
+``make_group`` checks that a set of nodes can be one kernel and works out its interface:
+the external tensors it reads, the tensors it must write (read outside or graph outputs),
+and its *stages* -- the members that own a tile: reductions, the root, and every other
+member that must be written out.  Injective members that are neither are inlined into the
+stages that read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from welder.graph import Graph
+from welder.ir.compute import Compute
+from welder.ir.inline import inline_compute
+
+
+class InvalidGroup(ValueError):
+    """The nodes cannot form one kernel (not convex, several sinks, ...)."""
+
+
+@dataclass(frozen=True)
+class Group:
+    members: tuple[str, ...]  # topological order
+    root: str
+    outputs: tuple[str, ...]  # written to global memory, topological order (root last)
+    inputs: tuple[str, ...]  # read from global memory
+    stages: tuple[str, ...]  # tile owners, topological order
+    computes: dict[str, Compute]  # stage computes with inlined injective members
+
+    @property
+    def name(self) -> str:
+        return self.root
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+def make_group(graph: Graph, names: Iterable[str]) -> Group:
+    member_set = set(names)
+    order = [n for n in graph.topo_order() if n.name in member_set]
+    if len(order) != len(member_set):
+        missing = member_set - {n.name for n in order}
+        raise InvalidGroup(f"not graph nodes: {sorted(missing)}")
+    sinks = [n.name for n in order if not any(c.name in member_set for c in graph.consumers(n.name))]
+    if len(sinks) != 1:
+        raise InvalidGroup(f"a group needs exactly one sink, got {sinks}")
+    _check_convex(graph, member_set, order)
+    root = sinks[0]
+    outputs = [
+        n.name
+        for n in order
+        if n.name == root
+        or n.name in graph.outputs
+        or any(c.name not in member_set for c in graph.consumers(n.name))
+    ]
+    inputs = list(dict.fromkeys(t for n in order for t in n.inputs if t not in member_set))
+    stages = [n.name for n in order if n.compute.is_reduction or n.name in outputs]
+    inlined = {n.name: n.compute for n in order if n.name not in stages}
+    computes = {s: inline_compute(graph.nodes[s].compute, inlined) for s in stages}
+    return Group(tuple(n.name for n in order), root, tuple(outputs), tuple(inputs), tuple(stages), computes)
+
+
+def _check_convex(graph: Graph, members: set[str], order: list) -> None:
+    """No path may leave the group and come back: that kernel would need its own output."""
+    rank = {n.name: k for k, n in enumerate(graph.topo_order())}
+    last = max(rank[n.name] for n in order)
+    frontier = [c.name for n in order for c in graph.consumers(n.name) if c.name not in members]
+    seen: set[str] = set()
+    while frontier:
+        t = frontier.pop()
+        if t in seen or rank[t] > last:
+            continue
+        seen.add(t)
+        for c in graph.consumers(t):
+            if c.name in members:
+                raise InvalidGroup(
+                    f"{t!r} lies on a path that leaves the group and re-enters it at {c.name!r}"
+                )
+            frontier.append(c.name)

@@ -1,0 +1,97 @@
+"""Memory footprints and the traffic model.
+
+Global memory is read in sectors (32 bytes on every GPU we target), so the cost of a
+region is not its size but the sectors its rows touch: a tile whose innermost extent is 4
+floats costs a whole sector per row.  Contiguity is counted from the innermost dimension
+outwards: dimensions the region covers completely merge into one longer run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def contiguous_run(extents: Sequence[int], shape: Sequence[int]) -> tuple[int, int]:
+    """(elements per contiguous run, number of runs) of a box ``extents`` in a row-major
+    tensor of ``shape``."""
+    run, k = 1, len(shape) - 1
+    while k >= 0:
+        run *= extents[k]
+        if extents[k] < shape[k]:
+            k -= 1
+            break
+        k -= 1
+    rows = 1
+    for e in extents[: k + 1]:
+        rows *= e
+    return run, rows
+
+
+def transaction_bytes(extents: Sequence[int], shape: Sequence[int], elem_bytes: int, transaction: int) -> int:
+    """Bytes moved to read or write box ``extents`` of a tensor, rounded to transactions.
+    A run not aligned to a transaction boundary touches one more sector; assume runs
+    start aligned only when they are a whole number of transactions long."""
+    extents = [min(e, s) for e, s in zip(extents, shape)]
+    if any(e == 0 for e in extents):
+        return 0
+    if not shape:
+        return transaction
+    run, rows = contiguous_run(extents, shape)
+    run_bytes = run * elem_bytes
+    sectors = -(-run_bytes // transaction)
+    if run_bytes % transaction and run_bytes > transaction:
+        sectors += 1
+    return rows * sectors * transaction
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A shared-memory buffer live from stage ``start`` to stage ``end`` (inclusive)."""
+
+    name: str
+    nbytes: int
+    start: int
+    end: int
+
+
+def plan_shared_memory(buffers: Sequence[Buffer], align: int = 16) -> tuple[dict[str, int], int]:
+    """Best-fit placement of buffers in one pool, in order of first use: a buffer takes
+    the smallest free hole that holds it, freed holes merge.  Returns offsets and the
+    pool size."""
+    offsets: dict[str, int] = {}
+    free: list[tuple[int, int]] = []  # (offset, size) holes below `top`
+    top = 0
+    live: list[tuple[Buffer, int]] = []
+    for buf in sorted(buffers, key=lambda b: (b.start, -b.nbytes, b.name)):
+        for dead in [x for x in live if x[0].end < buf.start]:
+            live.remove(dead)
+            free = _release(free, dead[1], _round(dead[0].nbytes, align))
+        size = _round(buf.nbytes, align)
+        fits = [(s, o) for o, s in free if s >= size]
+        if fits:
+            s, o = min(fits)
+            free.remove((o, s))
+            if s > size:
+                free.append((o + size, s - size))
+        else:
+            o = top
+            top += size
+        offsets[buf.name] = o
+        live.append((buf, o))
+    return offsets, top
+
+
+def _round(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
+def _release(free: list[tuple[int, int]], offset: int, size: int) -> list[tuple[int, int]]:
+    holes = sorted([*free, (offset, size)])
+    merged: list[tuple[int, int]] = []
+    for o, s in holes:
+        if merged and merged[-1][0] + merged[-1][1] == o:
+            merged[-1] = (merged[-1][0], merged[-1][1] + s)
+        else:
+            merged.append((o, s))
+    return merged
