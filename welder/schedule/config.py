@@ -6,7 +6,7 @@ rebuilt without searching again.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 
@@ -79,6 +79,18 @@ class GroupConfig:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def renamed(self, names: dict[str, str]) -> GroupConfig:
+        """Copy with node and tensor names mapped through ``names`` (others kept)."""
+
+        def n(x: str) -> str:
+            return names.get(x, x)
+
+        stages = [
+            replace(st, node=n(st.node), staged=[replace(sd, tensor=n(sd.tensor)) for sd in st.staged])
+            for st in self.stages
+        ]
+        return replace(self, root=n(self.root), stages=stages)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> GroupConfig:

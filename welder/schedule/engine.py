@@ -1,0 +1,196 @@
+"""Fusion search: which nodes share a kernel.
+
+Groups grow from the graph's inputs towards its outputs.  Starting at the first node not
+yet in a group, the search tries each consumer of the group's outputs, together with that
+consumer's other producers that are not scheduled yet, and keeps the bigger group only if
+its latency is no worse than the latencies of its parts run separately.  Latency comes
+from a pluggable *measure*: the cost model here, the GPU profiler when tuning on a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from welder.arch import Arch
+from welder.graph import Graph
+from welder.ir.expr import format_expr, rename_tensors
+from welder.schedule.config import GroupConfig
+from welder.schedule.group import Group, InvalidGroup, make_group
+from welder.schedule.policy import Options, schedule_group
+
+MAX_GROUP_MEMBERS = 48
+MAX_GROUP_STAGES = 8
+
+
+class LatencyMeasure(Protocol):
+    """Anything that rates a candidate group: microseconds, or None if it cannot run."""
+
+    def __call__(self, group: Group) -> float | None: ...
+
+
+class CostModel:
+    """Latency of a group under the cost model (its best config's estimate); memoised by
+    group structure, so the twelve identical layers of a BERT are scheduled once."""
+
+    def __init__(self, graph: Graph, arch: Arch, options: Options | None = None) -> None:
+        self.graph = graph
+        self.arch = arch
+        self.options = options or Options()
+        self._cache: dict[str, list[GroupConfig]] = {}
+        self.calls = 0
+
+    def configs(self, group: Group) -> list[GroupConfig]:
+        key = group_signature(self.graph, group)
+        names = canonical_names(group)
+        if key not in self._cache:
+            self.calls += 1
+            found = schedule_group(group, self._shape, self._dtype, self.arch, self.options)
+            self._cache[key] = [c.renamed(names) for c in found]
+        back = {v: k for k, v in names.items()}
+        return [c.renamed(back) for c in self._cache[key]]
+
+    def __call__(self, group: Group) -> float | None:
+        cfgs = self.configs(group)
+        return cfgs[0].estimate.latency_us if cfgs else None
+
+    def _shape(self, t: str) -> tuple[int, ...]:
+        return self.graph.tensor(t).shape
+
+    def _dtype(self, t: str) -> str:
+        return self.graph.tensor(t).dtype
+
+
+def canonical_names(group: Group) -> dict[str, str]:
+    """Tensor name -> position-based name (inputs ``in0..``, stages ``s0..``)."""
+    names = {t: f"in{k}" for k, t in enumerate(group.inputs)}
+    names.update({m: f"m{k}" for k, m in enumerate(group.members)})
+    return names
+
+
+def group_signature(graph: Graph, group: Group) -> str:
+    """Hash of a group's structure: its stage computes with tensors named by position,
+    plus the shapes and dtypes of its inputs.  Equal for the repeated layers of a model."""
+    names = canonical_names(group)
+    h = hashlib.sha256()
+    for t in group.inputs:
+        info = graph.tensor(t)
+        h.update(f"{names[t]}:{info.shape}:{info.dtype};".encode())
+    for s in group.stages:
+        c = group.computes[s]
+        body = format_expr(rename_tensors(c.body, names))
+        reduce = [a.extent for a in c.reduce_axes]
+        h.update(f"{names[s]}={c.shape}:{c.dtype}:{c.reduce_op}:{reduce}:{body};".encode())
+        h.update(f"out={s in group.outputs};".encode())
+    return h.hexdigest()[:24]
+
+
+@dataclass
+class FusionResult:
+    groups: list[Group]  # execution order
+    latencies: list[float]
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def latency_us(self) -> float:
+        return sum(self.latencies)
+
+
+def fuse(
+    graph: Graph,
+    measure: LatencyMeasure,
+    nofusion: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> FusionResult:
+    """Partition the graph into groups, in execution order."""
+    order = [n.name for n in graph.topo_order()]
+    rank = {n: k for k, n in enumerate(order)}
+    scheduled: set[str] = set()
+    found: list[tuple[Group, float]] = []
+    log: list[str] = []
+    for k, name in enumerate(order):
+        if progress:
+            progress(k, len(order))
+        if name in scheduled:
+            continue
+        members = {name} if nofusion else _grow(graph, {name}, scheduled, measure, rank, log)
+        group = make_group(graph, members)
+        latency = measure(group)
+        if latency is None:
+            node = graph.nodes[name]
+            raise InvalidGroup(f"no valid schedule for node {name!r} ({node.op_type} from {node.source!r})")
+        scheduled |= members
+        found.append((group, latency))
+    found.sort(key=lambda gl: rank[gl[0].root])
+    return FusionResult([g for g, _ in found], [lat for _, lat in found], log)
+
+
+def _grow(
+    graph: Graph,
+    members: set[str],
+    scheduled: set[str],
+    measure: LatencyMeasure,
+    rank: dict[str, int],
+    log: list[str],
+) -> set[str]:
+    current = measure(make_group(graph, members))
+    if current is None:
+        return members
+    grown = True
+    while grown:
+        grown = False
+        for cand in _candidates(graph, members, scheduled, rank):
+            extra = _with_producers(graph, cand, members, scheduled)
+            if extra is None:
+                continue
+            trial = members | extra
+            try:
+                group = make_group(graph, trial)
+            except InvalidGroup:
+                continue
+            if len(group.members) > MAX_GROUP_MEMBERS or len(group.stages) > MAX_GROUP_STAGES:
+                continue
+            fused = measure(group)
+            parts = _separate_cost(graph, extra, measure)
+            if fused is None or parts is None:
+                continue
+            if fused <= current + parts:
+                log.append(f"fuse {sorted(extra)} into {group.root}: {fused:.2f} <= {current + parts:.2f} us")
+                members, current, grown = trial, fused, True
+                break
+    return members
+
+
+def _candidates(graph: Graph, members: set[str], scheduled: set[str], rank: dict[str, int]) -> list[str]:
+    out = {c.name for m in members for c in graph.consumers(m)} - members - scheduled
+    return sorted(out, key=rank.__getitem__)
+
+
+def _with_producers(graph: Graph, cand: str, members: set[str], scheduled: set[str]) -> set[str] | None:
+    """``cand`` plus its producers that are not scheduled yet; None if one of those has
+    unscheduled producers of its own (it is not ready to join)."""
+    extra = {cand}
+    for t in graph.nodes[cand].inputs:
+        if t in graph.nodes and t not in members and t not in scheduled:
+            p = graph.nodes[t]
+            if any(i in graph.nodes and i not in members and i not in scheduled for i in p.inputs):
+                return None
+            extra.add(t)
+    return extra
+
+
+def _separate_cost(graph: Graph, nodes: Iterable[str], measure: LatencyMeasure) -> float | None:
+    total = 0.0
+    for n in nodes:
+        lat = measure(make_group(graph, [n]))
+        if lat is None:
+            return None
+        total += lat
+    return total
+
+
+def unfused_latency(graph: Graph, members: Sequence[str], measure: LatencyMeasure) -> float | None:
+    """Sum of the members' latencies as one kernel each (the no-fusion baseline)."""
+    return _separate_cost(graph, members, measure)

@@ -1,0 +1,175 @@
+"""A whole model's schedule: fusion plus configs, its report and ``tuned.json``."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from welder.arch import Arch
+from welder.graph import Graph
+from welder.schedule.config import GroupConfig
+from welder.schedule.engine import CostModel, fuse, group_signature
+from welder.schedule.group import Group, make_group
+from welder.schedule.policy import Options
+
+
+@dataclass
+class PlannedGroup:
+    group: Group
+    configs: list[GroupConfig]  # best first
+    unfused_us: float  # its members as one kernel each
+    unfused_bytes: int
+
+    @property
+    def latency_us(self) -> float:
+        return self.configs[0].estimate.latency_us
+
+    @property
+    def traffic_bytes(self) -> int:
+        return _traffic(self.configs[0])
+
+
+@dataclass
+class Plan:
+    model: str
+    arch: Arch
+    measure: str
+    nofusion: bool
+    topk: int
+    groups: list[PlannedGroup]
+    seconds: float
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def latency_us(self) -> float:
+        return sum(g.latency_us for g in self.groups)
+
+    @property
+    def traffic_bytes(self) -> int:
+        return sum(g.traffic_bytes for g in self.groups)
+
+    @property
+    def unfused_latency_us(self) -> float:
+        return sum(g.unfused_us for g in self.groups)
+
+    @property
+    def unfused_traffic_bytes(self) -> int:
+        return sum(g.unfused_bytes for g in self.groups)
+
+    @property
+    def unfused_kernels(self) -> int:
+        return sum(len(g.group.members) for g in self.groups)
+
+
+def plan_model(
+    graph: Graph,
+    arch: Arch,
+    topk: int = 1,
+    nofusion: bool = False,
+    model: str = "",
+    progress: Callable[[int, int], None] | None = None,
+) -> Plan:
+    """Fuse ``graph`` and pick configs with the cost model."""
+    start = time.perf_counter()
+    cost = CostModel(graph, arch, Options(topk=topk))
+    result = fuse(graph, cost, nofusion=nofusion, progress=progress)
+    groups = []
+    for group in result.groups:
+        singles = [cost.configs(make_group(graph, [m]))[0] for m in group.members]
+        groups.append(
+            PlannedGroup(
+                group,
+                cost.configs(group),
+                sum(c.estimate.latency_us for c in singles),
+                sum(_traffic(c) for c in singles),
+            )
+        )
+    return Plan(
+        model or graph.name,
+        arch,
+        "cost-model",
+        nofusion,
+        topk,
+        groups,
+        time.perf_counter() - start,
+        result.log,
+    )
+
+
+def _traffic(cfg: GroupConfig) -> int:
+    return cfg.estimate.read_bytes + cfg.estimate.write_bytes
+
+
+def tuned_json(plan: Plan, graph: Graph) -> dict:
+    groups = []
+    for k, g in enumerate(plan.groups):
+        grp = g.group
+        groups.append(
+            {
+                "index": k,
+                "name": f"group_{k}",
+                "signature": group_signature(graph, grp),
+                "root": grp.root,
+                "members": list(grp.members),
+                "ops": [graph.nodes[m].op_type for m in grp.members],
+                "inputs": list(grp.inputs),
+                "outputs": list(grp.outputs),
+                "stages": list(grp.stages),
+                "latency_us": g.latency_us,
+                "unfused_latency_us": round(g.unfused_us, 4),
+                "gain_us": round(g.unfused_us - g.latency_us, 4),
+                "configs": [c.to_json() for c in g.configs],
+            }
+        )
+    return {
+        "format": "welder.tuned/1",
+        "model": plan.model,
+        "arch": plan.arch.name,
+        "measure": plan.measure,
+        "topk": plan.topk,
+        "nofusion": plan.nofusion,
+        "groups": groups,
+        "totals": {
+            "kernels": len(plan.groups),
+            "estimated_latency_us": round(plan.latency_us, 3),
+            "traffic_bytes": plan.traffic_bytes,
+            "unfused_kernels": plan.unfused_kernels,
+            "unfused_latency_us": round(plan.unfused_latency_us, 3),
+            "unfused_traffic_bytes": plan.unfused_traffic_bytes,
+            "tuning_seconds": round(plan.seconds, 2),
+        },
+    }
+
+
+def write_tuned_json(plan: Plan, graph: Graph, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(tuned_json(plan, graph), f, indent=1)
+        f.write("\n")
+
+
+def format_summary(plan: Plan, graph: Graph, width: int = 44) -> str:
+    """The terminal table: one row per group, then totals."""
+    rows = [
+        f"{'#':>3}  {'group (root)':<{width}} {'ops':>4} {'stages':>6} {'tile':<16} {'smem KB':>7} "
+        f"{'traffic MB':>10} {'est us':>8} {'gain us':>8}"
+    ]
+    for k, g in enumerate(plan.groups):
+        grp = g.group
+        cfg = g.configs[0]
+        root = grp.root if len(grp.root) <= width else "..." + grp.root[-(width - 3) :]
+        tile = "x".join(map(str, cfg.block_tile)) or "1"
+        rows.append(
+            f"{k:>3}  {root:<{width}} {len(grp.members):>4} {len(grp.stages):>6} {tile:<16} "
+            f"{cfg.smem_bytes / 1024:>7.1f} {g.traffic_bytes / 1e6:>10.3f} {g.latency_us:>8.2f} "
+            f"{g.unfused_us - g.latency_us:>8.2f}"
+        )
+    mb = 1e6
+    rows.append(
+        f"{len(plan.groups)} kernels (unfused: {plan.unfused_kernels}); estimated latency "
+        f"{plan.latency_us:.1f} us (unfused: {plan.unfused_latency_us:.1f} us); global traffic "
+        f"{plan.traffic_bytes / mb:.2f} MB (unfused: {plan.unfused_traffic_bytes / mb:.2f} MB); "
+        f"arch {plan.arch.name}, {plan.measure}, {plan.seconds:.1f} s"
+    )
+    return "\n".join(rows)
