@@ -169,15 +169,17 @@ def _candidates(graph: Graph, members: set[str], scheduled: set[str], rank: dict
 
 
 def _with_producers(graph: Graph, cand: str, members: set[str], scheduled: set[str]) -> set[str] | None:
-    """``cand`` plus its producers that are not scheduled yet; None if one of those has
-    unscheduled producers of its own (it is not ready to join)."""
+    """``cand`` plus every not-yet-scheduled node it depends on that is not a member (the
+    other operand of an attention matmul and its projection, say)."""
     extra = {cand}
-    for t in graph.nodes[cand].inputs:
-        if t in graph.nodes and t not in members and t not in scheduled:
-            p = graph.nodes[t]
-            if any(i in graph.nodes and i not in members and i not in scheduled for i in p.inputs):
-                return None
-            extra.add(t)
+    stack = [cand]
+    while stack:
+        for t in graph.nodes[stack.pop()].inputs:
+            if t in graph.nodes and t not in members and t not in scheduled and t not in extra:
+                extra.add(t)
+                stack.append(t)
+                if len(extra) > MAX_GROUP_MEMBERS:
+                    return None
     return extra
 
 

@@ -8,6 +8,7 @@ outwards: dimensions the region covers completely merge into one longer run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,8 +31,10 @@ def contiguous_run(extents: Sequence[int], shape: Sequence[int]) -> tuple[int, i
 
 def transaction_bytes(extents: Sequence[int], shape: Sequence[int], elem_bytes: int, transaction: int) -> int:
     """Bytes moved to read or write box ``extents`` of a tensor, rounded to transactions.
-    A run not aligned to a transaction boundary touches one more sector; assume runs
-    start aligned only when they are a whole number of transactions long."""
+
+    The box's origin is taken as aligned.  Runs after the first start wherever the row
+    stride puts them, so unless that stride is a whole number of transactions each run is
+    charged for the worst alignment it can have."""
     extents = [min(e, s) for e, s in zip(extents, shape)]
     if any(e == 0 for e in extents):
         return 0
@@ -39,10 +42,22 @@ def transaction_bytes(extents: Sequence[int], shape: Sequence[int], elem_bytes: 
         return transaction
     run, rows = contiguous_run(extents, shape)
     run_bytes = run * elem_bytes
-    sectors = -(-run_bytes // transaction)
-    if run_bytes % transaction and run_bytes > transaction:
-        sectors += 1
+    stride_bytes = elem_bytes * math.prod(shape[len(shape) - _run_dims(extents, shape) :])
+    if rows == 1 or stride_bytes % transaction == 0:
+        sectors = -(-run_bytes // transaction)
+    else:
+        sectors = (transaction - elem_bytes + run_bytes - 1) // transaction + 1
     return rows * sectors * transaction
+
+
+def _run_dims(extents: Sequence[int], shape: Sequence[int]) -> int:
+    """How many innermost dimensions one contiguous run spans."""
+    n = 0
+    for e, s in zip(reversed(extents), reversed(shape)):
+        n += 1
+        if e < s:
+            break
+    return n
 
 
 @dataclass(frozen=True)
