@@ -11,6 +11,7 @@ from onnx_util import assert_matches_ort, make_model
 import welder
 from welder.errors import ModelError, ShapeError, UnsupportedError
 from welder.frontend.onnx import import_onnx, load_model
+from welder.ir.expr import Const
 
 RNG = np.random.default_rng(0)
 
@@ -212,11 +213,17 @@ def test_session_validates_feeds(tmp_path):
 
 
 def test_shape_inference_disagreement_is_reported(monkeypatch):
-    """A lowering that computes the wrong shape is caught at import, naming the node."""
+    """A lowering whose shape differs from ONNX shape inference is reported, naming the node;
+    a dtype difference is an error."""
     from welder.frontend import registry
+    from welder.frontend.onnx import ShapeInferenceWarning
 
     model, _x = small_model()
     bad = registry.Lowering("Relu", lambda ctx: ctx.compute((7,), lambda i: ctx.input(0)[0, 0]))
     monkeypatch.setitem(registry.LOWERINGS, "Relu", bad)
-    with pytest.raises(ModelError, match=r"Relu node 'relu'.*\[7\].*\[2, 3\]"):
+    with pytest.warns(ShapeInferenceWarning, match=r"Relu node 'relu'.*\[7\].*\[2, 3\]"):
+        import_onnx(model)
+    wrong_dtype = registry.Lowering("Relu", lambda ctx: ctx.compute((2, 3), lambda i, j: Const(1, "int64")))
+    monkeypatch.setitem(registry.LOWERINGS, "Relu", wrong_dtype)
+    with pytest.raises(ModelError, match="dtype int64 here but float32"):
         import_onnx(model)

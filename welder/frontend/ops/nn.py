@@ -1,1 +1,413 @@
-"""nn lowerings."""
+"""Sliding-window operators: Conv, ConvTranspose and the pools.
+
+They share one piece of geometry, :class:`Window`: along each spatial axis, output
+position ``o`` and kernel tap ``k`` read input position ``o*stride + k*dilation - pad``.
+Conv and the pools gather through that map directly; ConvTranspose is the adjoint of a
+Conv, so it inverts the same map and gathers from ``(y + pad - k*dilation) / stride``
+where that quotient is exact.
+
+Every reduction body stays a plain sum of products (or a max) of guarded loads.  Bias
+additions and the divisions of the average pools are separate injective computes,
+which the scheduler inlines into the reduction's epilogue.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from welder.errors import ModelError
+from welder.frontend.ops.norm import reduce_over
+from welder.frontend.registry import LowerContext, Tensor, register
+from welder.ir.compute import Reduce, reduce, reduce_axis, reduce_identity
+from welder.ir.expr import Expr, ExprLike, cast, eq, ge, is_float, logical_and, lt, maximum, minimum, select
+
+AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+
+@dataclass(frozen=True)
+class Window:
+    """One spatial axis of a sliding window.
+
+    ``size`` is the extent of the axis that is read and ``out`` the number of window
+    positions.  For ConvTranspose the roles swap: its output is the axis "read" by the
+    equivalent Conv and its input holds the window positions.
+    """
+
+    size: int
+    kernel: int
+    stride: int
+    dilation: int
+    pad_begin: int
+    pad_end: int
+    out: int
+
+    @property
+    def span(self) -> int:
+        """Extent of the dilated kernel."""
+        return (self.kernel - 1) * self.dilation + 1
+
+    @property
+    def first(self) -> int:
+        """Lowest position any tap reads."""
+        return -self.pad_begin
+
+    @property
+    def last(self) -> int:
+        """Highest position any tap reads (beyond the padding when ceil_mode overhangs)."""
+        return (self.out - 1) * self.stride + self.span - 1 - self.pad_begin
+
+    def position(self, o: Expr, k: Expr) -> Expr:
+        return o * self.stride + k * self.dilation - self.pad_begin
+
+    def inside(self, pos: Expr) -> Expr:
+        """Guard ``0 <= pos < size``, true constant when no tap can leave the axis."""
+        return _within(pos, self.first, self.last, 0, self.size)
+
+    def source(self, y: Expr, k: Expr) -> tuple[Expr, Expr]:
+        """Window position ``q`` with ``position(q, k) == y``, and the guard that such an
+        integral ``q`` exists in ``[0, out)`` (the gather form of a transposed conv)."""
+        t = y + self.pad_begin - k * self.dilation
+        t_lo, t_hi = self.pad_begin - (self.span - 1), self.size - 1 + self.pad_begin
+        if self.stride == 1:
+            return t, _within(t, t_lo, t_hi, 0, self.out)
+        q = t // self.stride
+        in_range = _within(q, t_lo // self.stride, t_hi // self.stride, 0, self.out)
+        return q, logical_and(eq(t % self.stride, 0), in_range)
+
+    def taps(self, o: Expr, lo: int, hi: int) -> Expr | int:
+        """How many taps of the window at ``o`` read a position in ``[lo, hi)``; a
+        constant when that holds for every tap of every window."""
+        if self.first >= lo and self.last < hi:
+            return self.kernel
+        # Taps k with lo <= o*stride + k*dilation - pad_begin < hi, clamped to [0, kernel).
+        d, shift = self.dilation, o * self.stride
+        first: Expr | int = 0
+        last: Expr | int = self.kernel - 1
+        if self.first < lo:
+            first = maximum((lo + self.pad_begin + d - 1 - shift) // d, 0)
+        if self.last >= hi:
+            last = minimum((hi - 1 + self.pad_begin - shift) // d, self.kernel - 1)
+        return last - first + 1  # type: ignore[operator]
+
+
+def _within(x: Expr, lowest: int, highest: int, lo: int, hi: int) -> Expr:
+    """``lo <= x < hi`` for ``x`` known to lie in ``[lowest, highest]``; comparisons
+    the known range already settles are left out."""
+    conds = []
+    if lowest < lo:
+        conds.append(ge(x, lo))
+    if highest >= hi:
+        conds.append(lt(x, hi))
+    return logical_and(*conds)
+
+
+# -- attributes ---------------------------------------------------------------------------
+
+
+def _ints(ctx: LowerContext, name: str, length: int, default: int) -> tuple[int, ...]:
+    value = ctx.attr(name, None)
+    if value is None:
+        return (default,) * length
+    if len(value) != length:
+        raise ModelError(f"{ctx.label}: {name} has {len(value)} entries, expected {length}")
+    return tuple(int(v) for v in value)
+
+
+def _positive(ctx: LowerContext, name: str, rank: int) -> tuple[int, ...]:
+    values = _ints(ctx, name, rank, 1)
+    if any(v < 1 for v in values):
+        raise ModelError(f"{ctx.label}: {name} must be positive, got {list(values)}")
+    return values
+
+
+def _auto_pad(ctx: LowerContext) -> str:
+    mode = ctx.attr("auto_pad", "NOTSET")
+    if mode not in AUTO_PADS:
+        raise ctx.fail(f"auto_pad={mode!r} is not one of {', '.join(AUTO_PADS)}")
+    return mode
+
+
+def _explicit_pads(ctx: LowerContext, rank: int) -> list[tuple[int, int]]:
+    pads = _ints(ctx, "pads", 2 * rank, 0)
+    if any(p < 0 for p in pads):
+        raise ctx.fail(f"negative pads {list(pads)} are not supported")
+    return list(zip(pads[:rank], pads[rank:]))
+
+
+def _split_pad(total: int, extra_at_end: bool) -> tuple[int, int]:
+    """(begin, end) halves of ``total`` padding; an odd one goes to the end or begin."""
+    small = total // 2
+    return (small, total - small) if extra_at_end else (total - small, small)
+
+
+def _kernel_shape(ctx: LowerContext, rank: int, weights: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The kernel's spatial shape: the attribute, or else the weights' (Conv only)."""
+    if ctx.attr("kernel_shape", None) is None:
+        if weights is None:
+            raise ModelError(f"{ctx.label}: missing required attribute 'kernel_shape'")
+        return tuple(weights)
+    kernel = _positive(ctx, "kernel_shape", rank)
+    if weights is not None and kernel != tuple(weights):
+        raise ModelError(
+            f"{ctx.label}: kernel_shape {list(kernel)} disagrees with the weights {list(weights)}"
+        )
+    return kernel
+
+
+def _output_size(ctx: LowerContext, axis: int, w: Window, ceil_mode: bool) -> int:
+    """Number of window positions along an axis; ``w.out`` is not read."""
+    padded = w.size + w.pad_begin + w.pad_end
+    if padded < w.span:
+        raise ModelError(
+            f"{ctx.label}: the window spans {w.span} positions along spatial axis {axis}, "
+            f"more than the padded input ({padded})"
+        )
+    room = padded - w.span
+    out = (-(-room // w.stride) if ceil_mode else room // w.stride) + 1
+    # With ceil_mode the last window must still start inside the input or its left padding.
+    if ceil_mode and (out - 1) * w.stride >= w.size + w.pad_begin:
+        out -= 1
+    return out
+
+
+def sliding_windows(
+    ctx: LowerContext, sizes: Sequence[int], kernel: Sequence[int], ceil_mode: bool = False
+) -> list[Window]:
+    """Geometry of Conv and the pools along each spatial axis, from strides,
+    dilations, pads / auto_pad and ceil_mode."""
+    rank = len(sizes)
+    strides = _positive(ctx, "strides", rank)
+    dilations = _positive(ctx, "dilations", rank)
+    mode = _auto_pad(ctx)
+    if mode == "NOTSET":
+        pads = _explicit_pads(ctx, rank)
+    elif mode == "VALID":
+        pads = [(0, 0)] * rank
+    else:
+        # SAME: as many windows as strides fit in the input, the padding split evenly.
+        pads = [
+            _split_pad(max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size), mode == "SAME_UPPER")
+            for size, k, s, d in zip(sizes, kernel, strides, dilations)
+        ]
+    windows = []
+    for axis, (size, k, s, d, (begin, end)) in enumerate(zip(sizes, kernel, strides, dilations, pads)):
+        w = Window(size, k, s, d, begin, end, out=0)
+        windows.append(replace(w, out=_output_size(ctx, axis, w, ceil_mode)))
+    return windows
+
+
+def _transposed_windows(ctx: LowerContext, sizes: Sequence[int], kernel: Sequence[int]) -> list[Window]:
+    """ConvTranspose geometry: the window positions are the input, the axis read is
+    the output, sized by output_shape, auto_pad or the pads and output_padding."""
+    rank = len(sizes)
+    strides = _positive(ctx, "strides", rank)
+    dilations = _positive(ctx, "dilations", rank)
+    extra = _ints(ctx, "output_padding", rank, 0)
+    if any(e < 0 for e in extra):
+        raise ModelError(f"{ctx.label}: output_padding must not be negative, got {list(extra)}")
+    mode = _auto_pad(ctx)
+    requested = _requested_output_shape(ctx, rank)
+    pads = _explicit_pads(ctx, rank) if mode == "NOTSET" else [(0, 0)] * rank
+    windows = []
+    for axis, (size, k, s, d, e) in enumerate(zip(sizes, kernel, strides, dilations, extra)):
+        natural = s * (size - 1) + e + (k - 1) * d + 1
+        if requested is None and mode not in ("SAME_UPPER", "SAME_LOWER"):
+            begin, end = pads[axis]
+        else:
+            # Padding trims the natural extent to the requested one (input * stride for
+            # SAME); it never grows the output.
+            target = size * s if requested is None else requested[axis]
+            begin, end = _split_pad(max(0, natural - target), extra_at_end=mode == "SAME_UPPER")
+        # An explicit output_shape beyond the natural extent gets zeros at the end.
+        out = natural - begin - end if requested is None else requested[axis]
+        if out < 1:
+            raise ModelError(f"{ctx.label}: output extent {out} along spatial axis {axis} is not positive")
+        windows.append(Window(out, k, s, d, begin, end, size))
+    return windows
+
+
+def _requested_output_shape(ctx: LowerContext, rank: int) -> list[int] | None:
+    shape = ctx.attr("output_shape", None)
+    if shape is None:
+        return None
+    if len(shape) != rank:
+        raise ModelError(f"{ctx.label}: output_shape {list(shape)} does not have {rank} spatial dimensions")
+    return [int(v) for v in shape]
+
+
+# -- inputs -------------------------------------------------------------------------------
+
+
+def _batched_input(ctx: LowerContext, floats_only: bool = True) -> Tensor:
+    """Input 0, shaped (N, C, spatial...)."""
+    x = ctx.input(0)
+    if x.rank < 3:
+        raise ModelError(f"{ctx.label}: input must be (N, C, spatial...), got shape {list(x.shape)}")
+    if floats_only and not is_float(x.dtype):
+        raise ctx.fail(f"element type {x.dtype} is not supported")
+    return x
+
+
+def _weights(ctx: LowerContext, x: Tensor) -> Tensor:
+    w = ctx.input(1)
+    if w.rank != x.rank or w.dtype != x.dtype:
+        raise ModelError(
+            f"{ctx.label}: weights {w.dtype}{list(w.shape)} do not match the input {x.dtype}{list(x.shape)}"
+        )
+    return w
+
+
+def _group(ctx: LowerContext, channels: int) -> int:
+    group = ctx.attr("group", 1)
+    if group < 1 or channels % group:
+        raise ModelError(f"{ctx.label}: group={group} does not divide the {channels} input channels")
+    return group
+
+
+def _with_bias(ctx: LowerContext, y: Tensor) -> Tensor:
+    """``y + B[c]`` as an injective epilogue, when the node has a bias input."""
+    b = ctx.optional_input(2)
+    if b is None:
+        return y
+    if b.shape != (y.shape[1],) or b.dtype != y.dtype:
+        raise ModelError(f"{ctx.label}: bias {b.dtype}{list(b.shape)} does not match {y.shape[1]} channels")
+    return ctx.compute(y.shape, lambda n, c, *o: y[(n, c, *o)] + b[c])
+
+
+def _window_load(
+    x: Tensor,
+    lead: tuple[ExprLike, ...],
+    windows: Sequence[Window],
+    o: Sequence[Expr],
+    ks: Sequence[Expr],
+    fill: float,
+) -> Expr:
+    """``x[*lead, window positions]``, or ``fill`` where a tap reads padding."""
+    pos = [w.position(oi, k) for w, oi, k in zip(windows, o, ks)]
+    guard = logical_and(*(w.inside(p) for w, p in zip(windows, pos)))
+    return select(guard, x[(*lead, *pos)], fill)
+
+
+# -- convolutions --------------------------------------------------------------------------
+
+
+@register("Conv")
+def conv(ctx: LowerContext) -> Tensor:
+    """``O[n,c,o] = sum_{ci,k} select(inside, X[n, g*Cin_g + ci, o*s + k*d - p], 0) * W[c, ci, k]``."""
+    x = _batched_input(ctx)
+    w = _weights(ctx, x)
+    m, per_group = w.shape[:2]
+    group = _group(ctx, x.shape[1])
+    if per_group * group != x.shape[1] or m % group:
+        raise ModelError(
+            f"{ctx.label}: weights {list(w.shape)} do not fit {x.shape[1]} input channels in {group} group(s)"
+        )
+    windows = sliding_windows(ctx, x.shape[2:], _kernel_shape(ctx, x.rank - 2, w.shape[2:]))
+    m_per_group = m // group
+
+    def fn(n: Expr, c: Expr, *o: Expr) -> Reduce:
+        ci = reduce_axis(per_group)
+        ks = [reduce_axis(win.kernel) for win in windows]
+        channel = ci if group == 1 else (c // m_per_group) * per_group + ci
+        return reduce("sum", _window_load(x, (n, channel), windows, o, ks, 0.0) * w[(c, ci, *ks)], [ci, *ks])
+
+    y = ctx.compute((x.shape[0], m, *(win.out for win in windows)), fn, "conv")
+    return _with_bias(ctx, y)
+
+
+@register("ConvTranspose")
+def conv_transpose(ctx: LowerContext) -> Tensor:
+    """Gather form: ``Y[n,c,y] = sum_{ci,k} select(exact, X[n, g*Cin_g + ci, (y + p - k*d) / s], 0)
+    * W[g*Cin_g + ci, c mod Cout_g, k]``."""
+    x = _batched_input(ctx)
+    w = _weights(ctx, x)
+    channels, m_per_group = w.shape[:2]
+    if channels != x.shape[1]:
+        raise ModelError(f"{ctx.label}: weights expect {channels} input channels, the input has {x.shape[1]}")
+    group = _group(ctx, channels)
+    per_group = channels // group
+    windows = _transposed_windows(ctx, x.shape[2:], _kernel_shape(ctx, x.rank - 2, w.shape[2:]))
+
+    def fn(n: Expr, c: Expr, *y: Expr) -> Reduce:
+        ci = reduce_axis(per_group)
+        ks = [reduce_axis(win.kernel) for win in windows]
+        sources = [win.source(yi, k) for win, yi, k in zip(windows, y, ks)]
+        guard = logical_and(*(cond for _, cond in sources))
+        channel = ci if group == 1 else (c // m_per_group) * per_group + ci
+        xv = select(guard, x[(n, channel, *(q for q, _ in sources))], 0.0)
+        wv = w[(channel, c if group == 1 else c % m_per_group, *ks)]
+        return reduce("sum", xv * wv, [ci, *ks])
+
+    y = ctx.compute((x.shape[0], m_per_group * group, *(win.size for win in windows)), fn, "conv")
+    return _with_bias(ctx, y)
+
+
+# -- pooling ------------------------------------------------------------------------------
+
+
+def _pool_windows(ctx: LowerContext, x: Tensor) -> list[Window]:
+    ceil_mode = ctx.attr("ceil_mode", 0)
+    if ceil_mode not in (0, 1):
+        raise ctx.fail(f"ceil_mode={ceil_mode} is not 0 or 1")
+    return sliding_windows(ctx, x.shape[2:], _kernel_shape(ctx, x.rank - 2), bool(ceil_mode))
+
+
+def _pool(ctx: LowerContext, x: Tensor, windows: Sequence[Window], op: str, hint: str = "") -> Tensor:
+    """``op`` over each window; padded taps contribute the reduction's identity."""
+    fill = reduce_identity(op, x.dtype)
+
+    def fn(n: Expr, c: Expr, *o: Expr) -> Reduce:
+        ks = [reduce_axis(win.kernel) for win in windows]
+        return reduce(op, _window_load(x, (n, c), windows, o, ks, fill), ks)
+
+    return ctx.compute((*x.shape[:2], *(win.out for win in windows)), fn, hint)
+
+
+@register("MaxPool")
+def max_pool(ctx: LowerContext) -> Tensor:
+    if ctx.output_used(1):
+        raise ctx.fail("the Indices output is not supported")
+    x = _batched_input(ctx, floats_only=False)
+    # storage_order only describes the Indices output, which is refused above.
+    return _pool(ctx, x, _pool_windows(ctx, x), "max")
+
+
+@register("AveragePool")
+def average_pool(ctx: LowerContext) -> Tensor:
+    """Window sum, then a division by the number of taps counted: all of them inside
+    the padded input (count_include_pad=1) or only those inside the input."""
+    x = _batched_input(ctx)
+    if ctx.opset < 19 and ctx.attr("dilations", None) is not None:
+        raise ctx.fail(f"dilations are only defined from opset 19 (the model uses opset {ctx.opset})")
+    include_pad = ctx.attr("count_include_pad", 0)
+    if include_pad not in (0, 1):
+        raise ctx.fail(f"count_include_pad={include_pad} is not 0 or 1")
+    windows = _pool_windows(ctx, x)
+    total = _pool(ctx, x, windows, "sum", "sum")
+
+    def divisor(o: Sequence[Expr]) -> Expr | int:
+        count: Expr | int = 1
+        for win, oi in zip(windows, o):
+            lo, hi = (-win.pad_begin, win.size + win.pad_end) if include_pad else (0, win.size)
+            count = count * win.taps(oi, lo, hi)  # type: ignore[operator]
+        return count
+
+    def fn(n: Expr, c: Expr, *o: Expr) -> Expr:
+        count = divisor(o)
+        return total[(n, c, *o)] / (float(count) if isinstance(count, int) else cast(count, x.dtype))
+
+    return ctx.compute(total.shape, fn)
+
+
+@register("GlobalAveragePool", "GlobalMaxPool")
+def global_pool(ctx: LowerContext) -> Tensor:
+    """One reduction over every spatial axis, kept as size-1 axes (plus the division)."""
+    x = _batched_input(ctx, floats_only=ctx.op_type == "GlobalAveragePool")
+    spatial = list(range(2, x.rank))
+    if ctx.op_type == "GlobalMaxPool":
+        return reduce_over(ctx, x, spatial, "max", "max", keepdims=True)
+    total = reduce_over(ctx, x, spatial, "sum", "sum", keepdims=True)
+    count = float(math.prod(x.shape[2:]))
+    return ctx.compute(total.shape, lambda *i: total[i] / count)
