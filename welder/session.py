@@ -36,7 +36,27 @@ class InterpretBackend:
         return self.graph.run(feeds)
 
 
-BACKENDS: dict[str, Callable[..., Backend]] = {"interpret": InterpretBackend}
+class EmulateBackend:
+    """The whole compiler pipeline -- fusion and configs from the cost model, CUDA from the
+    templates -- with the kernels executed on the CPU by the emulator.  Slow; it exists to
+    check generated code without a GPU."""
+
+    def __init__(self, graph: Graph, arch: str = "H100", **_: object) -> None:
+        from welder.arch import get_arch
+        from welder.codegen import generate_model
+        from welder.runtime.emulate import EmulatedModel
+        from welder.schedule.plan import plan_model
+
+        plan = plan_model(graph, get_arch(arch), topk=1)
+        kernels = generate_model(graph, [(p.group, p.configs[0]) for p in plan.groups])
+        self.plan = plan
+        self.model = EmulatedModel(graph, kernels)
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.model.run(feeds)
+
+
+BACKENDS: dict[str, Callable[..., Backend]] = {"interpret": InterpretBackend, "emulate": EmulateBackend}
 
 _ORT_TYPES = {"float32": "float", "float64": "double"}
 

@@ -38,6 +38,7 @@ class StageConfig:
     rstep: tuple[int, ...] = ()
     staged: list[StagedInput] = field(default_factory=list)
     smem_offset: int | None = None  # where its tile lives when consumed inside the group
+    reduce_offset: int | None = None  # scratch for combining warps of a cross-warp reduction
     write_global: bool = False
 
 

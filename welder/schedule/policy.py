@@ -238,14 +238,15 @@ def plan_stage(
     if c.is_reduction:
         stage.rstep = tuple(a.extent for a in c.reduce_axes)
         if reduce_threads == 1:
-            _choose_staging(c, stage, regions.members[name], shape_of, dtype_of)
+            _choose_staging(c, stage, regions.members[name], shape_of, set(group.inputs))
     return stage
 
 
 def _choose_staging(
-    c: Compute, stage: StageConfig, region: Region, shape_of: ShapeOf, dtype_of: DtypeOf
+    c: Compute, stage: StageConfig, region: Region, shape_of: ShapeOf, external: set[str]
 ) -> None:
-    """Stage global inputs that several threads reuse, one reduction step at a time."""
+    """Stage global inputs (``external``) that several threads reuse, one reduction step
+    at a time."""
     elem = np_dtype(c.dtype).itemsize
     target = max(1, 128 // elem)  # one 128-byte line along the innermost reduce axis
     rstep = []
@@ -259,7 +260,7 @@ def _choose_staging(
     outputs = math.prod(stage.tile)
     step_points = outputs * math.prod(stage.rstep)
     for ld in _distinct_loads(c):
-        if ld.tensor in (s.tensor for s in stage.staged):
+        if ld.tensor not in external or ld.tensor in (s.tensor for s in stage.staged):
             continue
         extents = per_step[ld.tensor].clipped_extents(shape_of(ld.tensor))
         if any(_data_dependent(i) for i in ld.indices):
@@ -324,14 +325,16 @@ def _plan_smem(group: Group, stages: list[StageConfig], dtype_of: DtypeOf) -> in
                 )
             )
         if st.reduce_threads > 32:
-            warps = st.reduce_threads // 32
-            buffers.append(Buffer(f"{st.node}/reduce", math.prod(st.thread_shape) * warps * 8, k, k))
+            # One slot per (output, warp, register) of 8 value bytes plus 4 index bytes.
+            slots = math.prod(st.thread_shape) * (st.reduce_threads // 32) * math.prod(st.reg_tile)
+            buffers.append(Buffer(f"{st.node}/reduce", slots * 12, k, k))
     offsets, total = plan_shared_memory(buffers)
     for st in stages:
         if st.node in offsets:
             st.smem_offset = offsets[st.node]
         for sd in st.staged:
             sd.offset = offsets[f"{st.node}/{sd.tensor}"]
+        st.reduce_offset = offsets.get(f"{st.node}/reduce")
     return total
 
 

@@ -1,0 +1,60 @@
+// welder_math.cuh -- small device functions generated kernels call.  Valid CUDA and valid
+// under the CPU emulator alike; included right after welder_prelude.cuh.
+#pragma once
+
+// Floor division and modulo for index arithmetic whose operands may be negative (C's / and %
+// truncate towards zero; the IR's floordiv/mod round towards minus infinity).
+__device__ __forceinline__ int welder_floordiv(int a, int b) {
+  const int q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+__device__ __forceinline__ int welder_mod(int a, int b) {
+  const int r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+__device__ __forceinline__ long long welder_floordiv(long long a, long long b) {
+  const long long q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+__device__ __forceinline__ long long welder_mod(long long a, long long b) {
+  const long long r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+__device__ __forceinline__ float welder_fmod_floor(float a, float b) { return a - floorf(a / b) * b; }
+
+// max/min: integers through one template, floats propagating NaN like numpy (fmaxf would drop
+// it), bool as or/and.
+template <class T>
+__device__ __forceinline__ T welder_max(T a, T b) { return a > b ? a : b; }
+template <class T>
+__device__ __forceinline__ T welder_min(T a, T b) { return a < b ? a : b; }
+__device__ __forceinline__ float welder_max(float a, float b) { return (a != a || a > b) ? a : b; }
+__device__ __forceinline__ float welder_min(float a, float b) { return (a != a || a < b) ? a : b; }
+__device__ __forceinline__ double welder_max(double a, double b) { return (a != a || a > b) ? a : b; }
+__device__ __forceinline__ double welder_min(double a, double b) { return (a != a || a < b) ? a : b; }
+__device__ __forceinline__ bool welder_max(bool a, bool b) { return a || b; }
+__device__ __forceinline__ bool welder_min(bool a, bool b) { return a && b; }
+
+// Integer power with a non-negative exponent (negative exponents give 0 except for base 1/-1,
+// which the IR never produces from ONNX's integer Pow).
+template <class T>
+__device__ __forceinline__ T welder_ipow(T base, T exp) {
+  T result = 1;
+  while (exp > 0) {
+    if (exp & 1) result *= base;
+    base *= base;
+    exp >>= 1;
+  }
+  return result;
+}
+
+// Argmax/argmin accumulators: the smaller index wins ties, so the first occurrence is kept
+// however the reduction is split across threads.
+template <class T>
+__device__ __forceinline__ void welder_argmax_step(T& best, int& at, T v, int i) {
+  if (v > best || (v == best && i < at) || (v != v && best == best)) { best = v; at = i; }
+}
+template <class T>
+__device__ __forceinline__ void welder_argmin_step(T& best, int& at, T v, int i) {
+  if (v < best || (v == best && i < at) || (v != v && best == best)) { best = v; at = i; }
+}

@@ -1,0 +1,185 @@
+"""Printing IR expressions as C expressions.
+
+Value arithmetic on ``float16`` data is carried out in ``float`` (loads widen, stores
+narrow, an explicit Cast to float16 rounds), so fp16 kernels accumulate and evaluate
+activations in fp32.  Index arithmetic is ``int``; floor division and modulo print as
+plain ``/`` and ``%`` only where both operands are provably non-negative.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+from welder.ir.expr import INDEX, Binary, Call, Cast, Const, Expr, Load, Select, Var
+
+# Storage type in memory, and the type arithmetic on the value happens in.
+STORAGE_TYPES = {
+    "float32": "float",
+    "float16": "__half",
+    "float64": "double",
+    "int64": "long long",
+    "int32": "int",
+    "int16": "short",
+    "int8": "signed char",
+    "uint8": "unsigned char",
+    "uint16": "unsigned short",
+    "uint32": "unsigned int",
+    "uint64": "unsigned long long",
+    "bool": "bool",
+    INDEX: "int",
+}
+COMPUTE_TYPES = {**STORAGE_TYPES, "float16": "float"}
+
+_INFIX = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "eq": "==",
+    "ne": "!=",
+    "and": "&&",
+    "or": "||",
+    "xor": "!=",
+}
+
+_FLOAT_FN = {
+    "exp": "expf",
+    "log": "logf",
+    "sqrt": "sqrtf",
+    "rsqrt": "rsqrtf",
+    "erf": "erff",
+    "tanh": "tanhf",
+    "abs": "fabsf",
+    "floor": "floorf",
+    "ceil": "ceilf",
+    "round": "rintf",
+    "sin": "sinf",
+    "cos": "cosf",
+    "fmod": "fmodf",
+}
+
+
+def literal(value: int | float | bool, dtype: str) -> str:
+    """A C literal of the compute type of ``dtype``."""
+    if dtype == "bool":
+        return "true" if value else "false"
+    if dtype in ("float32", "float16", "float64"):
+        v = float(value)
+        suffix = "" if dtype == "float64" else "f"
+        if math.isinf(v):
+            return ("" if v > 0 else "-") + ("INFINITY" if suffix else "(double)INFINITY")
+        if math.isnan(v):
+            return "NAN"
+        text = repr(v)
+        if "e" not in text and "." not in text:
+            text += ".0"
+        return text + suffix
+    if dtype in ("int64",):
+        return f"{int(value)}LL"
+    if dtype in ("uint64",):
+        return f"{int(value)}ULL"
+    if dtype in ("uint32",):
+        return f"{int(value)}U"
+    return str(int(value))
+
+
+def nonnegative(e: Expr, nonneg_vars: frozenset[str] | set[str]) -> bool:
+    """Conservative: True only if ``e`` cannot be negative."""
+    if isinstance(e, Var):
+        return e.name in nonneg_vars
+    if isinstance(e, Const):
+        return e.value >= 0
+    if isinstance(e, Binary) and e.op in ("add", "mul", "floordiv", "mod", "max", "min"):
+        a, b = nonnegative(e.a, nonneg_vars), nonnegative(e.b, nonneg_vars)
+        if e.op == "max":
+            return a or b
+        return a and b
+    return False
+
+
+class CPrinter:
+    """Prints expressions; ``load`` decides how a tensor element is addressed (global
+    pointer, shared tile, staging buffer) and ``var`` names the loop variables."""
+
+    def __init__(
+        self,
+        load: Callable[[Load, CPrinter], str],
+        var: Mapping[str, str] | None = None,
+        nonneg: frozenset[str] | set[str] = frozenset(),
+    ) -> None:
+        self._load = load
+        self._var = dict(var or {})
+        self.nonneg = set(nonneg) | set(self._var.values()) | set(self._var)
+
+    def __call__(self, e: Expr) -> str:
+        return self.expr(e)
+
+    def expr(self, e: Expr) -> str:
+        if isinstance(e, Var):
+            return self._var.get(e.name, e.name)
+        if isinstance(e, Const):
+            return literal(e.value, e.dtype)
+        if isinstance(e, Load):
+            return self._load(e, self)
+        if isinstance(e, Select):
+            return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
+        if isinstance(e, Cast):
+            return self._cast(e)
+        if isinstance(e, Binary):
+            return self._binary(e)
+        if isinstance(e, Call):
+            return self._call(e)
+        raise TypeError(f"cannot print {e!r}")
+
+    def _cast(self, e: Cast) -> str:
+        inner = self.expr(e.x)
+        if e.dtype == "float16":
+            return f"__half2float(__float2half((float)({inner})))"
+        if e.x.dtype == "float16" and e.dtype != "float32":
+            return f"(({COMPUTE_TYPES[e.dtype]})({inner}))"
+        return f"(({COMPUTE_TYPES[e.dtype]})({inner}))"
+
+    def _binary(self, e: Binary) -> str:
+        a, b = self.expr(e.a), self.expr(e.b)
+        dt = e.a.dtype
+        if e.op in _INFIX:
+            return f"({a} {_INFIX[e.op]} {b})"
+        if e.op == "div":
+            return f"({a} / {b})"
+        if e.op in ("floordiv", "mod"):
+            if dt in ("float32", "float16", "float64"):
+                return f"floorf({a} / {b})" if e.op == "floordiv" else f"welder_fmod_floor({a}, {b})"
+            if nonnegative(e.a, self.nonneg) and nonnegative(e.b, self.nonneg):
+                return f"({a} {'/' if e.op == 'floordiv' else '%'} {b})"
+            return f"welder_{e.op}({a}, {b})"
+        if e.op in ("max", "min"):
+            return f"welder_{e.op}({a}, {b})"
+        if e.op == "pow":
+            if dt == "float64":
+                return f"pow({a}, {b})"
+            if dt in ("float32", "float16"):
+                return f"powf({a}, {b})"
+            return f"welder_ipow({a}, {b})"
+        raise ValueError(f"unknown binary op {e.op}")
+
+    def _call(self, e: Call) -> str:
+        args = [self.expr(a) for a in e.args]
+        x = args[0]
+        double = e.args[0].dtype == "float64"
+        if e.fn == "neg":
+            return f"(-{x})"
+        if e.fn == "not":
+            return f"(!{x})"
+        if e.fn in ("isnan", "isinf"):
+            return f"{e.fn}({x})" if e.args[0].dtype in ("float32", "float16", "float64") else "false"
+        if e.fn == "sigmoid":
+            one = "1.0" if double else "1.0f"
+            return f"({one} / ({one} + {'exp' if double else 'expf'}(-{x})))"
+        fn = _FLOAT_FN[e.fn]
+        if double:
+            fn = fn[:-1]
+        return f"{fn}({', '.join(args)})"
