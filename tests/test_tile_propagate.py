@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from node_cases import importable
 from onnx import helper
 from onnx_util import make_model
 
@@ -159,32 +160,11 @@ def test_gather_is_whole_dimension():
 # -- every lowering, through the ONNX node test models -----------------------------------------
 
 
-def _node_models():
-    from onnx.backend.test.loader import load_model_tests
-
-    out = []
-    for case in load_model_tests(kind="node"):
-        if case.model is None or "expanded" in case.name:
-            continue
-        out.append(case)
-    return out
-
-
-def _imported(case):
-    try:
-        return import_onnx(case.model)
-    except Exception:
-        return None
-
-
 @pytest.mark.parametrize("seed", [0])
 def test_every_lowering_against_brute_force(seed):
     """All node-test models that import: every compute, random tiles and blocks."""
     checked = set()
-    for case in _node_models():
-        graph = _imported(case)
-        if graph is None:
-            continue
+    for _case, graph in importable():
         for node in graph.topo_order():
             c = node.compute
             points = int(np.prod(c.shape or (1,))) * int(np.prod([a.extent for a in c.reduce_axes] or [1]))

@@ -262,10 +262,12 @@ def _choose_staging(
     for ld in _distinct_loads(c):
         if ld.tensor not in external or ld.tensor in (s.tensor for s in stage.staged):
             continue
-        extents = per_step[ld.tensor].clipped_extents(shape_of(ld.tensor))
+        # The buffer spans the whole region, halo outside the tensor included (zero-filled),
+        # so kernels index it with the same offsets the region was computed with.
+        extents = per_step[ld.tensor].extents
         if any(_data_dependent(i) for i in ld.indices):
             continue
-        if step_points < 2 * math.prod(extents):
+        if step_points < 2 * math.prod(per_step[ld.tensor].clipped_extents(shape_of(ld.tensor))):
             continue  # read about once per element: staging buys nothing
         stage.staged.append(
             StagedInput(

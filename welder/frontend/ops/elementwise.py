@@ -15,10 +15,12 @@ import numpy as np
 from welder.errors import ModelError
 from welder.frontend.registry import LowerContext, Tensor, dtype_from_onnx, register
 from welder.ir.expr import (
+    Const,
     Expr,
     binary,
     call,
     cast,
+    eq,
     gt,
     is_float,
     le,
@@ -69,11 +71,23 @@ def power(ctx: LowerContext) -> Tensor:
             1.0: lambda v: v,
             2.0: lambda v: v * v,
             3.0: lambda v: v * v * v,
-            0.5: lambda v: call("sqrt", v),
+            # pow(-inf, 0.5) is +inf where sqrt(-inf) is NaN.
+            0.5: lambda v: select(eq(v, -math.inf), Const(math.inf, v.dtype), call("sqrt", v)),
         }
         if e in special and broadcast_shape(ctx, [x.shape, y.shape]) == x.shape:
             return unary(ctx, special[e])
-    return elementwise(ctx, lambda a, b: binary("pow", a, cast(b, a.dtype)), [x, y])
+    return elementwise(ctx, pow_expr, [x, y])
+
+
+def pow_expr(base: Expr, exponent: Expr) -> Expr:
+    """``base ** exponent`` in the base's type.  Integer bases are raised in double and
+    truncated, as onnxruntime does: ``2 ** -1 == 0`` and ``9 ** 0.5 == 3`` (an exponent
+    of another type is allowed, and converting it to the integer type first would lose
+    both)."""
+    if is_float(base.dtype):
+        return binary("pow", base, cast(exponent, base.dtype))
+    wide = binary("pow", cast(base, "float64"), cast(exponent, "float64"))
+    return cast(wide, base.dtype)
 
 
 @register("Mod")
@@ -208,9 +222,18 @@ def reciprocal(ctx: LowerContext) -> Tensor:
 
 @register("Sign")
 def sign(ctx: LowerContext) -> Tensor:
-    zero = 0.0 if is_float(ctx.input(0).dtype) else 0
-    one = 1.0 if is_float(ctx.input(0).dtype) else 1
-    return unary(ctx, lambda x: select(gt(x, zero), one, select(lt(x, zero), -one, zero)))
+    """1 above zero, -1 below, and the input itself otherwise: that is zero (of either
+    sign) or NaN, which Sign must propagate."""
+    dtype = ctx.input(0).dtype
+
+    def fn(x: Expr) -> Expr:
+        # Typed constants: a Python scalar would default to float32 or index.
+        out = select(gt(x, 0), Const(1, dtype), x)
+        if dtype.startswith("uint"):
+            return out
+        return select(lt(x, 0), Const(-1, dtype), out)
+
+    return unary(ctx, fn)
 
 
 @register("Relu")

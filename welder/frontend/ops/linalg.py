@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from welder.errors import ModelError
 from welder.frontend.ops.elementwise import broadcast_shape
 from welder.frontend.registry import LowerContext, Tensor, register
 from welder.ir.compute import reduce, reduce_axis
-from welder.ir.expr import Expr
+from welder.ir.expr import Const, Expr
+
+
+def contraction(
+    ctx: LowerContext,
+    shape: Sequence[int],
+    k: int,
+    term: Callable[[tuple[Expr, ...], Expr], Expr],
+    dtype: str,
+    hint: str = "",
+) -> Tensor:
+    """``out[idx] = sum_{r < k} term(idx, r)``.  The IR has no reduce axes of extent zero,
+    so an empty contraction (K = 0, which ONNX allows) is the zero tensor it sums to."""
+    if k == 0:
+        return ctx.compute(shape, lambda *idx: Const(0, dtype), hint)
+
+    def fn(*idx: Expr):
+        r = reduce_axis(k)
+        return reduce("sum", term(idx, r), r)
+
+    return ctx.compute(shape, fn, hint)
 
 
 def matmul_compute(ctx: LowerContext, a: Tensor, b: Tensor, hint: str = "") -> Tensor:
@@ -24,17 +46,14 @@ def matmul_compute(ctx: LowerContext, a: Tensor, b: Tensor, hint: str = "") -> T
     batch = broadcast_shape(ctx, [a_batch, b_batch])
     nb = len(batch)
 
-    def fn(*idx: Expr):
-        r = reduce_axis(k)
+    def term(idx: tuple[Expr, ...], r: Expr) -> Expr:
         bi = idx[:nb]
         rest = idx[nb:]
-        m = rest[0] if not a_vec else None
-        n = rest[-1] if not b_vec else None
-        av = a[(r,)] if a_vec else a[(*_batch(bi, a_batch), m, r)]
-        bv = b[(r,)] if b_vec else b[(*_batch(bi, b_batch), r, n)]
-        return reduce("sum", av * bv, r)
+        av = a[(r,)] if a_vec else a[(*_batch(bi, a_batch), rest[0], r)]
+        bv = b[(r,)] if b_vec else b[(*_batch(bi, b_batch), r, rest[-1])]
+        return av * bv
 
-    return ctx.compute(batch + m_dims + n_dims, fn, hint)
+    return contraction(ctx, batch + m_dims + n_dims, k, term, a.dtype, hint)
 
 
 def _batch(idx: tuple[Expr, ...], dims: tuple[int, ...]) -> tuple:
@@ -59,16 +78,16 @@ def gemm(ctx: LowerContext) -> Tensor:
     if k != kb:
         raise ModelError(f"{ctx.label}: inner dimensions differ after transposes ({k} vs {kb})")
 
-    def product(i: Expr, j: Expr):
-        r = reduce_axis(k)
+    def term(idx: tuple[Expr, ...], r: Expr) -> Expr:
+        i, j = idx
         av = a[r, i] if ta else a[i, r]
         bv = b[j, r] if tb else b[r, j]
-        return reduce("sum", av * bv, r)
+        return av * bv
 
     c = ctx.optional_input(2)
     if c is None and alpha == 1.0:
-        return ctx.compute((m, n), product)
-    ab = ctx.compute((m, n), product, "product")
+        return contraction(ctx, (m, n), k, term, a.dtype)
+    ab = contraction(ctx, (m, n), k, term, a.dtype, "product")
     if c is not None:
         broadcast_shape(ctx, [c.shape, (m, n)])
 

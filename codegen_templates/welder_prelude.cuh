@@ -1,0 +1,60 @@
+// welder_prelude.cuh -- the portable layer every generated kernel includes first.
+//
+// The same kernel text compiles with nvcc for the GPU and with g++ -DWELDER_EMULATE for the CPU
+// emulator (welder/runtime/emu), which must be on the include path in that mode.  Kernels use:
+//
+//   WELDER_SMEM_BEGIN;                          first statement of a kernel that uses shared memory:
+//                                               declares the dynamic buffer `welder_smem`
+//   WELDER_SHARED(T, name, byte_offset, count); a view of `count` T at `byte_offset` of that
+//                                               buffer; `name` behaves like a T* (name[i], name + k,
+//                                               &name[i]).  The emulator checks bounds and races;
+//                                               an unused view draws no warning.
+//   WELDER_SMEM_PTR(T)                          the type of a view, for __device__ helper parameters
+//   welder_vload<V>(p, i)                       a V (float4, float2, half2, uint4, ...) read from the
+//                                               address of p[i]; p is a global pointer or a view,
+//                                               the address must be aligned to V
+//   welder_vstore(p, i, v)                      writes v at the address of p[i]
+//
+// Also available in both modes: __half/__half2 (cuda_fp16), nvcuda::wmma (mma.h) and device
+// assert (do not include <cassert> again after this file: under the emulator that would bring back
+// the host assert, which aborts instead of reporting).
+//
+// Views differ from raw pointers in ways the templates must respect: an element read converts to
+// T only (write __half2float(h[i]), not `float f = h[i]`); members of a vector element are reached
+// through welder_vload or a local copy; views are not cast to other pointer types (declare another
+// view over the same bytes); and `auto x = view[i]` holds a reference, not a value.
+#pragma once
+
+#ifdef WELDER_EMULATE
+
+#include "cuda_emu.h"
+
+#define WELDER_SMEM_BEGIN [[maybe_unused]] unsigned char* const welder_smem = ::welder_emu::detail::dynamic_smem_base()
+#define WELDER_SHARED(T, name, byte_offset, count)                  \
+  [[maybe_unused]] ::welder_emu::SharedPtr<T> name =                \
+      ::welder_emu::detail::shared_view<T>(welder_smem, #name, (byte_offset), (count))
+#define WELDER_SMEM_PTR(T) ::welder_emu::SharedPtr<T>
+
+#else  // nvcc
+
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <cassert>
+
+#define WELDER_SMEM_BEGIN extern __shared__ __align__(16) unsigned char welder_smem[]
+#define WELDER_SHARED(T, name, byte_offset, count) \
+  [[maybe_unused]] T* name = reinterpret_cast<T*>(welder_smem + (byte_offset))
+#define WELDER_SMEM_PTR(T) T*
+
+template <class V, class T>
+__device__ __forceinline__ V welder_vload(const T* p, long long i) {
+  return *reinterpret_cast<const V*>(p + i);
+}
+
+template <class T, class V>
+__device__ __forceinline__ void welder_vstore(T* p, long long i, const V& v) {
+  *reinterpret_cast<V*>(p + i) = v;
+}
+
+#endif

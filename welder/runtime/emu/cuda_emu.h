@@ -1,0 +1,66 @@
+// CPU emulation of the CUDA device language, for running generated kernels under g++.
+//
+// Include this (through codegen_templates/welder_prelude.cuh with WELDER_EMULATE defined) before
+// kernel source, compile emu_runtime.cpp and emu_launch.cpp alongside (same flags), then call
+// welder_emu::launch or the C entry points the Python driver generates.  The pieces, each
+// documented in its own file:
+//
+//   emu_types.h     vector types (float4, ...), dim3, threadIdx/blockIdx/blockDim/gridDim, warpSize
+//   emu_half.h      __half / __half2 with round-to-nearest-even conversions and cuda_fp16 intrinsics
+//   emu_math.h      device math: rsqrtf, __expf, __float2int_rn, __popc, global min/max, ...
+//   emu_runtime.h   call sites, errors, and the blocking primitives the intrinsics are built on
+//   emu_shared.h    checked shared-memory views (WELDER_SHARED) and welder_vload / welder_vstore
+//   emu_device.h    __syncthreads*, __shfl*_sync, votes, __syncwarp, atomics, fences, __trap, assert
+//   emu_wmma.h      nvcuda::wmma fragments (half, int8, tf32) as warp-collective operations
+//   emu_launch.h    launch(), kernel signatures, the C interface
+// and, compiled once rather than into every module:
+//   emu_scheduler.h, emu_runtime.cpp   block scheduler, barriers, collectives, race shadow state
+//   emu_fiber.h                        fibers: an x86-64 stack switch (or ucontext), guarded stacks
+//   emu_launch.cpp                     configuration checks, guarded arguments, fault handling
+#pragma once
+
+// Standard headers first: the qualifier macros at the end of this file (notably __noinline__)
+// must not reach library headers.
+#include <math.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "emu_types.h"
+#include "emu_half.h"
+#include "emu_math.h"
+#include "emu_runtime.h"
+#include "emu_shared.h"
+#include "emu_device.h"
+#include "emu_wmma.h"
+#include "emu_launch.h"
+
+// Function and variable space qualifiers vanish: everything runs on the host.
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __managed__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+// Blocks run one after another and launches are serialised, so a function-local static is exactly
+// as shared as a __shared__ array.  Such arrays are neither bounds- nor race-checked, and
+// `extern __shared__` does not compile: checked kernels use WELDER_SHARED views of the dynamic
+// buffer instead.
+#define __shared__ static
+// __restrict__ is a g++ keyword already; `#pragma unroll` is ignored (the driver passes
+// -Wno-unknown-pragmas).

@@ -1,0 +1,524 @@
+// The emulator's block scheduler: fibers, barriers, warp collectives, the shared-memory shadow
+// state, and error reporting.  The model is described in emu_scheduler.h.
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "emu_scheduler.h"
+
+namespace welder_emu::detail {
+
+std::string format(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  va_list copy;
+  va_copy(copy, args);
+  const int n = std::vsnprintf(nullptr, 0, fmt, copy);
+  va_end(copy);
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(&out[0], out.size() + 1, fmt, args);
+  va_end(args);
+  return out;
+}
+
+std::string describe(const Site& site) { return format("%s:%d", site.file, site.line); }
+
+std::string describe_block(const uint3& b) { return format("block (%u,%u,%u)", b.x, b.y, b.z); }
+
+std::string describe_thread(const ThreadState& t) {
+  return format("thread %u (%u,%u,%u)", t.linear, t.index.x, t.index.y, t.index.z);
+}
+
+namespace {
+
+// "threads 0-15, 17" (or "lanes ..."); `ids` ascending.
+std::string describe_ids(const char* singular, const char* plural, const std::vector<unsigned>& ids) {
+  std::string out = ids.size() == 1 ? singular : plural;
+  out += ' ';
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    if (i > 0) out += ", ";
+    out += j == i ? format("%u", ids[i]) : format("%u-%u", ids[i], ids[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string describe_threads(const std::vector<unsigned>& ids) { return describe_ids("thread", "threads", ids); }
+std::string describe_lanes(const std::vector<unsigned>& ids) { return describe_ids("lane", "lanes", ids); }
+
+std::vector<unsigned> lanes_of(unsigned mask) {
+  std::vector<unsigned> lanes;
+  for (unsigned l = 0; l < kWarpSize; ++l)
+    if (mask & (1u << l)) lanes.push_back(l);
+  return lanes;
+}
+
+unsigned existing_lanes(const LaunchState& launch, unsigned warp) {
+  const unsigned present = launch.nthreads - warp * kWarpSize;
+  return present >= kWarpSize ? kFullMask : ((1u << present) - 1u);
+}
+
+// Records an error found by the scheduler itself (no fiber is running).
+void scheduler_error(LaunchState& launch, const std::string& what) {
+  launch.failed = true;
+  launch.message = describe_block(launch.block_index) + ": " + what;
+}
+
+ThreadState& current_thread(const char* primitive) {
+  LaunchState* launch = g_launch;
+  if (launch == nullptr || launch->current == nullptr) {
+    std::fprintf(stderr, "welder_emu: %s called outside an emulated kernel\n", primitive);
+    std::abort();
+  }
+  return *launch->current;
+}
+
+// Hands control to the scheduler until it makes this thread runnable again.
+void suspend(ThreadState& t) { context_switch(t.context, g_launch->scheduler); }
+
+}  // namespace
+
+[[noreturn]] void raise_error(const std::string& what) {
+  LaunchState& launch = *g_launch;
+  ThreadState& t = current_thread("raise_error");
+  launch.failed = true;
+  launch.message = describe_block(launch.block_index) + ", " + describe_thread(t) + ": " + what;
+  context_switch(t.context, launch.scheduler);
+  __builtin_unreachable();  // a failed launch never resumes its fibers
+}
+
+// ============================================================================ shadow state
+
+namespace {
+
+std::string since_last_barrier(const LaunchState& launch) {
+  return launch.barrier_seen ? "since the barrier at " + describe(launch.last_barrier)
+                             : std::string("since the block started");
+}
+
+// Whether access `a` is ordered before the current access of thread `t`.
+bool ordered_before(const Access& a, const ThreadState& t, uint32_t epoch) {
+  if (a.epoch != epoch) return true;  // none, or a barrier lies between
+  if (a.thread == t.linear) return true;
+  return a.thread / kWarpSize == t.warp && t.clock[a.thread % kWarpSize] >= a.stamp;
+}
+
+// Where an access of the shared view happened, for messages.
+struct ViewSpot {
+  const char* view;
+  size_t view_begin;
+  size_t elem_size;
+};
+
+[[noreturn]] void report_race(const LaunchState& launch, const ViewSpot& spot, size_t byte, const ThreadState& t,
+                              bool is_write, const Access& other, bool other_wrote) {
+  const ThreadState& o = launch.threads[other.thread];
+  const auto index = static_cast<long long>((byte - spot.view_begin) / spot.elem_size);
+  raise_error(format("data race on shared view '%s' index %lld: %s %s it, but %s %s it with no barrier in between (%s)",
+                     spot.view, index, describe_thread(t).c_str(), is_write ? "writes" : "reads",
+                     describe_thread(o).c_str(), other_wrote ? "wrote" : "read", since_last_barrier(launch).c_str()));
+}
+
+// Checks and records an access of bytes [begin, begin + n) of the dynamic buffer.
+void shadow_access(LaunchState& launch, ThreadState& t, size_t begin, size_t n, bool is_write, const ViewSpot& spot) {
+  const uint32_t epoch = launch.epoch;
+  const Access me{epoch, t.clock[t.lane], static_cast<uint16_t>(t.linear)};
+  ByteShadow* const shadow = launch.shadow.data();
+  for (size_t b = begin; b < begin + n; ++b) {
+    ByteShadow& s = shadow[b];
+    if (!ordered_before(s.write, t, epoch)) report_race(launch, spot, b, t, is_write, s.write, true);
+    if (is_write) {
+      for (const Access& r : s.read)
+        if (!ordered_before(r, t, epoch)) report_race(launch, spot, b, t, true, r, false);
+      s.write = me;
+      s.read[0].epoch = s.read[1].epoch = 0;
+      continue;
+    }
+    // Keep up to two readers that no later access is ordered after.  A reader ordered before this
+    // one can be dropped: whatever races with it also races with this access.
+    if (s.read[0].epoch == epoch && s.read[0].thread == me.thread) {
+      s.read[0] = me;
+    } else if (s.read[1].epoch == epoch && s.read[1].thread == me.thread) {
+      s.read[1] = me;
+    } else if (ordered_before(s.read[0], t, epoch)) {
+      s.read[0] = me;
+    } else if (ordered_before(s.read[1], t, epoch)) {
+      s.read[1] = me;
+    }
+  }
+}
+
+}  // namespace
+
+unsigned char* shared_access(const char* view, size_t view_offset, long long count, size_t elem_size, long long index,
+                             size_t nbytes, AccessKind kind) {
+  LaunchState& launch = *g_launch;
+  ThreadState& t = current_thread("shared memory access");
+  const long long view_bytes = count * static_cast<long long>(elem_size);
+  const long long first = index * static_cast<long long>(elem_size);
+  if (index < 0 || index >= count || first + static_cast<long long>(nbytes) > view_bytes) {
+    if (nbytes == elem_size)
+      raise_error(format("shared view '%s' index %lld is out of bounds (count %lld)", view, index, count));
+    raise_error(format("a %zu-byte access at index %lld of shared view '%s' is out of bounds (count %lld, %zu-byte "
+                       "elements)",
+                       nbytes, index, view, count, elem_size));
+  }
+  const size_t begin = view_offset + static_cast<size_t>(first);
+  if (begin + nbytes > launch.smem_bytes)
+    raise_error(format("shared view '%s' index %lld lies at byte %zu, beyond the %zu bytes of dynamic shared memory "
+                       "given at launch",
+                       view, index, begin, launch.smem_bytes));
+  if (launch.check_races && kind != AccessKind::kAtomic)
+    shadow_access(launch, t, begin, nbytes, kind == AccessKind::kWrite, ViewSpot{view, view_offset, elem_size});
+  return launch.smem + begin;
+}
+
+// ============================================================================ blocking primitives
+
+int block_barrier(const char* primitive, int predicate, const Site& site) {
+  ThreadState& t = current_thread(primitive);
+  t.wait = WaitKind::kBarrier;
+  t.site = site;
+  t.primitive = primitive;
+  t.predicate = predicate != 0;
+  suspend(t);
+  return t.barrier_count;
+}
+
+uint64_t warp_collective(const char* primitive, WarpOp op, unsigned mask, uint64_t value, int param, int width,
+                         const Site& site) {
+  ThreadState& t = current_thread(primitive);
+  if ((mask & (1u << t.lane)) == 0)
+    raise_error(format("%s at %s: mask 0x%08x does not include the calling lane %u", primitive, describe(site).c_str(),
+                       mask, t.lane));
+  if (width < 1 || width > static_cast<int>(kWarpSize) || (width & (width - 1)) != 0)
+    raise_error(format("%s at %s: width %d is not a power of two in [1, 32]", primitive, describe(site).c_str(),
+                       width));
+  t.wait = WaitKind::kWarpCollective;
+  t.site = site;
+  t.primitive = primitive;
+  t.op = op;
+  t.mask = mask;
+  t.value = value;
+  t.param = param;
+  t.width = width;
+  suspend(t);
+  return t.result;
+}
+
+void warp_rendezvous(const char* primitive, const Site& site) {
+  ThreadState& t = current_thread(primitive);
+  const unsigned lanes = existing_lanes(*g_launch, t.warp);
+  if (lanes != kFullMask)
+    raise_error(format("%s at %s needs a full warp, but warp %u has only %d threads", primitive, describe(site).c_str(),
+                       t.warp, __builtin_popcount(lanes)));
+  warp_collective(primitive, WarpOp::kRendezvous, kFullMask, 0, 0, 32, site);
+}
+
+unsigned active_mask(const Site& site) {
+  ThreadState& t = current_thread("__activemask");
+  t.wait = WaitKind::kActiveMask;
+  t.site = site;
+  t.primitive = "__activemask";
+  suspend(t);
+  return static_cast<unsigned>(t.result);
+}
+
+unsigned current_lane() { return current_thread("current_lane").lane; }
+unsigned block_thread_count() { return g_launch->nthreads; }
+unsigned current_warp_lanes() { return existing_lanes(*g_launch, current_thread("current_warp_lanes").warp); }
+unsigned char* dynamic_smem_base() {
+  current_thread("WELDER_SMEM_BEGIN");
+  return g_launch->smem;
+}
+size_t dynamic_smem_bytes() { return g_launch->smem_bytes; }
+
+// ============================================================================ scheduler
+
+namespace {
+
+void thread_main(void* arg) {
+  LaunchState& launch = *g_launch;
+  launch.invoke(launch.invoke_context);
+  auto* t = static_cast<ThreadState*>(arg);
+  t->wait = WaitKind::kExited;
+  context_switch(t->context, launch.scheduler);
+  __builtin_unreachable();  // an exited fiber is never resumed
+}
+
+// Source lane of a shuffle for lane `l`, or -1 when the lane keeps its own value.
+long shuffle_source(const ThreadState& t, unsigned l) {
+  const auto width = static_cast<unsigned>(t.width);
+  const long segment = static_cast<long>(l & ~(width - 1));
+  const long end = segment + static_cast<long>(width);
+  const long p = t.param;
+  switch (t.op) {
+    case WarpOp::kShfl: return segment + static_cast<long>(static_cast<unsigned>(p) & (width - 1));
+    case WarpOp::kShflUp: return static_cast<long>(l) - p < segment ? -1 : static_cast<long>(l) - p;
+    case WarpOp::kShflDown: return static_cast<long>(l) + p >= end ? -1 : static_cast<long>(l) + p;
+    default: {  // xor: lanes may read earlier segments, not later ones
+      const long src = static_cast<long>(l ^ static_cast<unsigned>(p));
+      return src >= end ? -1 : src;
+    }
+  }
+}
+
+uint32_t reduce(ReduceOp op, uint32_t acc, uint32_t v) {
+  const auto sa = static_cast<int32_t>(acc), sv = static_cast<int32_t>(v);
+  switch (op) {
+    case ReduceOp::kAdd: return acc + v;
+    case ReduceOp::kMinSigned: return static_cast<uint32_t>(std::min(sa, sv));
+    case ReduceOp::kMaxSigned: return static_cast<uint32_t>(std::max(sa, sv));
+    case ReduceOp::kMinUnsigned: return std::min(acc, v);
+    case ReduceOp::kMaxUnsigned: return std::max(acc, v);
+    case ReduceOp::kAnd: return acc & v;
+    case ReduceOp::kOr: return acc | v;
+    case ReduceOp::kXor: return acc ^ v;
+  }
+  return acc;
+}
+
+// Computes the results of a completed collective for the lanes in `members` and resumes them.
+void finish_collective(LaunchState& launch, unsigned warp, unsigned members) {
+  ThreadState* lanes = &launch.threads[warp * kWarpSize];
+  const ThreadState& lead = lanes[__builtin_ctz(members)];
+  const std::vector<unsigned> member_lanes = lanes_of(members);
+  // A value read from a lane that does not take part is undefined on the GPU; poison it.
+  constexpr uint64_t kPoison = ~uint64_t{0};
+
+  switch (lead.op) {
+    case WarpOp::kShfl:
+    case WarpOp::kShflUp:
+    case WarpOp::kShflDown:
+    case WarpOp::kShflXor:
+      for (unsigned l : member_lanes) {
+        const long src = shuffle_source(lanes[l], l);
+        const bool member = src >= 0 && (members & (1u << src)) != 0;
+        lanes[l].result = src < 0 ? lanes[l].value : member ? lanes[src].value : kPoison;
+      }
+      break;
+    case WarpOp::kBallot: {
+      uint64_t ballot = 0;
+      for (unsigned l : member_lanes)
+        if (lanes[l].value != 0) ballot |= uint64_t{1} << l;
+      for (unsigned l : member_lanes) lanes[l].result = ballot;
+      break;
+    }
+    case WarpOp::kSyncwarp: {
+      // Join the lanes' vector clocks, then start a new interval for each of them.
+      uint32_t joined[kWarpSize] = {};
+      for (unsigned l : member_lanes)
+        for (unsigned k = 0; k < kWarpSize; ++k) joined[k] = std::max(joined[k], lanes[l].clock[k]);
+      for (unsigned l : member_lanes) {
+        std::memcpy(lanes[l].clock, joined, sizeof(joined));
+        ++lanes[l].clock[l];
+      }
+      break;
+    }
+    case WarpOp::kReduce: {
+      auto acc = static_cast<uint32_t>(lead.value);
+      for (size_t i = 1; i < member_lanes.size(); ++i)
+        acc = reduce(static_cast<ReduceOp>(lead.param), acc, static_cast<uint32_t>(lanes[member_lanes[i]].value));
+      for (unsigned l : member_lanes) lanes[l].result = acc;
+      break;
+    }
+    case WarpOp::kRendezvous: break;
+  }
+  for (unsigned l : member_lanes) lanes[l].wait = WaitKind::kRunnable;
+}
+
+bool same_collective(const ThreadState& a, const ThreadState& b) {
+  return a.wait == WaitKind::kWarpCollective && b.wait == WaitKind::kWarpCollective && a.site == b.site &&
+         a.op == b.op && std::strcmp(a.primitive, b.primitive) == 0;
+}
+
+// Whether every existing lane of `t`'s mask waits at t's collective with t's mask.
+bool collective_ready(const LaunchState& launch, const ThreadState& t, unsigned members) {
+  const ThreadState* lanes = &launch.threads[t.warp * kWarpSize];
+  for (unsigned l : lanes_of(members))
+    if (!same_collective(lanes[l], t) || lanes[l].mask != t.mask) return false;
+  return true;
+}
+
+bool complete_warp_collectives(LaunchState& launch) {
+  bool progress = false;
+  for (ThreadState& t : launch.threads) {
+    if (t.wait != WaitKind::kWarpCollective) continue;
+    const unsigned members = t.mask & existing_lanes(launch, t.warp);
+    if (!collective_ready(launch, t, members)) continue;
+    finish_collective(launch, t.warp, members);
+    progress = true;
+  }
+  return progress;
+}
+
+bool complete_active_masks(LaunchState& launch) {
+  bool progress = false;
+  for (ThreadState& t : launch.threads) {
+    if (t.wait != WaitKind::kActiveMask) continue;
+    ThreadState* lanes = &launch.threads[t.warp * kWarpSize];
+    unsigned group = 0;
+    for (unsigned l : lanes_of(existing_lanes(launch, t.warp)))
+      if (lanes[l].wait == WaitKind::kActiveMask && lanes[l].site == t.site) group |= 1u << l;
+    for (unsigned l : lanes_of(group)) {
+      lanes[l].result = group;
+      lanes[l].wait = WaitKind::kRunnable;
+    }
+    progress = true;
+  }
+  return progress;
+}
+
+// Completes the block barrier when every live thread waits at the same one; reports a barrier
+// that some threads skipped by exiting, and threads waiting at different barriers.
+bool complete_barrier(LaunchState& launch) {
+  std::vector<unsigned> exited, waiting;
+  for (const ThreadState& t : launch.threads) {
+    if (t.wait == WaitKind::kExited) exited.push_back(t.linear);
+    else if (t.wait == WaitKind::kBarrier) waiting.push_back(t.linear);
+    else return false;  // a warp collective is stuck; the caller reports it
+  }
+  if (waiting.empty()) return false;
+  const ThreadState& first = launch.threads[waiting.front()];
+  if (!exited.empty()) {
+    scheduler_error(launch, format("%s at %s: %s wait at the barrier but %s exited without reaching it (every "
+                                   "thread of the block must reach each barrier)",
+                                   first.primitive, describe(first.site).c_str(), describe_threads(waiting).c_str(),
+                                   describe_threads(exited).c_str()));
+    return false;
+  }
+  std::vector<std::pair<const ThreadState*, std::vector<unsigned>>> groups;  // by barrier site
+  for (unsigned id : waiting) {
+    const ThreadState& t = launch.threads[id];
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
+      return g.first->site == t.site && std::strcmp(g.first->primitive, t.primitive) == 0;
+    });
+    if (it == groups.end()) groups.push_back({&t, {id}});
+    else it->second.push_back(id);
+  }
+  if (groups.size() > 1) {
+    std::string where;
+    for (const auto& g : groups)
+      where += format("%s%s wait at %s (%s)", where.empty() ? "" : "; ", describe_threads(g.second).c_str(),
+                      g.first->primitive, describe(g.first->site).c_str());
+    scheduler_error(launch, "divergent barrier: " + where);
+    return false;
+  }
+  int count = 0;
+  for (const ThreadState& t : launch.threads) count += t.predicate;
+  for (ThreadState& t : launch.threads) {
+    t.barrier_count = count;
+    t.wait = WaitKind::kRunnable;
+  }
+  ++launch.epoch;
+  launch.last_barrier = first.site;
+  launch.barrier_seen = true;
+  return true;
+}
+
+// What lane `u` does instead of joining collective `t`, or "arrived".
+std::string lane_state(const ThreadState& u, const ThreadState& t) {
+  if (u.wait == WaitKind::kExited) return "have exited";
+  if (u.wait == WaitKind::kBarrier || !same_collective(u, t))
+    return format("wait at %s (%s)", u.primitive, describe(u.site).c_str());
+  if (u.mask != t.mask) return format("arrived with a different mask 0x%08x", u.mask);
+  return "arrived";
+}
+
+// Explains a warp collective that can never complete.
+void report_stuck_collective(LaunchState& launch) {
+  for (const ThreadState& t : launch.threads) {
+    if (t.wait != WaitKind::kWarpCollective) continue;
+    const ThreadState* lanes = &launch.threads[t.warp * kWarpSize];
+    std::vector<std::pair<std::string, std::vector<unsigned>>> states;  // lanes grouped by what they do
+    for (unsigned l : lanes_of(t.mask & existing_lanes(launch, t.warp))) {
+      const std::string state = lane_state(lanes[l], t);
+      auto it = std::find_if(states.begin(), states.end(), [&](const auto& s) { return s.first == state; });
+      if (it == states.end()) states.push_back({state, {l}});
+      else it->second.push_back(l);
+    }
+    std::string detail;
+    for (const auto& s : states) detail += (detail.empty() ? "" : "; ") + describe_lanes(s.second) + " " + s.first;
+    scheduler_error(launch, format("%s at %s (warp %u, mask 0x%08x) cannot complete: %s", t.primitive,
+                                   describe(t.site).c_str(), t.warp, t.mask, detail.c_str()));
+    return;
+  }
+  scheduler_error(launch, "internal error: the block is stuck but no thread waits at a warp collective");
+}
+
+void reset_thread(LaunchState& launch, ThreadState& t) {
+  t.wait = WaitKind::kRunnable;
+  t.predicate = 0;
+  std::memset(t.clock, 0, sizeof(t.clock));
+  t.clock[t.lane] = 1;  // own accesses start at stamp 1; other lanes are known up to 0
+  context_init(t.context, launch.stacks.stack_lo(t.linear), launch.stacks.stack_bytes(), &thread_main, &t);
+}
+
+// Runs every thread of one block to completion; false (with launch.message) on an error.
+bool run_block(LaunchState& launch, const uint3& block) {
+  launch.block_index = block;
+  blockIdx = block;
+  ++launch.epoch;  // the shadow state of earlier blocks no longer matters
+  launch.barrier_seen = false;
+  // Fresh shared memory is garbage on the GPU; here it reads as NaN / -1 so that using it shows.
+  if (launch.smem_bytes > 0) std::memset(launch.smem, 0xFF, launch.smem_bytes);
+  for (ThreadState& t : launch.threads) reset_thread(launch, t);
+
+  for (;;) {
+    bool all_exited = true;
+    for (ThreadState& t : launch.threads) {
+      if (t.wait == WaitKind::kRunnable) {
+        launch.current = &t;
+        threadIdx = t.index;
+        context_switch(launch.scheduler, t.context);
+        launch.current = nullptr;
+        if (launch.failed) return false;
+      }
+      all_exited = all_exited && t.wait == WaitKind::kExited;
+    }
+    if (all_exited) return true;
+    if (complete_warp_collectives(launch) || complete_active_masks(launch) || complete_barrier(launch)) continue;
+    if (!launch.failed) report_stuck_collective(launch);
+    return false;
+  }
+}
+
+}  // namespace
+
+std::string prepare_launch(LaunchState& launch, size_t stack_bytes) {
+  const unsigned n = launch.block.x * launch.block.y * launch.block.z;
+  launch.nthreads = n;
+  launch.threads.assign(n, ThreadState{});
+  for (unsigned i = 0; i < n; ++i) {
+    ThreadState& t = launch.threads[i];
+    t.linear = i;
+    t.lane = i % kWarpSize;
+    t.warp = i / kWarpSize;
+    t.index = uint3{i % launch.block.x, (i / launch.block.x) % launch.block.y, i / (launch.block.x * launch.block.y)};
+  }
+  if (!launch.stacks.allocate(n, stack_bytes)) return format("cannot map %u fiber stacks of %zu bytes", n, stack_bytes);
+  launch.smem_storage.assign(launch.smem_bytes + 128, 0);
+  const auto raw = reinterpret_cast<uintptr_t>(launch.smem_storage.data());
+  launch.smem = reinterpret_cast<unsigned char*>((raw + 127) & ~uintptr_t{127});
+  if (launch.check_races) launch.shadow.assign(launch.smem_bytes, ByteShadow{{0, 0, 0}, {{0, 0, 0}, {0, 0, 0}}});
+  return "";
+}
+
+bool run_grid(LaunchState& launch) {
+  gridDim = launch.grid;
+  blockDim = launch.block;
+  for (unsigned z = 0; z < launch.grid.z; ++z)
+    for (unsigned y = 0; y < launch.grid.y; ++y)
+      for (unsigned x = 0; x < launch.grid.x; ++x)
+        if (!run_block(launch, uint3{x, y, z})) return false;
+  return true;
+}
+
+}  // namespace welder_emu::detail

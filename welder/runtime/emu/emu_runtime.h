@@ -1,0 +1,87 @@
+// What kernel code needs from the CPU emulator's runtime: call sites, error reporting, and the
+// blocking primitives (barriers, warp collectives) and checked shared-memory access that the
+// intrinsics in emu_device.h, emu_shared.h and emu_wmma.h are built on.
+//
+// The runtime itself -- fibers, the block scheduler, the shadow state -- lives in
+// emu_runtime.cpp (see emu_scheduler.h for its model), compiled once and linked into every module.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "emu_types.h"
+
+namespace welder_emu {
+
+// A source location, captured at the call site through default arguments.
+struct Site {
+  const char* file;
+  int line;
+  static constexpr Site here(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return Site{file, line};
+  }
+};
+
+inline bool operator==(const Site& a, const Site& b) {
+  return a.line == b.line && (a.file == b.file || std::strcmp(a.file, b.file) == 0);
+}
+inline bool operator!=(const Site& a, const Site& b) { return !(a == b); }
+
+namespace detail {
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string describe(const Site& site);  // "file:line"
+
+// Reports an error from inside a kernel and abandons the launch: control returns to the
+// scheduler and the calling fiber is never resumed.
+[[noreturn]] void raise_error(const std::string& what);
+
+enum class AccessKind { kRead, kWrite, kAtomic };
+
+// Validates an access of `nbytes` at element `index` of a shared view (named `view`, starting at
+// byte `view_offset` of the dynamic buffer, `count` elements of `elem_size` bytes) and returns its
+// address.  Bounds are checked against the view and the dynamic size given at launch; reads and
+// writes also go through the race check, atomics do not.
+unsigned char* shared_access(const char* view, size_t view_offset, long long count, size_t elem_size, long long index,
+                             size_t nbytes, AccessKind kind);
+
+enum class WarpOp : uint8_t {
+  kShfl,
+  kShflUp,
+  kShflDown,
+  kShflXor,
+  kBallot,      // also __any_sync / __all_sync, which reduce the ballot
+  kSyncwarp,    // also orders shared-memory accesses between the lanes, for the race check
+  kReduce,      // __reduce_*_sync; `param` is a ReduceOp
+  kRendezvous,  // wmma operations: meet, then each lane does its own work
+};
+
+enum class ReduceOp : int { kAdd, kMinSigned, kMaxSigned, kMinUnsigned, kMaxUnsigned, kAnd, kOr, kXor };
+
+// Waits at a __syncthreads-style barrier; returns how many threads passed a nonzero predicate.
+int block_barrier(const char* primitive, int predicate, const Site& site);
+
+// Waits until every lane of `mask` reaches the same collective at `site`; returns this lane's
+// result (shuffled value, ballot, reduction) as raw bits.
+uint64_t warp_collective(const char* primitive, WarpOp op, unsigned mask, uint64_t value, int param, int width,
+                         const Site& site);
+
+// Meets every lane of the warp (which must be complete) at a warp-wide operation such as wmma.
+void warp_rendezvous(const char* primitive, const Site& site);
+
+// __activemask(): the lanes of this warp that wait at the same call site when the block stalls.
+unsigned active_mask(const Site& site);
+
+// What each fiber runs: the kernel applied to a copy of the launch's arguments.
+using KernelInvoker = void (*)(void* context);
+
+unsigned current_lane();
+unsigned block_thread_count();
+unsigned current_warp_lanes();  // mask of the lanes of the caller's warp that exist
+unsigned char* dynamic_smem_base();
+size_t dynamic_smem_bytes();
+
+}  // namespace detail
+}  // namespace welder_emu

@@ -1,0 +1,107 @@
+// Internal to the emulator runtime (emu_runtime.cpp, emu_launch.cpp): the state of a launch.
+//
+// Execution model.  Blocks run one after another on the calling OS thread.  The threads of a block
+// are fibers; the scheduler resumes every runnable fiber in thread order until it blocks (at a
+// barrier or a warp collective) or exits.  When no fiber can run, the block is "quiescent" and the
+// scheduler settles what the fibers wait for, in this order:
+//   1. warp collectives whose whole mask has arrived at the same call site complete;
+//   2. __activemask() calls complete, each with the set of lanes waiting at that call site;
+//   3. a block barrier completes when every live thread waits at the same __syncthreads site;
+// and anything else would hang the GPU; it is reported as an error that says which threads are
+// where.  The first error stops the launch: the failing fiber switches back to the scheduler and
+// is never resumed.
+//
+// Race model.  Every byte of dynamic shared memory has shadow state: the last write and up to two
+// reads, each stamped with the barrier epoch and a per-warp vector clock.  Two accesses by
+// different threads conflict unless a __syncthreads (new epoch) or a __syncwarp naming both
+// threads (vector clock) lies between them; a conflicting pair that includes a write is an error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "emu_fiber.h"
+#include "emu_runtime.h"
+#include "emu_types.h"
+
+namespace welder_emu::detail {
+
+constexpr unsigned kWarpSize = 32;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+enum class WaitKind : uint8_t { kRunnable, kBarrier, kWarpCollective, kActiveMask, kExited };
+
+struct ThreadState {
+  Context context;
+  uint3 index{0, 0, 0};
+  unsigned linear = 0, lane = 0, warp = 0;
+  WaitKind wait = WaitKind::kRunnable;
+  // Where the thread waits, and in which primitive (for messages and for matching call sites).
+  Site site{"", 0};
+  const char* primitive = "";
+  // Block barrier operands.
+  int predicate = 0;
+  int barrier_count = 0;
+  // Warp collective operands and result.
+  WarpOp op = WarpOp::kRendezvous;
+  unsigned mask = 0;
+  uint64_t value = 0;
+  int param = 0;
+  int width = 32;
+  uint64_t result = 0;
+  // Vector clock over the lanes of this thread's warp; advanced by __syncwarp.
+  uint32_t clock[kWarpSize] = {};
+};
+
+// One access in the shadow state; epoch 0 means "none".
+struct Access {
+  uint32_t epoch;
+  uint32_t stamp;
+  uint16_t thread;
+};
+
+struct ByteShadow {
+  Access write;
+  Access read[2];
+};
+
+struct LaunchState {
+  dim3 grid, block;
+  size_t smem_bytes = 0;
+  unsigned nthreads = 0;
+  bool check_races = true;
+
+  KernelInvoker invoke = nullptr;
+  void* invoke_context = nullptr;
+
+  std::vector<ThreadState> threads;
+  StackPool stacks;
+  std::vector<unsigned char> smem_storage;
+  unsigned char* smem = nullptr;  // 128-byte aligned start of the dynamic buffer
+  std::vector<ByteShadow> shadow;
+
+  uint3 block_index{0, 0, 0};
+  uint32_t epoch = 0;  // advanced at every completed barrier and at every block start
+  Site last_barrier{"", 0};
+  bool barrier_seen = false;  // whether last_barrier refers to this block
+
+  ThreadState* current = nullptr;
+  Context scheduler;
+  bool failed = false;
+  std::string message;
+};
+
+// The launch in progress; launches are serialised (emu_launch.cpp).
+inline LaunchState* g_launch = nullptr;
+
+std::string describe_block(const uint3& block);
+std::string describe_thread(const ThreadState& t);
+
+// Sizes the launch's threads, stacks, shared memory and shadow state; "" or the reason it failed.
+std::string prepare_launch(LaunchState& launch, size_t stack_bytes);
+
+// Runs every block, x fastest; false with launch.message set on the first error.
+bool run_grid(LaunchState& launch);
+
+}  // namespace welder_emu::detail

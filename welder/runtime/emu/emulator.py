@@ -1,0 +1,446 @@
+"""Build CUDA kernel source with g++ against the CPU emulator and launch it on numpy arrays.
+
+The emulator (``cuda_emu.h`` and its parts next to this file) lets the very kernel text that nvcc
+compiles for the GPU run on the CPU, with checks a GPU does not make: shared-memory bounds and
+races, divergent barriers, broken warp collectives, out-of-bounds global accesses.  This module
+compiles a source into a shared library -- the source plus one generated C entry point per
+kernel -- caches it by content, and marshals numpy arrays and scalars into launches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from welder.errors import WelderError
+
+EMU_DIR = Path(__file__).resolve().parent
+PRELUDE_DIR = Path(__file__).resolve().parents[3] / "codegen_templates"
+PRELUDE = PRELUDE_DIR / "welder_prelude.cuh"
+
+#: The name compiler messages and emulator errors give the kernel source.
+SOURCE_NAME = "kernel.cu"
+#: Per-thread fiber stack; register arrays of generated kernels live there.
+DEFAULT_STACK_BYTES = 256 * 1024
+
+_ABI_VERSION = 1  # WELDER_EMU_ABI_VERSION in emu_launch.h
+_MESSAGE_BYTES = 16384
+_NO_GUARD = 2**64 - 1
+_COMPILER = "g++"
+_BASE_FLAGS = (
+    "-std=c++17",
+    "-O2",
+    "-fPIC",
+    "-shared",
+    "-pthread",
+    "-fvisibility=hidden",  # every module has its own emulator state
+    "-fstack-clash-protection",  # large frames probe each page, so fiber stack guards catch overflows
+    "-Wno-unknown-pragmas",  # `#pragma unroll`
+    "-DWELDER_EMULATE",
+)
+_KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_:]*(<[A-Za-z0-9_:<>, .*&+-]*>)?")
+
+# Element types behind pointer parameters whose pointee is a vector: (component dtype, width).
+_VECTOR_TYPES = {
+    "half2": (np.float16, 2),
+    "float2": (np.float32, 2),
+    "float4": (np.float32, 4),
+    "double2": (np.float64, 2),
+    "int2": (np.int32, 2),
+    "int4": (np.int32, 4),
+    "uint2": (np.uint32, 2),
+    "uint4": (np.uint32, 4),
+    "char4": (np.int8, 4),
+    "uchar4": (np.uint8, 4),
+}
+
+
+class EmulationError(WelderError):
+    """Kernels failed to build, or a launch failed a check of the emulator.
+
+    The message is the compiler's diagnostics, or says which block and threads did what (for
+    example a data race on a named shared view, or a thread that left a barrier unmet).
+    """
+
+
+@lru_cache(maxsize=1)
+def available() -> bool:
+    """Whether kernels can be emulated here: Linux, a working g++, and the prelude present."""
+    if not sys.platform.startswith("linux") or shutil.which(_COMPILER) is None or not PRELUDE.is_file():
+        return False
+    try:
+        subprocess.run([_COMPILER, "--version"], capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Param:
+    """One kernel parameter as the emulator describes it (see ``signature_of`` in emu_launch.h)."""
+
+    text: str  # e.g. "const float32*", "int32", "half2*"
+    pointer: bool
+    dtype: np.dtype | None  # scalar dtype, pointee dtype, or vector component dtype; None if unknown
+    vector_width: int  # > 1 when the pointee is a vector type
+
+    @classmethod
+    def parse(cls, text: str) -> _Param:
+        pointer = text.endswith("*")
+        base = text.removesuffix("*").removeprefix("const ").strip()
+        if base == "?":  # a type the emulator does not name (note: numpy reads "?" as bool)
+            return cls(text, pointer, None, 1)
+        if base in _VECTOR_TYPES:
+            component, width = _VECTOR_TYPES[base]
+            return cls(text, pointer, np.dtype(component), width)
+        try:
+            return cls(text, pointer, np.dtype(base), 1)
+        except TypeError:
+            return cls(text, pointer, None, 1)
+
+
+class _LaunchParams(ctypes.Structure):
+    """Mirror of ``welder_emu_launch_params`` in emu_launch.h."""
+
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("smem_bytes", ctypes.c_ulonglong),
+        ("stack_bytes", ctypes.c_ulonglong),
+        ("check_races", ctypes.c_int),
+        ("nargs", ctypes.c_int),
+        ("args", ctypes.POINTER(ctypes.c_void_p)),
+        ("arg_bytes", ctypes.POINTER(ctypes.c_ulonglong)),
+        ("arg_readonly", ctypes.POINTER(ctypes.c_ubyte)),
+    ]
+
+
+Dim = int | Sequence[int]
+Argument = np.ndarray | int | float | np.generic | None
+
+
+def _dim3(value: Dim, what: str) -> tuple[int, int, int]:
+    """Normalises a CUDA dimension given as an int or 1-3 ints to (x, y, z)."""
+    dims = [value] if isinstance(value, int | np.integer) else list(value)
+    if not 1 <= len(dims) <= 3 or not all(isinstance(d, int | np.integer) and d > 0 for d in dims):
+        raise EmulationError(f"{what} must be a positive int or 1-3 positive ints, got {value!r}")
+    dims += [1] * (3 - len(dims))
+    return int(dims[0]), int(dims[1]), int(dims[2])
+
+
+class _Kernel:
+    """The C entry points of one kernel and the description of its parameters."""
+
+    def __init__(self, library: ctypes.CDLL, name: str) -> None:
+        symbol = _symbol(name)
+        self.name = name
+        self._launch = getattr(library, f"welder_emu_launch__{symbol}")
+        self._launch.restype = ctypes.c_int
+        self._launch.argtypes = [ctypes.POINTER(_LaunchParams), ctypes.c_char_p, ctypes.c_ulonglong]
+        signature = getattr(library, f"welder_emu_signature__{symbol}")
+        signature.restype = ctypes.c_char_p
+        text = signature().decode()
+        self.params = tuple(_Param.parse(p) for p in text.split(",")) if text else ()
+
+    def _fail(self, index: int, param: _Param, problem: str) -> EmulationError:
+        return EmulationError(f"kernel {self.name!r} argument {index} ({param.text}): {problem}")
+
+    def _pointer(self, index: int, param: _Param, value: Argument) -> tuple[ctypes.c_void_p, int, bool]:
+        """(holder of the data pointer, bytes to guard, read-only) for an array argument."""
+        if value is None:
+            return ctypes.c_void_p(None), _NO_GUARD, False
+        if not isinstance(value, np.ndarray):
+            raise self._fail(index, param, f"needs a numpy array, got {type(value).__name__}")
+        if not value.flags.c_contiguous:
+            raise self._fail(index, param, "the array is not C-contiguous")
+        if param.vector_width > 1:  # any dtype: vector pointers often move other types (uint4 = 8 halves)
+            vector_bytes = param.dtype.itemsize * param.vector_width
+            if value.nbytes % vector_bytes:
+                raise self._fail(
+                    index, param, f"{value.nbytes} bytes is not a whole number of {vector_bytes}-byte vectors"
+                )
+        elif param.dtype is not None and value.dtype != param.dtype:
+            raise self._fail(index, param, f"got an array of {value.dtype}")
+        return ctypes.c_void_p(value.ctypes.data), value.nbytes, not value.flags.writeable
+
+    def _scalar(self, index: int, param: _Param, value: Argument) -> ctypes.Array:
+        """A buffer holding a scalar argument in the parameter's C type."""
+        if param.dtype is None:
+            raise self._fail(index, param, "parameters of this type cannot be passed from Python")
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        integral = isinstance(value, int | np.integer | np.bool_)
+        if param.dtype.kind in "iub" and not integral:
+            raise self._fail(index, param, f"needs an integer, got {value!r}")
+        if param.dtype.kind == "f" and not (integral or isinstance(value, float | np.floating)):
+            raise self._fail(index, param, f"needs a number, got {value!r}")
+        if (
+            param.dtype.kind in "iu"
+            and not np.iinfo(param.dtype).min <= int(value) <= np.iinfo(param.dtype).max
+        ):
+            raise self._fail(index, param, f"{value} does not fit")
+        data = np.array(value, dtype=param.dtype).tobytes()
+        return ctypes.create_string_buffer(data, len(data))
+
+    def launch(
+        self,
+        grid: Dim,
+        block: Dim,
+        smem_bytes: int,
+        args: Sequence[Argument],
+        stack_bytes: int,
+        check_races: bool,
+    ) -> None:
+        """Marshals the arguments, runs the launch, and turns a failure status into an exception."""
+        if len(args) != len(self.params):
+            raise EmulationError(
+                f"kernel {self.name!r} takes {len(self.params)} arguments, {len(args)} were given"
+            )
+        n = len(args)
+        keep_alive: list[object] = []
+        addresses = (ctypes.c_void_p * max(n, 1))()
+        guard_bytes = (ctypes.c_ulonglong * max(n, 1))()
+        readonly = (ctypes.c_ubyte * max(n, 1))()
+        for i, (param, value) in enumerate(zip(self.params, args)):
+            guard_bytes[i] = _NO_GUARD
+            if param.pointer:
+                holder, guard_bytes[i], readonly[i] = self._pointer(i, param, value)
+            else:
+                holder = self._scalar(i, param, value)
+            keep_alive.append(holder)
+            addresses[i] = ctypes.addressof(holder)
+        params = _LaunchParams(
+            grid=(ctypes.c_uint * 3)(*_dim3(grid, "grid")),
+            block=(ctypes.c_uint * 3)(*_dim3(block, "block")),
+            smem_bytes=int(smem_bytes),
+            stack_bytes=int(stack_bytes),
+            check_races=int(check_races),
+            nargs=n,
+            args=addresses,
+            arg_bytes=guard_bytes,
+            arg_readonly=readonly,
+        )
+        message = ctypes.create_string_buffer(_MESSAGE_BYTES)
+        status = self._launch(ctypes.byref(params), message, _MESSAGE_BYTES)
+        if status != 0:
+            raise EmulationError(f"kernel {self.name!r}: {message.value.decode(errors='replace')}")
+
+
+class EmulatedModule:
+    """Kernels compiled for the emulator; launch them with :meth:`launch`."""
+
+    def __init__(self, library_path: Path, kernel_names: Sequence[str]) -> None:
+        self.path = library_path
+        self._library = ctypes.CDLL(str(library_path))
+        abi = self._library.welder_emu_abi_version
+        abi.restype = ctypes.c_int
+        if abi() != _ABI_VERSION:
+            raise EmulationError(
+                f"{library_path} was built for emulator ABI {abi()}, expected {_ABI_VERSION}"
+            )
+        self._kernels = {name: _Kernel(self._library, name) for name in kernel_names}
+
+    @property
+    def kernel_names(self) -> tuple[str, ...]:
+        """The kernels this module was built with, in the order given to compile_kernels."""
+        return tuple(self._kernels)
+
+    def signature(self, name: str) -> tuple[str, ...]:
+        """The parameter types of kernel `name`, e.g. ``("const float32*", "int32")``."""
+        return tuple(p.text for p in self._kernel(name).params)
+
+    def launch(
+        self,
+        name: str,
+        grid: Dim,
+        block: Dim,
+        smem_bytes: int,
+        args: Sequence[Argument],
+        *,
+        stack_bytes: int = DEFAULT_STACK_BYTES,
+        check_races: bool = True,
+    ) -> None:
+        """Runs kernel `name` to completion; raises :class:`EmulationError` on any failed check.
+
+        Arrays (C-contiguous, of the parameter's dtype) are passed by pointer and written in
+        place; the kernel works on guarded copies, so an access past either end is reported
+        instead of touching other memory.  Read-only arrays must come back unchanged.  Scalars
+        are converted to the parameter's type; ``None`` passes a null pointer.
+        """
+        self._kernel(name).launch(grid, block, smem_bytes, args, stack_bytes, check_races)
+
+    def _kernel(self, name: str) -> _Kernel:
+        try:
+            return self._kernels[name]
+        except KeyError:
+            raise EmulationError(
+                f"no kernel {name!r} in this module (it has {', '.join(self._kernels)})"
+            ) from None
+
+
+def _symbol(kernel_name: str) -> str:
+    """A C identifier for the entry points of `kernel_name` (template ids get a hash suffix)."""
+    if re.fullmatch(r"[A-Za-z_]\w*", kernel_name):
+        return kernel_name
+    digest = hashlib.sha256(kernel_name.encode()).hexdigest()[:12]
+    return re.sub(r"\W", "_", kernel_name) + "_" + digest
+
+
+def _entry_points(source: str, kernel_names: Sequence[str]) -> str:
+    """The translation unit: the kernel source (named SOURCE_NAME) plus one C entry per kernel."""
+    export = '__attribute__((visibility("default")))'
+    lines = [f'#line 1 "{SOURCE_NAME}"', source, '#line 1 "welder_emu_entry_points.cpp"', 'extern "C" {']
+    lines.append(f"{export} int welder_emu_abi_version() {{ return WELDER_EMU_ABI_VERSION; }}")
+    for name in kernel_names:
+        symbol = _symbol(name)
+        lines.append(
+            f"{export} int welder_emu_launch__{symbol}("
+            "const welder_emu_launch_params* p, char* message, unsigned long long capacity) "
+            f"{{ return ::welder_emu::c_launch(&{name}, p, message, capacity); }}"
+        )
+        lines.append(
+            f"{export} const char* welder_emu_signature__{symbol}() "
+            f"{{ return ::welder_emu::signature_of(&{name}); }}"
+        )
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+@lru_cache(maxsize=1)
+def _compiler_identity() -> str:
+    """Path and version of g++, part of every cache key (another compiler means another build)."""
+    result = subprocess.run([_COMPILER, "--version"], capture_output=True, text=True, check=False)
+    return f"{shutil.which(_COMPILER)}\n{result.stdout.splitlines()[0] if result.stdout else ''}"
+
+
+def _emulator_digest() -> str:
+    """Hash of the prelude and every emulator header: editing them invalidates the cache."""
+    digest = hashlib.sha256()
+    for path in [PRELUDE, *sorted(EMU_DIR.glob("*.h")), *sorted(EMU_DIR.glob("*.cpp"))]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """`cache_dir`, else $WELDER_CACHE_DIR/emu, else ~/.cache/welder/emu."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    root = os.environ.get("WELDER_CACHE_DIR")
+    return Path(root) / "emu" if root else Path.home() / ".cache" / "welder" / "emu"
+
+
+def _compile_command(flags: Sequence[str], source: Path, output: Path) -> list[str]:
+    """g++ with the prelude forced in first, as generated kernels expect, and both include dirs."""
+    includes = ["-include", str(PRELUDE), "-I", str(PRELUDE_DIR), "-I", str(EMU_DIR)]
+    return [_COMPILER, *flags, *includes, "-x", "c++", str(source), "-o", str(output)]
+
+
+def _run_compilers(commands: Sequence[list[str]]) -> list[str | None]:
+    """Runs the commands concurrently; for each, None on success or the compiler's diagnostics."""
+    processes = [
+        subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+        for c in commands
+    ]
+    outcomes: list[str | None] = []
+    for process in processes:
+        _, stderr = process.communicate()
+        outcomes.append(None if process.returncode == 0 else stderr.strip())
+    return outcomes
+
+
+def _raise_on_failure(outcomes: Sequence[str | None]) -> None:
+    """Raises EmulationError carrying the first failed command's diagnostics."""
+    failures = [o for o in outcomes if o is not None]
+    if failures:
+        raise EmulationError(f"g++ could not compile the kernels:\n{failures[0]}")
+
+
+def _runtime_objects(flags: Sequence[str], root: Path, digest: str) -> dict[Path, Path]:
+    """Where the emulator's own .cpp files (no kernel code) live compiled, once per flag set."""
+    key = hashlib.sha256("\0".join([*flags, _compiler_identity(), digest]).encode()).hexdigest()[:24]
+    return {source: root / f"runtime-{key}-{source.stem}.o" for source in sorted(EMU_DIR.glob("*.cpp"))}
+
+
+def _build(translation_unit: str, flags: Sequence[str], runtime: dict[Path, Path], target: Path) -> None:
+    """Compiles the kernels next to any runtime object not cached yet, links, renames into place.
+
+    Everything is written in a private directory and renamed, so concurrent builds of the same
+    module (or runtime) cannot leave a half-written file in the cache.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    compile_flags = [f for f in flags if f != "-shared"] + ["-c"]
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as scratch:
+        work = Path(scratch)
+        source, module_object, library = work / "module.cpp", work / "module.o", work / "module.so"
+        source.write_text(translation_unit)
+        missing = {src: obj for src, obj in runtime.items() if not obj.is_file()}
+        outcomes = _run_compilers(
+            [
+                _compile_command(compile_flags, source, module_object),
+                *(_compile_command(compile_flags, src, work / obj.name) for src, obj in missing.items()),
+            ]
+        )
+        for obj, outcome in zip(missing.values(), outcomes[1:]):
+            if outcome is None:
+                os.replace(work / obj.name, obj)
+        _raise_on_failure(outcomes)
+        objects = [str(module_object), *map(str, runtime.values())]
+        _raise_on_failure(_run_compilers([[_COMPILER, *flags, *objects, "-o", str(library)]]))
+        os.replace(library, target)
+
+
+_modules: dict[Path, EmulatedModule] = {}
+_modules_lock = threading.Lock()
+
+
+def compile_kernels(
+    source: str,
+    kernel_names: list[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    extra_flags: Sequence[str] = (),
+) -> EmulatedModule:
+    """Builds `source` for the emulator and returns its kernels `kernel_names`.
+
+    The library is cached under `cache_dir` (default ``$WELDER_CACHE_DIR/emu``, else
+    ``~/.cache/welder/emu``) by a hash of the source, the kernel names, the flags, the compiler
+    and the emulator headers, so unchanged kernels are compiled once.  Raises
+    :class:`EmulationError` with the compiler's diagnostics when the source does not compile.
+    """
+    if not available():
+        raise EmulationError("kernel emulation needs Linux and a working g++")
+    names = list(kernel_names)
+    if not names:
+        raise EmulationError("compile_kernels needs at least one kernel name")
+    for name in names:
+        if not _KERNEL_NAME.fullmatch(name):
+            raise EmulationError(f"{name!r} is not a kernel name")
+    flags = [*_BASE_FLAGS, *extra_flags]
+    translation_unit = _entry_points(source, names)
+    digest = _emulator_digest()
+    key = hashlib.sha256(
+        "\0".join([translation_unit, *flags, _compiler_identity(), digest]).encode()
+    ).hexdigest()[:32]
+    root = _cache_root(cache_dir)
+    target = root / f"{key}.so"
+    with _modules_lock:
+        module = _modules.get(target)
+    if module is not None:
+        return module
+    if not target.is_file():
+        _build(translation_unit, flags, _runtime_objects(flags, root, digest), target)
+    with _modules_lock:
+        return _modules.setdefault(target, EmulatedModule(target, names))
