@@ -5,6 +5,7 @@ Importing this package fills :data:`welder.frontend.registry.LOWERINGS`.
 
 from welder.frontend.ops import (  # noqa: F401
     constant,
+    einsum,
     elementwise,
     linalg,
     nn,
