@@ -73,6 +73,13 @@ EXCLUDED: dict[str, str] = {
     r"^test_PReLU_\dd_multiparam": (
         "opset-6 per-channel PRelu slope; onnx.version_converter keeps a shape that opset 7+ cannot broadcast"
     ),
+    r"^test_resize_.*cubic": "cubic interpolation is not supported (nearest and linear are); import says so",
+    r"^test_resize_.*antialias": "antialiased resizing is not supported; import says so",
+    r"^test_maxpool_with_argmax": "MaxPool's Indices output is not supported; import says so",
+    r"^test_resize_downsample_scales_linear_align_corners$": (
+        "onnxruntime and the ONNX reference disagree (align_corners with a fractional scaled length); "
+        "welder follows onnxruntime, checked in test_ops_resize"
+    ),
     r"^test_squeezenet": (
         "identical logits of ~1e10 into Softmax: one-ulp summation differences make a uniform output one-hot"
     ),
