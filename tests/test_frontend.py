@@ -227,3 +227,26 @@ def test_shape_inference_disagreement_is_reported(monkeypatch):
     monkeypatch.setitem(registry.LOWERINGS, "Relu", wrong_dtype)
     with pytest.raises(ModelError, match="dtype int64 here but float32"):
         import_onnx(model)
+
+
+def test_malformed_einsum_fails_fast_instead_of_hanging_shape_inference(tmp_path):
+    """ONNX shape inference loops forever on this equation; the lowering must reject it
+    before shape inference ever sees the model."""
+    import subprocess
+    import sys
+
+    x = np.zeros((2, 3), np.float32)
+    model = make_model(
+        [helper.make_node("Einsum", ["x"], ["y"], equation="i..j->ij")], {"x": x}, ["y"], opset=17
+    )
+    path = tmp_path / "bad_einsum.onnx"
+    onnx.save(model, path)
+    code = (
+        "import sys, welder\n"
+        "try:\n    welder.import_onnx(sys.argv[1])\n"
+        "except welder.ModelError as e:\n    print('rejected:', e)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert "rejected:" in result.stdout and "Einsum" in result.stdout, result.stdout + result.stderr

@@ -292,9 +292,14 @@ def lower(model: onnx.ModelProto, name: str = "model") -> Graph:
         b.used.add(vi.name)
         env[vi.name] = vi.name
 
+    lowered = [(node, _lower_node(node, opset, env, b)) for node in _topo_sort(g)]
+    # Only now, when every node has passed its own validation: ONNX shape inference can
+    # loop forever on some malformed attributes (Einsum equations) that a lowering rejects.
     inferred = _inferred_types(model)
-    for node in _topo_sort(g):
-        _lower_node(node, opset, env, b, inferred)
+    for node, label in lowered:
+        for onnx_name in node.output:
+            if onnx_name:
+                _check_against_inference(label, onnx_name, b.tensor(env[onnx_name]), inferred)
 
     outputs = []
     for o in g.output:
@@ -314,8 +319,8 @@ def _lower_node(
     opset: int,
     env: dict[str, str],
     b: _Builder,
-    inferred: dict[str, tuple[tuple[int, ...] | None, int]],
-) -> None:
+) -> str:
+    """Lower one node into the builder; returns the node's label for later messages."""
     inputs: list[Tensor | None] = []
     for name in node.input:
         if not name:
@@ -347,9 +352,7 @@ def _lower_node(
 
     if all(t is None or t.name in b.constants for t in inputs):
         _fold_constants(created, inputs, b)
-    for onnx_name in node.output:
-        if onnx_name:
-            _check_against_inference(ctx, onnx_name, b.tensor(env[onnx_name]), inferred)
+    return ctx.label
 
 
 def _fold_constants(created: list[str], inputs: list[Tensor | None], b: _Builder) -> None:
@@ -399,7 +402,7 @@ def _inferred_types(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...] |
 
 
 def _check_against_inference(
-    ctx: LowerContext, onnx_name: str, t: Tensor, inferred: dict[str, tuple[tuple[int, ...] | None, int]]
+    label: str, onnx_name: str, t: Tensor, inferred: dict[str, tuple[tuple[int, ...] | None, int]]
 ) -> None:
     """Shapes disagreeing with ONNX shape inference get a warning, not an error: the
     inference is known to differ from onnxruntime in corner cases (ceil_mode windows
@@ -409,7 +412,7 @@ def _check_against_inference(
     shape, elem = inferred.get(onnx_name, (None, 0))
     if shape is not None and tuple(shape) != t.shape:
         warnings.warn(
-            f"{ctx.label}: output {onnx_name!r} has shape {list(t.shape)} here but {list(shape)} by "
+            f"{label}: output {onnx_name!r} has shape {list(t.shape)} here but {list(shape)} by "
             "ONNX shape inference; continuing with welder's (onnxruntime's) shape",
             ShapeInferenceWarning,
             stacklevel=2,
@@ -418,7 +421,7 @@ def _check_against_inference(
         return
     if elem and elem in _ELEM_CHECKED and dtype_from_onnx(elem, onnx_name) != t.dtype:
         raise ModelError(
-            f"{ctx.label}: output {onnx_name!r} has dtype {t.dtype} here but "
+            f"{label}: output {onnx_name!r} has dtype {t.dtype} here but "
             f"{dtype_from_onnx(elem, onnx_name)} by ONNX shape inference"
         )
 
