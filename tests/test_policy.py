@@ -17,7 +17,7 @@ from welder.frontend.onnx import import_onnx
 from welder.ir.expr import free_vars
 from welder.schedule.group import make_group
 from welder.schedule.policy import Options, schedule_group, thread_layout
-from welder.tile.footprint import Buffer, _run_dims, plan_shared_memory, transaction_bytes
+from welder.tile.footprint import Buffer, _run_dims, plan_pool, transaction_bytes
 from welder.tile.propagate import propagate_group
 from welder.tile.region import Affine
 
@@ -171,7 +171,7 @@ def test_shared_memory_plan_never_overlaps_live_buffers():
         for k in range(int(RNG.integers(1, 8))):
             start = int(RNG.integers(0, 6))
             bufs.append(Buffer(f"b{k}", int(RNG.integers(1, 5000)), start, start + int(RNG.integers(0, 3))))
-        offsets, total = plan_shared_memory(bufs)
+        offsets, total = plan_pool(bufs)
         for a, b in itertools.combinations(bufs, 2):
             if a.start <= b.end and b.start <= a.end:  # live at the same time
                 ra = (offsets[a.name], offsets[a.name] + a.nbytes)
@@ -182,7 +182,7 @@ def test_shared_memory_plan_never_overlaps_live_buffers():
 
 
 def test_shared_memory_is_reused_after_a_buffer_dies():
-    offsets, total = plan_shared_memory([Buffer("a", 1024, 0, 0), Buffer("b", 1024, 1, 1)])
+    offsets, total = plan_pool([Buffer("a", 1024, 0, 0), Buffer("b", 1024, 1, 1)])
     assert total == 1024 and offsets["a"] == offsets["b"] == 0
 
 

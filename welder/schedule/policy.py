@@ -26,7 +26,7 @@ from welder.ir.expr import Binary, Call, Load, free_vars, walk
 from welder.ir.interpret import np_dtype
 from welder.schedule.config import Estimate, GroupConfig, StageConfig, StagedInput
 from welder.schedule.group import Group
-from welder.tile.footprint import Buffer, plan_shared_memory, transaction_bytes
+from welder.tile.footprint import Buffer, plan_pool, transaction_bytes
 from welder.tile.propagate import (
     GroupRegions,
     Region,
@@ -330,7 +330,7 @@ def _plan_smem(group: Group, stages: list[StageConfig], dtype_of: DtypeOf) -> in
             # One slot per (output, warp, register) of 8 value bytes plus 4 index bytes.
             slots = math.prod(st.thread_shape) * (st.reduce_threads // 32) * math.prod(st.reg_tile)
             buffers.append(Buffer(f"{st.node}/reduce", slots * 12, k, k))
-    offsets, total = plan_shared_memory(buffers)
+    offsets, total = plan_pool(buffers)
     for st in stages:
         if st.node in offsets:
             st.smem_offset = offsets[st.node]

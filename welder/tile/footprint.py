@@ -62,7 +62,7 @@ def _run_dims(extents: Sequence[int], shape: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class Buffer:
-    """A shared-memory buffer live from stage ``start`` to stage ``end`` (inclusive)."""
+    """A buffer live from step ``start`` to step ``end`` (inclusive)."""
 
     name: str
     nbytes: int
@@ -70,10 +70,11 @@ class Buffer:
     end: int
 
 
-def plan_shared_memory(buffers: Sequence[Buffer], align: int = 16) -> tuple[dict[str, int], int]:
+def plan_pool(buffers: Sequence[Buffer], align: int = 16) -> tuple[dict[str, int], int]:
     """Best-fit placement of buffers in one pool, in order of first use: a buffer takes
     the smallest free hole that holds it, freed holes merge.  Returns offsets and the
-    pool size."""
+    pool size.  Plans a kernel's shared memory (buffers live across stages) and the
+    runtime's device pool (tensors live across kernels) alike."""
     offsets: dict[str, int] = {}
     free: list[tuple[int, int]] = []  # (offset, size) holes below `top`
     top = 0
