@@ -445,6 +445,77 @@ def _sdpa(b: ModelBuilder, q: str, k: str, v: str, mask: str, scope: str) -> str
     return b.op("MatMul", [probs, v], scope)
 
 
+# -- GPT-2 ------------------------------------------------------------------------------------
+
+
+def gpt2_model(
+    layers: int = 2, hidden: int = 256, seq: int = 64, heads: int = 4, vocab: int = 2048, seed: int = 0
+) -> tuple[onnx.ModelProto, Feeds]:
+    """A GPT-2 as HF exports it, small: token and position embeddings (Gather), pre-norm
+    blocks whose ``c_attn`` projects to 3x the width and Splits into q, k, v, a causal mask
+    applied with Where from a constant lower-triangular buffer, the tanh GELU written out,
+    a final LayerNorm and the tied LM head (MatMul with the transposed embedding)."""
+    b = ModelBuilder(seed)
+    ids = b.input("input_ids", INT64, [1, seq])
+    feeds = {"input_ids": np.random.default_rng(seed + 1).integers(0, vocab, (1, seq)).astype(np.int64)}
+    wte = b.weight("transformer/wte", (vocab, hidden), fan_in=hidden)
+    wpe = b.weight("transformer/wpe", (seq, hidden), fan_in=hidden)
+    positions = b.init("position_ids", np.arange(seq, dtype=np.int64)[None])
+    x = b.op(
+        "Add",
+        [
+            b.op("Gather", [wte, ids], "/transformer/wte"),
+            b.op("Gather", [wpe, positions], "/transformer/wpe"),
+        ],
+        "/transformer",
+    )
+    causal = b.init("attn_bias", np.tril(np.ones((1, 1, seq, seq), dtype=bool)))
+    d = hidden // heads
+    for k in range(layers):
+        scope = f"/transformer/h.{k}"
+        h = b.layer_norm(x, hidden, f"{scope}/ln_1")
+        qkv = b.linear(h, hidden, 3 * hidden, f"{scope}/attn/c_attn")
+        q, key, v = b.op_multi("Split", [qkv, b.const([hidden] * 3, scope=scope)], scope, outputs=3, axis=2)
+
+        def split_heads(t: str, perm: list[int], scope: str = scope) -> str:
+            return b.op("Transpose", [b.reshape(t, [1, seq, heads, d], scope)], scope, perm=perm)
+
+        scores = b.op("MatMul", [split_heads(q, [0, 2, 1, 3]), split_heads(key, [0, 2, 3, 1])], scope)
+        scores = b.op("Div", [scores, b.const(math.sqrt(d), np.float32, scope=scope)], scope)
+        lowest = b.const(np.finfo(np.float32).min, np.float32, scope=scope)
+        scores = b.op("Where", [causal, scores, lowest], scope)
+        probs = b.op("Softmax", [scores], scope, axis=-1)
+        ctx = b.op("MatMul", [probs, split_heads(v, [0, 2, 1, 3])], scope)
+        ctx = b.reshape(b.op("Transpose", [ctx], scope, perm=[0, 2, 1, 3]), [1, seq, hidden], scope)
+        x = b.op("Add", [x, b.linear(ctx, hidden, hidden, f"{scope}/attn/c_proj")], scope)
+        h = b.linear(b.layer_norm(x, hidden, f"{scope}/ln_2"), hidden, 4 * hidden, f"{scope}/mlp/c_fc")
+        cube = b.op("Mul", [b.op("Mul", [h, h], scope), h], scope)
+        inner = b.op(
+            "Mul",
+            [
+                b.op(
+                    "Add", [h, b.op("Mul", [cube, b.const(0.044715, np.float32, scope=scope)], scope)], scope
+                ),
+                b.const(math.sqrt(2 / math.pi), np.float32, scope=scope),
+            ],
+            scope,
+        )
+        gelu = b.op(
+            "Mul",
+            [
+                b.op("Mul", [h, b.const(0.5, np.float32, scope=scope)], scope),
+                b.op("Add", [b.op("Tanh", [inner], scope), b.const(1.0, np.float32, scope=scope)], scope),
+            ],
+            scope,
+        )
+        x = b.op("Add", [x, b.linear(gelu, 4 * hidden, hidden, f"{scope}/mlp/c_proj")], scope)
+    x = b.layer_norm(x, hidden, "/transformer/ln_f")
+    logits = b.op(
+        "MatMul", [x, b.op("Transpose", [wte], "/lm_head", perm=[1, 0])], "/lm_head", out_name="logits"
+    )
+    return b.finish([logits], "gpt2"), feeds
+
+
 # -- MobileNetV2 ------------------------------------------------------------------------------
 
 

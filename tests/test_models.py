@@ -19,6 +19,7 @@ from models import (
     Feeds,
     bert_encoder_layer,
     conformer_conv_module,
+    gpt2_model,
     mobilenetv2_block,
     swin_window_attention_block,
     unsupported_ops_model,
@@ -52,6 +53,7 @@ CASES: dict[str, Builder] = {
     "conformer_k15": conformer_conv_module,
     "conformer_k31_slice_glu": partial(conformer_conv_module, kernel=31, glu_by_slice=True),
     "conformer_causal_batch2": partial(conformer_conv_module, batch=2, causal=True),
+    "gpt2_2_layers": gpt2_model,
 }
 
 # Operator types each model uses only on values known at import time (shape arithmetic,
@@ -195,6 +197,20 @@ def test_cli_check_passes(case: tuple[str, Path, onnx.ModelProto, Feeds], capsys
     assert out.splitlines()[-1] == "PASS"
     assert "FAIL" not in out
     assert all(o.name in out for o in model.graph.output)
+
+
+# One variant per model family: each compiles its kernels (g++) for the emulator.
+EMULATED = ["bert_layer", "mobilenetv2", "vit", "swin_shifted", "conformer_k15", "gpt2_2_layers"]
+
+
+@pytest.mark.parametrize("name", EMULATED)
+def test_cli_check_passes_with_emulated_kernels(name: str, tmp_path: Path, capsys) -> None:
+    """The whole compiler -- fusion, configs, generated CUDA -- run on the CPU."""
+    model, _ = CASES[name]()
+    path = save(model, tmp_path, name)
+    code, out, err = run_cli(["check", str(path), "--backend", "emulate", "--seed", "1"], capsys)
+    assert code == 0, out + err
+    assert out.splitlines()[-1] == "PASS"
 
 
 def test_cli_import_writes_model_json(
