@@ -132,6 +132,8 @@ def softmax(ctx: LowerContext) -> Tensor:
     """M = max x;  E = exp(x - M);  S = sum E;  Y = E / S   (LogSoftmax: (x - M) - log S)."""
     x = ctx.input(0)
     axes = _softmax_axes(ctx, x)
+    if x.size == 0:  # nothing to normalise; the output is as empty as the input
+        return ctx.compute(x.shape, lambda *i: x[i])
     m = reduce_over(ctx, x, axes, "max", "max")
     if ctx.op_type == "LogSoftmax":
         shifted = ctx.compute(x.shape, lambda *i: x[i] - m[kept(i, axes)], "shifted")
