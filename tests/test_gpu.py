@@ -1,0 +1,374 @@
+"""Generated kernels on a real GPU: compiled by nvcc, launched through pycuda, compared with
+the interpreter and with the CPU emulator on the same inputs; timing; fault and hang
+containment; the tuner end to end.  Skipped without pycuda and a GPU (run them with
+``scripts/gpu_suite.sh`` on the device machine)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from onnx import helper
+from onnx_util import make_model
+
+from welder.arch import match_gpu_name
+from welder.check import error_metric, threshold_for
+from welder.codegen import Kernel, generate_kernel
+from welder.codegen.kernel import KernelParam
+from welder.frontend.onnx import import_onnx
+from welder.gpu import (
+    DeviceBuffer,
+    GpuDevice,
+    GpuModule,
+    KernelTimeout,
+    LaunchError,
+    compile_cubin,
+    compute_capability,
+    device_name,
+    gpu_available,
+    sm_arch,
+    time_kernel,
+)
+from welder.graph import Graph
+from welder.ir.interpret import np_dtype
+from welder.schedule.cache import TuningCache
+from welder.schedule.group import make_group
+from welder.schedule.plan import plan_model
+from welder.schedule.tuner import tune_group, tune_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_available(), reason="needs pycuda and an NVIDIA GPU"),
+]
+
+RNG = np.random.default_rng(23)
+
+
+def _w(*shape: int, dtype=np.float32) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+@pytest.fixture(scope="module")
+def context():
+    """A CUDA context of this process for the in-process tests."""
+    import pycuda.driver as drv
+
+    drv.init()
+    ctx = drv.Device(0).make_context()
+    yield ctx
+    ctx.pop()
+    ctx.detach()
+
+
+@pytest.fixture(scope="module")
+def arch():
+    return match_gpu_name(device_name())
+
+
+@pytest.fixture(scope="module")
+def sm() -> str:
+    return sm_arch(compute_capability())
+
+
+def run_native(graph: Graph, kernels: list[Kernel], module: GpuModule, feeds: dict) -> dict[str, np.ndarray]:
+    """Launch a model's kernels in order on the GPU (outputs start as NaN bytes)."""
+    import pycuda.driver as drv
+
+    env = {**graph.constants, **feeds}
+    bufs: dict[str, DeviceBuffer] = {}
+    try:
+        for k in kernels:
+            args = []
+            for p in k.params:
+                if p.is_output:
+                    bufs[p.tensor] = DeviceBuffer(int(np.prod(p.shape)) * np_dtype(p.dtype).itemsize)
+                    bufs[p.tensor].fill_bytes(0xFF)
+                elif p.tensor not in bufs:
+                    bufs[p.tensor] = DeviceBuffer.from_array(np.asarray(env[p.tensor], np_dtype(p.dtype)))
+                args.append(bufs[p.tensor])
+            module.launch(k.name, k.grid, k.threads, k.smem_bytes, args)
+        drv.Context.synchronize()
+        return {
+            o: bufs[o].to_array(graph.tensor(o).shape, np_dtype(graph.tensor(o).dtype)) for o in graph.outputs
+        }
+    finally:
+        for b in bufs.values():
+            b.free()
+
+
+def _kernels(graph: Graph, label: str, choice: int = 0, topk: int = 2, arch=None) -> list[Kernel]:
+    from welder.arch import get_arch
+
+    plan = plan_model(graph, arch or get_arch("H100"), topk=topk)
+    return [
+        generate_kernel(graph, p.group, p.configs[min(choice, len(p.configs) - 1)], f"{label}_{i}")
+        for i, p in enumerate(plan.groups)
+    ]
+
+
+def _fp16_models() -> dict[str, object]:
+    f16 = np.float16
+    return {
+        "fp16_matmul": make_model(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])],
+            {"x": _w(33, 40, dtype=f16)},
+            ["y"],
+            {"w": _w(40, 24, dtype=f16)},
+        ),
+        "fp16_softmax": make_model(
+            [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": _w(8, 70, dtype=f16)}, ["y"]
+        ),
+    }
+
+
+def _random_feeds(graph: Graph) -> dict[str, np.ndarray]:
+    return {t.name: _w(*t.shape, dtype=np_dtype(t.dtype)) for t in graph.inputs}
+
+
+def _corpus() -> list[tuple[str, Graph, dict, bool]]:
+    """(name, graph, feeds, also emulate?): the fused chains of test_codegen and fp16 kernels
+    (compared with the emulator too), then a sample of the ONNX node tests on their data."""
+    from node_cases import importable
+    from test_codegen import CHAINS, _chain
+
+    cases = []
+    for name in CHAINS:
+        graph = import_onnx(_chain(name))
+        cases.append((name, graph, _random_feeds(graph), True))
+    for name, model in _fp16_models().items():
+        graph = import_onnx(model)
+        cases.append((name, graph, _random_feeds(graph), True))
+    for case, graph in importable()[::9]:
+        by_name = {vi.name: np.asarray(v) for vi, v in zip(case.model.graph.input, case.data_sets[0][0])}
+        cases.append((case.name, graph, {t.name: by_name[t.name] for t in graph.inputs}, False))
+    return cases
+
+
+def _compile_modules(sources: list[list[str]], sm: str, chunk: int = 24) -> list[GpuModule]:
+    """One module per case, compiled in a few nvcc calls run side by side."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chunks = [sources[i : i + chunk] for i in range(0, len(sources), chunk)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        images = list(pool.map(lambda c: compile_cubin([s for case in c for s in case], sm), chunks))
+    modules = [GpuModule(image) for image in images]
+    return [modules[i // chunk] for i in range(len(sources))]
+
+
+def run_emulated(graph: Graph, kernels: list[Kernel], module, feeds: dict) -> dict[str, np.ndarray]:
+    env = {**graph.constants, **feeds}
+    for k in kernels:
+        args = []
+        for p in k.params:
+            if p.is_output:
+                env[p.tensor] = np.zeros(p.shape, np_dtype(p.dtype))
+            env[p.tensor] = np.require(env[p.tensor], np_dtype(p.dtype), "C")
+            args.append(env[p.tensor])
+        module.launch(k.name, k.grid, k.threads, k.smem_bytes, args)
+    return {o: env[o] for o in graph.outputs}
+
+
+def test_device_is_described(sm):
+    assert device_name()
+    assert compute_capability() >= (7, 0)
+    assert sm.startswith("sm_")
+
+
+def test_generated_kernels_match_the_interpreter_and_the_emulator(context, sm):
+    from welder.codegen import model_source
+    from welder.codegen.kernel import TEMPLATE_DIR
+    from welder.runtime.emu import available, compile_kernels
+
+    batches = []
+    for i, (name, graph, feeds, emulate) in enumerate(_corpus()):
+        for choice in (0, 1) if emulate else (0,):
+            batches.append((name, graph, feeds, emulate, _kernels(graph, f"c{i}_{choice}", choice)))
+    modules = _compile_modules([[k.source for k in b[4]] for b in batches], sm)
+    emulated_kernels = [k for b in batches if b[3] for k in b[4]]
+    emu = None
+    if available():
+        emu = compile_kernels(
+            model_source(emulated_kernels),
+            [k.name for k in emulated_kernels],
+            extra_flags=[f"-I{TEMPLATE_DIR}"],
+        )
+    failures = []
+    for (name, graph, feeds, emulate, kernels), module in zip(batches, modules):
+        native = run_native(graph, kernels, module, feeds)
+        reference = graph.run(feeds)
+        emulated = run_emulated(graph, kernels, emu, feeds) if emulate and emu is not None else None
+        for o in graph.outputs:
+            limit = threshold_for(graph.tensor(o).dtype)
+            err = error_metric(native[o], reference[o])
+            if err > limit:
+                failures.append(f"{kernels[0].name} ({name}) {o}: native vs interpreter {err:.2e}")
+            if emulated is not None and error_metric(native[o], emulated[o]) > limit:
+                failures.append(f"{kernels[0].name} ({name}) {o}: native vs emulator differ")
+    assert not failures, "\n".join(failures)
+    assert len(batches) > 40 and len(emulated_kernels) >= 20
+
+
+def test_time_kernel_median_is_positive_and_scales_with_work(context, sm):
+    small = import_onnx(make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": _w(1 << 18)}, ["y"]))
+    big = import_onnx(make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": _w(1 << 24)}, ["y"]))
+    [ks] = _kernels(small, "relu_small")
+    [kb] = _kernels(big, "relu_big")
+    module = GpuModule(compile_cubin([ks.source, kb.source], sm))
+    times = {}
+    for k, n in ((ks, 1 << 18), (kb, 1 << 24)):
+        x = DeviceBuffer.from_array(_w(n))
+        y = DeviceBuffer(4 * n)
+        try:
+            first = time_kernel(module, k.name, k.grid, k.threads, k.smem_bytes, [x, y], budget_s=0.3)
+            second = time_kernel(module, k.name, k.grid, k.threads, k.smem_bytes, [x, y], budget_s=0.3)
+        finally:
+            x.free()
+            y.free()
+        assert first > 0 and second > 0
+        assert abs(first - second) <= 0.3 * max(first, second), (first, second)
+        times[n] = first
+    # 64x the bytes: far slower, though not necessarily 64x (the small one is latency-bound).
+    assert times[1 << 24] > 4 * times[1 << 18], times
+
+
+_HANDWRITTEN = {
+    "smem_big": r"""
+extern "C" __global__ void smem_big(const float* x, float* y, int n) {
+  extern __shared__ float buf[];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = 2.0f * x[i];
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = buf[n - 1 - i];
+}
+""",
+    "add_one": r"""
+extern "C" __global__ void add_one(const float* x, float* y) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < 1024) y[i] = x[i] + 1.0f;
+}
+""",
+    "fault": r"""
+extern "C" __global__ void fault(const float* x, float* y) {
+  float* bad = reinterpret_cast<float*>(0x10);
+  bad[threadIdx.x] = x[threadIdx.x];
+  y[threadIdx.x] = 0.0f;
+}
+""",
+    "hang": r"""
+extern "C" __global__ void hang(const float* x, float* y) {
+  volatile const float* v = x;
+  while (v[0] == v[0] || v[0] != v[0]) { }
+  y[0] = 1.0f;
+}
+""",
+}
+
+
+def test_dynamic_shared_memory_above_48_kib(context, sm):
+    module = GpuModule(compile_cubin(_HANDWRITTEN["smem_big"], sm))
+    n = 16384  # 64 KiB of floats
+    x = _w(n)
+    xb, yb = DeviceBuffer.from_array(x), DeviceBuffer(4 * n)
+    try:
+        module.launch("smem_big", 1, 256, 4 * n, [xb, yb, np.int32(n)])
+        import pycuda.driver as drv
+
+        drv.Context.synchronize()
+        np.testing.assert_array_equal(yb.to_array((n,), np.float32), (2 * x)[::-1])
+    finally:
+        xb.free()
+        yb.free()
+
+
+def _matmul_graph() -> Graph:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    return import_onnx(make_model(nodes, {"x": _w(256, 512)}, ["y"], {"w": _w(512, 384)}))
+
+
+def test_tune_group_measures_checks_and_caches(tmp_path, arch):
+    graph = _matmul_graph()
+    group = make_group(graph, list(graph.nodes))
+    cache = TuningCache(tmp_path)
+    with GpuDevice(budget_s=0.2) as device:
+        first = tune_group(graph, group, arch, 6, cache, device)
+        assert first is not None and not first.from_cache
+        assert 0 < first.latency_us < 10_000 and first.candidates >= 2
+        assert first.latency_us == min(first.timings_us.values()) or first.dropped
+        again = tune_group(graph, group, arch, 6, cache, device)
+    assert again.from_cache and again.latency_us == first.latency_us and again.config == first.config
+
+
+def test_tuned_model_runs_correctly(context, arch, sm):
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("LayerNormalization", ["h", "s", "b"], ["n"], axis=-1),
+        helper.make_node("Gelu", ["n"], ["g"]),
+        helper.make_node("Softmax", ["g"], ["y"], axis=-1),
+    ]
+    inits = {"w": _w(96, 128), "s": _w(128), "b": _w(128)}
+    graph = import_onnx(make_model(nodes, {"x": _w(64, 96)}, ["y"], inits, opset=20))
+    with GpuDevice(budget_s=0.2) as device:
+        plan = tune_model(graph, arch, 4, None, device)
+        fused = tune_model(graph, arch, 2, None, device, measure_fusion=True)
+    for p in (plan, fused):
+        assert p.groups and all(g.latency_us > 0 for g in p.groups)
+        kernels = [
+            generate_kernel(graph, g.group, g.configs[0], f"tuned{id(p)}_{i}") for i, g in enumerate(p.groups)
+        ]
+        module = GpuModule(compile_cubin([k.source for k in kernels], sm))
+        feeds = {"x": _w(64, 96)}
+        ours, ref = run_native(graph, kernels, module, feeds), graph.run(feeds)
+        assert error_metric(ours["y"], ref["y"]) <= threshold_for("float32")
+
+
+def _handwritten_kernel(name: str) -> Kernel:
+    params = [
+        KernelParam("x", "x", "float32", (1024,), False),
+        KernelParam("y", "y", "float32", (1024,), True),
+    ]
+    return Kernel(name, _HANDWRITTEN[name], params, 4, 256, 0, "y")
+
+
+def test_faulting_and_hanging_kernels_are_contained():
+    """Only a worker process survives these; an in-process fault would end this test
+    process's use of the GPU (see test_in_process_fault_is_final)."""
+    x = [_w(1024)]
+    good, fault, hang = (_handwritten_kernel(n) for n in ("add_one", "fault", "hang"))
+    with GpuDevice(timeout_s=10, budget_s=0.1) as device:
+        program = device.compile([good, fault, hang])
+        np.testing.assert_allclose(device.run(program, good, x)[0], x[0] + 1)
+        with pytest.raises(LaunchError) as info:
+            device.run(program, fault, x)
+        assert info.value.fatal
+        np.testing.assert_allclose(device.run(program, good, x)[0], x[0] + 1)  # a fresh worker
+        start = time.perf_counter()
+        with pytest.raises(KernelTimeout):
+            device.time(program, hang, x)
+        assert time.perf_counter() - start < 60
+        np.testing.assert_allclose(device.run(program, good, x)[0], x[0] + 1)
+        assert device.time(program, good, x) > 0
+
+
+def test_in_process_fault_is_final():
+    """In a process of its own: the fault ends that process's use of the GPU for good."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "import numpy as np, pytest\n"
+        "from test_gpu import _handwritten_kernel\n"
+        "from welder.gpu import GpuDevice, GpuError, LaunchError\n"
+        "x = [np.ones(1024, np.float32)]\n"
+        "good, fault = _handwritten_kernel('add_one'), _handwritten_kernel('fault')\n"
+        "with GpuDevice(isolate=False, timeout_s=10, budget_s=0.1) as d:\n"
+        "    p = d.compile([good, fault])\n"
+        "    assert (d.run(p, good, x)[0] == 2).all()\n"
+        "    with pytest.raises(LaunchError):\n"
+        "        d.run(p, fault, x)\n"
+        "    with pytest.raises(GpuError, match='lost'):\n"
+        "        d.run(p, good, x)\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip().endswith("ok"), result.stdout + result.stderr

@@ -1,0 +1,692 @@
+"""The GPU tuner without a GPU: every device call goes to a fake.
+
+``ScriptedDevice`` computes kernel outputs with the reference interpreter and fails, hangs
+or miscomputes on request per candidate, with synthetic latencies; ``EmulatedDevice`` runs
+the real generated kernels through the CPU emulator.  Together they cover dropping
+candidates (compile error, crash, timeout, wrong output), picking the fastest correct one,
+cache hits on repeated layers, resuming after a killed tune, concurrent tunes sharing one
+cache, measured fusion, and the worker-process isolation of ``welder.gpu``.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import logging
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+from onnx_util import make_model
+
+from welder.arch import get_arch
+from welder.check import error_metric, threshold_for
+from welder.codegen import generate_kernel, model_source
+from welder.codegen.kernel import TEMPLATE_DIR
+from welder.errors import WelderError
+from welder.frontend.onnx import import_onnx
+from welder.gpu import (
+    PYCUDA_MISSING,
+    CompileError,
+    GpuDevice,
+    GpuProgram,
+    GpuUnavailable,
+    KernelTimeout,
+    LaunchError,
+    WorkerProcess,
+    rotation_copies,
+    sample_until_stable,
+)
+from welder.graph import Graph
+from welder.ir.interpret import evaluate, np_dtype
+from welder.runtime.emu import EmulationError, compile_kernels
+from welder.schedule.cache import TuningCache
+from welder.schedule.engine import CostModel, fuse, group_signature
+from welder.schedule.group import make_group
+from welder.schedule.plan import tuned_json
+from welder.schedule.policy import Options
+from welder.schedule.tuner import (
+    ProgressBar,
+    TunedGroup,
+    TuneError,
+    candidate_index,
+    candidate_name,
+    tune_group,
+    tune_model,
+)
+
+ARCH = get_arch("H100")
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+RNG = np.random.default_rng(5)
+
+
+def _w(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# -- fakes ------------------------------------------------------------------------------------------
+
+
+def evaluate_outputs(graph: Graph, known: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
+    """Outputs ``names`` computed by the interpreter from the tensors in ``known``."""
+    env = dict(known)
+
+    def value(t: str) -> np.ndarray:
+        if t not in env:
+            if t in graph.constants:
+                env[t] = graph.constants[t]
+            else:
+                for i in graph.nodes[t].inputs:
+                    value(i)
+                env[t] = evaluate(graph.nodes[t].compute, env)
+        return env[t]
+
+    return [value(n) for n in names]
+
+
+def stages_of(kernel) -> int:
+    return kernel.source.count("// stage ")
+
+
+class ScriptedDevice:
+    """A Device whose kernels compute through the interpreter.  ``behaviour`` (by candidate
+    index, or a function of the kernel) is one of ok | compile | crash | timeout | wrong;
+    ``latency`` likewise gives microseconds (default 10 + candidate index).  With
+    ``kill_at=n`` the process SIGKILLs itself when it starts timing its n-th distinct group."""
+
+    name = "Fake GPU"
+    arch = "sm_90"
+    compiler = "fake nvcc 1.0"
+
+    def __init__(self, graph: Graph, behaviour=None, latency=None, kill_at: int | None = None) -> None:
+        self.graph = graph
+        self.behaviour = behaviour or {}
+        self.latency = latency or {}
+        self.kill_at = kill_at
+        self.compiles: list[list[str]] = []
+        self.timed: list[str] = []
+        self.ran: list[str] = []
+        self.roots: list[str] = []
+        self._lock = threading.Lock()
+
+    def what(self, kernel) -> str:
+        b = self.behaviour
+        return b(kernel) if callable(b) else b.get(candidate_index(kernel.name), "ok")
+
+    def compile(self, kernels):
+        with self._lock:
+            self.compiles.append([k.name for k in kernels])
+        bad = [k.name for k in kernels if self.what(k) == "compile"]
+        if bad:
+            raise CompileError(f"kernels.cu(12): error: fake diagnostic in {bad[0]}")
+        return tuple(k.name for k in kernels)
+
+    def time(self, program, kernel, inputs) -> float:
+        assert kernel.name in program
+        assert any(np.any(a) for a in inputs), "timed on all-zero inputs"
+        if kernel.root not in self.roots:
+            self.roots.append(kernel.root)
+            if self.kill_at is not None and len(self.roots) == self.kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        self.timed.append(kernel.name)
+        what = self.what(kernel)
+        if what == "crash":
+            raise LaunchError("an illegal memory access was encountered", fatal=True)
+        if what == "timeout":
+            raise KernelTimeout("time did not finish within 1 s; the GPU worker was killed")
+        lat = self.latency
+        k = candidate_index(kernel.name)
+        return lat(kernel) if callable(lat) else lat.get(k, 10.0 + k)
+
+    def run(self, program, kernel, inputs) -> list[np.ndarray]:
+        assert kernel.name in program
+        self.ran.append(kernel.name)
+        what = self.what(kernel)
+        if what == "crash":
+            raise LaunchError("an illegal memory access was encountered", fatal=True)
+        names = [p.tensor for p in kernel.params if not p.is_output]
+        outs = evaluate_outputs(
+            self.graph, dict(zip(names, inputs)), [p.tensor for p in kernel.params if p.is_output]
+        )
+        if what == "wrong":
+            outs[0] = outs[0] + 1
+        return outs
+
+
+class EmulatedDevice:
+    """A Device that runs the generated kernels through the CPU emulator (g++)."""
+
+    name = "Emulated GPU"
+    arch = "sm_90"
+    compiler = "g++ emulator"
+
+    def __init__(self) -> None:
+        self.compiles = 0
+
+    def compile(self, kernels):
+        self.compiles += 1
+        try:
+            return compile_kernels(
+                model_source(kernels), [k.name for k in kernels], extra_flags=[f"-I{TEMPLATE_DIR}"]
+            )
+        except EmulationError as e:
+            raise CompileError(str(e)) from None
+
+    def run(self, module, kernel, inputs) -> list[np.ndarray]:
+        outs = [_poisoned(p.shape, p.dtype) for p in kernel.params if p.is_output]
+        try:
+            module.launch(kernel.name, kernel.grid, kernel.threads, kernel.smem_bytes, [*inputs, *outs])
+        except EmulationError as e:
+            raise LaunchError(str(e)) from None
+        return outs
+
+    def time(self, module, kernel, inputs) -> float:
+        return 2.0 + kernel.grid * kernel.threads / 1000.0 + kernel.smem_bytes / 1e4
+
+
+def _poisoned(shape, dtype: str) -> np.ndarray:
+    """An output buffer of 0xFF bytes: NaN, or -1, wherever a kernel fails to write."""
+    return (
+        np.full(int(np.prod(shape, dtype=np.int64)) * np_dtype(dtype).itemsize, 0xFF, np.uint8)
+        .view(np_dtype(dtype))
+        .reshape(shape)
+    )
+
+
+# -- graphs -------------------------------------------------------------------------------------
+
+
+def matmul_graph(m: int = 50, k: int = 30, n: int = 44) -> Graph:
+    return import_onnx(
+        make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": _w(m, k)}, ["y"], {"w": _w(k, n)})
+    )
+
+
+def twin_branches() -> Graph:
+    """Two structurally identical branches under different names."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "wa"], ["a"]),
+        helper.make_node("Relu", ["a"], ["ya"]),
+        helper.make_node("MatMul", ["x", "wb"], ["b"]),
+        helper.make_node("Relu", ["b"], ["yb"]),
+    ]
+    return import_onnx(
+        make_model(nodes, {"x": _w(16, 24)}, ["ya", "yb"], {"wa": _w(24, 32), "wb": _w(24, 32)})
+    )
+
+
+def layernorm_gelu() -> Graph:
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("LayerNormalization", ["h", "s", "b"], ["n"], axis=-1),
+        helper.make_node("Gelu", ["n"], ["y"]),
+    ]
+    inits = {"w": _w(24, 48), "s": _w(48), "b": _w(48)}
+    return import_onnx(make_model(nodes, {"x": _w(20, 24)}, ["y"], inits, opset=20))
+
+
+@functools.cache
+def bert(layers: int) -> Graph:
+    from models import bert_encoder_layer
+
+    model, _ = bert_encoder_layer(layers=layers)
+    return import_onnx(model)
+
+
+def whole_group(graph: Graph):
+    return make_group(graph, list(graph.nodes))
+
+
+def matmul_configs(graph: Graph, topk: int = 8):
+    group = whole_group(graph)
+    configs = CostModel(graph, ARCH, Options(topk=topk)).configs(group)
+    assert len(configs) >= min(topk, 7)
+    return group, configs
+
+
+# -- one group ------------------------------------------------------------------------------------
+
+
+def test_candidate_names_round_trip():
+    group = whole_group(matmul_graph())
+    assert candidate_index(candidate_name(13, group)) == 13
+    with pytest.raises(ValueError):
+        candidate_index("welder_k0_y")
+
+
+def test_fastest_correct_candidate_wins_and_failures_are_dropped(tmp_path, caplog):
+    graph = matmul_graph()
+    group, configs = matmul_configs(graph)
+    device = ScriptedDevice(
+        graph,
+        behaviour={0: "wrong", 1: "crash", 2: "compile", 3: "timeout"},
+        latency=lambda k: {0: 5.0, 4: 50.0, 5: 20.0, 6: 30.0}.get(candidate_index(k.name), 99.0),
+    )
+    cache = TuningCache(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="welder.tune"):
+        result = tune_group(graph, group, ARCH, 8, cache, device, configs=configs)
+    assert result is not None
+    assert result.config is configs[5] and result.latency_us == 20.0
+    assert result.candidates == len(configs) and not result.from_cache
+    reasons = {d.candidate: d.reason for d in result.dropped}
+    assert reasons == {0: "wrong", 1: "launch", 2: "compile", 3: "timeout"}
+    # Checked fastest first: the wrong candidate 0 (5 us), then 5 (20 us), which passes.
+    assert [candidate_index(n) for n in device.ran] == [0, 5]
+    assert candidate_name(2, group) not in device.timed
+    dropped_logs = [r for r in caplog.records if r.name == "welder.tune" and "dropped" in r.getMessage()]
+    assert len(dropped_logs) == 4
+    [entry] = cache.entries()
+    assert entry.latency_us == 20.0 and entry.candidates == len(configs) and entry.topk == 8
+    assert entry.config["root"] == "m0"  # canonical names, not the model's
+
+
+def test_one_bad_candidate_costs_a_few_compiles_not_one_each():
+    graph = matmul_graph()
+    group, configs = matmul_configs(graph)
+    device = ScriptedDevice(graph, behaviour={6: "compile"})
+    result = tune_group(graph, group, ARCH, 8, None, device, configs=configs)
+    assert result is not None and result.config is configs[0]
+    n = len(configs)
+    assert len(device.compiles[0]) == n  # first all in one call
+    assert len(device.compiles) <= 1 + 2 * math.ceil(math.log2(n))
+    assert [d.candidate for d in result.dropped] == [6]
+    compiled_ok = {candidate_index(k) for batch in device.compiles[1:] for k in batch if "c6_" not in k}
+    assert compiled_ok == set(range(n)) - {6}
+
+
+def test_no_valid_candidate_is_a_cached_negative_entry(tmp_path):
+    graph = matmul_graph()
+    group = whole_group(graph)
+    cache = TuningCache(tmp_path)
+    first = ScriptedDevice(graph, behaviour=lambda k: "crash")
+    assert tune_group(graph, group, ARCH, 4, cache, first) is None
+    [entry] = cache.entries()
+    assert entry.negative and entry.topk == 4
+    again = ScriptedDevice(graph)
+    assert tune_group(graph, group, ARCH, 4, cache, again) is None
+    assert again.compiles == []
+    # A wider search is not answered by the narrower negative one.
+    assert tune_group(graph, group, ARCH, 6, cache, again) is not None
+    assert cache.get(entry.key).topk == 6 and not cache.get(entry.key).negative
+
+
+def test_identical_groups_share_one_entry_in_their_own_names(tmp_path):
+    graph = twin_branches()
+    cost = CostModel(graph, ARCH)
+    groups = fuse(graph, cost).groups
+    assert len(groups) == 2
+    a, b = groups
+    assert group_signature(graph, a) == group_signature(graph, b)
+    cache = TuningCache(tmp_path)
+    ra = tune_group(graph, a, ARCH, 3, cache, ScriptedDevice(graph))
+    device = ScriptedDevice(graph)
+    rb = tune_group(graph, b, ARCH, 3, cache, device)
+    assert device.compiles == [] and rb.from_cache and rb.latency_us == ra.latency_us
+    assert rb.config.root == b.root and {s.node for s in rb.config.stages} <= set(b.members)
+    assert ra.config.root == a.root
+    # The config computes b correctly: render it for b and check through the interpreter.
+    kernel = generate_kernel(graph, b, rb.config, candidate_name(0, b))
+    assert [p.tensor for p in kernel.params if p.is_output] == list(b.outputs)
+
+
+def test_unreadable_cache_entry_is_retuned(tmp_path):
+    graph = matmul_graph()
+    group = whole_group(graph)
+    cache = TuningCache(tmp_path)
+    tune_group(graph, group, ARCH, 2, cache, ScriptedDevice(graph))
+    [entry] = cache.entries()
+    cache.clear()
+    cache.put(entry.key, {"root": "m0"}, 1.0, 2, 2)  # a config from some other layout
+    device = ScriptedDevice(graph)
+    result = tune_group(graph, group, ARCH, 2, cache, device)
+    assert result is not None and not result.from_cache and device.compiles
+
+
+# -- whole models -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_twelve_bert_layers_are_tuned_once(tmp_path):
+    graph = bert(12)
+    device = ScriptedDevice(graph)
+    cache = TuningCache(tmp_path)
+    plan = tune_model(graph, ARCH, 2, cache, device)
+    signatures = [group_signature(graph, g.group) for g in plan.groups]
+    assert len(plan.groups) == 24 and len(set(signatures)) < 6
+    assert len(device.compiles) == len(set(signatures))  # one compile per distinct group
+    assert all(isinstance(g, TunedGroup) and g.latency_us == 10.0 for g in plan.groups)
+    assert "Fake GPU" in plan.measure
+    assert tuned_json(plan, graph)["groups"][3]["latency_us"] == 10.0
+    # A second tune of the same model: every group is a cache hit.
+    again = ScriptedDevice(graph)
+    for g in plan.groups:
+        hit = tune_group(graph, g.group, ARCH, 2, cache, again)
+        assert hit is not None and hit.from_cache and hit.config.root == g.group.root
+    assert again.compiles == [] and again.timed == []
+
+
+def test_tune_model_plan_covers_every_node_and_reports_measurements():
+    graph = bert(2)
+    plan = tune_model(graph, ARCH, 3, None, ScriptedDevice(graph, latency=lambda k: 7.0))
+    members = [m for g in plan.groups for m in g.group.members]
+    assert sorted(members) == sorted(graph.nodes)
+    assert plan.latency_us == pytest.approx(7.0 * len(plan.groups))
+    assert "fusion by cost model" in plan.measure and "unfused baseline by cost model" in plan.measure
+    assert any("not in welder.arch" in line for line in plan.log)
+
+
+def test_measured_latencies_decide_fusion():
+    graph = layernorm_gelu()
+    cost_plan = fuse(graph, CostModel(graph, ARCH))
+    assert any(len(g.stages) > 1 for g in cost_plan.groups)
+    # A GPU on which every multi-stage kernel is slow: measured fusion avoids them.
+    slow_multi = ScriptedDevice(graph, latency=lambda k: 5.0 if stages_of(k) == 1 else 1000.0)
+    plan = tune_model(graph, ARCH, 2, None, slow_multi, measure_fusion=True)
+    assert all(len(g.group.stages) == 1 for g in plan.groups)
+    assert "fusion by measurement" in plan.measure and "unfused baseline measured" in plan.measure
+    # Where kernels cost the same, fewer is better: it fuses at least as far as the cost model.
+    flat = ScriptedDevice(graph, latency=lambda k: 5.0)
+    fused = tune_model(graph, ARCH, 2, None, flat, measure_fusion=True)
+    assert len(fused.groups) <= len(cost_plan.groups) < len(plan.groups)
+
+
+def test_group_without_valid_candidate_is_split_into_kernels():
+    graph = layernorm_gelu()
+    device = ScriptedDevice(graph, behaviour=lambda k: "crash" if stages_of(k) > 1 else "ok")
+    plan = tune_model(graph, ARCH, 2, None, device)
+    assert all(len(g.group.stages) == 1 for g in plan.groups)
+    assert sorted(m for g in plan.groups for m in g.group.members) == sorted(graph.nodes)
+    assert any("splitting" in line for line in plan.log)
+
+
+def test_node_without_valid_candidate_is_an_error_naming_it():
+    graph = layernorm_gelu()
+    with pytest.raises(TuneError, match="no candidate for node") as info:
+        tune_model(graph, ARCH, 2, None, ScriptedDevice(graph, behaviour=lambda k: "wrong"))
+    assert isinstance(info.value, WelderError)
+    with pytest.raises(TuneError):
+        tune_model(
+            graph, ARCH, 2, None, ScriptedDevice(graph, behaviour=lambda k: "crash"), measure_fusion=True
+        )
+
+
+def test_real_kernels_through_the_emulator_end_to_end():
+    """The generated kernels themselves are compiled, run and checked (on the CPU); the
+    tuned plan then runs correctly as a whole."""
+    from welder.runtime.emulate import EmulatedModel
+
+    graph = layernorm_gelu()
+    device = EmulatedDevice()
+    plan = tune_model(graph, ARCH, 3, None, device)
+    assert device.compiles == len({group_signature(graph, g.group) for g in plan.groups})
+    kernels = [generate_kernel(graph, g.group, g.configs[0], f"k{i}") for i, g in enumerate(plan.groups)]
+    feeds = {t.name: _w(*t.shape) for t in graph.inputs}
+    ours = EmulatedModel(graph, kernels).run(feeds)
+    ref = graph.run(feeds)
+    for o in graph.outputs:
+        assert error_metric(ours[o], ref[o]) <= threshold_for("float32")
+
+
+# -- killed and concurrent tunes ----------------------------------------------------------------------
+
+_CHILD = """
+import sys
+sys.path[:0] = [{tests!r}, {root!r}]
+from test_tuner import ScriptedDevice, bert, ARCH
+from welder.schedule.cache import TuningCache
+from welder.schedule.tuner import tune_model
+graph = bert(2)
+plan = tune_model(graph, ARCH, 2, TuningCache({cache!r}), ScriptedDevice(graph, kill_at={kill_at}))
+print("LATENCY", plan.latency_us, len(plan.groups))
+"""
+
+
+def _child(cache: Path, kill_at: int | None) -> subprocess.Popen:
+    code = textwrap.dedent(_CHILD).format(tests=str(TESTS), root=str(ROOT), cache=str(cache), kill_at=kill_at)
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _integrity(cache: TuningCache) -> str:
+    with sqlite3.connect(cache.path) as conn:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def test_killed_tune_leaves_complete_entries_and_resumes(tmp_path):
+    graph = bert(2)
+    distinct = len(
+        {group_signature(graph, g) for g in fuse(graph, CostModel(graph, ARCH, Options(topk=2))).groups}
+    )
+    assert distinct >= 3
+    child = _child(tmp_path / "tuning.db", kill_at=3)  # dies while timing its third group
+    _, err = child.communicate(timeout=300)
+    assert child.returncode == -signal.SIGKILL, err
+    cache = TuningCache(tmp_path / "tuning.db")
+    assert _integrity(cache) == "ok"
+    assert len(cache.entries()) == 2  # the two finished groups, nothing half-written
+    device = ScriptedDevice(graph)
+    plan = tune_model(graph, ARCH, 2, cache, device)
+    assert len(device.compiles) == distinct - 2  # resumed: only the rest was tuned
+    assert len(cache.entries()) == distinct
+    assert sorted(m for g in plan.groups for m in g.group.members) == sorted(graph.nodes)
+
+
+def test_concurrent_tunes_share_one_cache(tmp_path):
+    children = [_child(tmp_path / "tuning.db", None) for _ in range(3)]
+    outputs = [c.communicate(timeout=300) for c in children]
+    for c, (_, err) in zip(children, outputs):
+        assert c.returncode == 0, err
+    results = {line for out, _ in outputs for line in out.splitlines() if line.startswith("LATENCY")}
+    assert len(results) == 1
+    cache = TuningCache(tmp_path / "tuning.db")
+    assert _integrity(cache) == "ok"
+    graph = bert(2)
+    distinct = {
+        group_signature(graph, g) for g in fuse(graph, CostModel(graph, ARCH, Options(topk=2))).groups
+    }
+    assert {e.key.signature for e in cache.entries()} == distinct
+
+
+# -- the progress bar and timing helpers --------------------------------------------------------------
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_redraws_only_on_a_terminal():
+    plain = io.StringIO()
+    bar = ProgressBar(4, stream=plain)
+    bar.update(1, "best 3.0 us")
+    bar.close()
+    assert plain.getvalue() == ""
+    tty = _Tty()
+    bar = ProgressBar(4, stream=tty, width=8)
+    bar.update(2, "best 3.0 us")
+    bar.close()
+    text = tty.getvalue()
+    assert text.startswith("\rtuning [####....] 2/4 best 3.0 us") and text.endswith("\n")
+
+
+def test_sampling_stops_when_the_median_settles():
+    calls = []
+
+    def steady() -> float:
+        calls.append(1)
+        return 2.0
+
+    assert sample_until_stable(steady, min_samples=5) == [2.0] * 5
+    noisy = iter([1.0, 9.0] * 100)
+    clock = iter(range(1000))
+    samples = sample_until_stable(
+        lambda: next(noisy), budget_s=20, min_samples=5, rel_tol=0.0, clock=lambda: float(next(clock))
+    )
+    assert 5 <= len(samples) <= 21  # the budget ended it
+    assert len(sample_until_stable(lambda: next(noisy), budget_s=1e9, max_samples=7, rel_tol=0.0)) == 7
+
+
+def test_rotation_copies_span_l2_within_memory():
+    l2 = 50 * 2**20
+    assert rotation_copies(100 * 2**20, l2, 2**34) == 1  # bigger than L2: no copies
+    assert rotation_copies(10 * 2**20, l2, 2**34) == 10  # twice the L2
+    assert rotation_copies(1024, l2, 2**34) == 32  # capped
+    assert rotation_copies(10 * 2**20, l2, 80 * 2**20) == 2  # a quarter of free memory
+    assert rotation_copies(0, l2, 2**34) == 1
+
+
+# -- welder.gpu without a GPU: errors, nvcc, the worker process ----------------------------------------
+
+
+def test_missing_pycuda_is_a_clear_error(monkeypatch):
+    import welder.gpu as gpu
+
+    monkeypatch.setitem(sys.modules, "pycuda", None)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
+    gpu.gpu_available.cache_clear()
+    try:
+        assert not gpu.gpu_available()
+        with pytest.raises(GpuUnavailable, match=r"pip install -e '\.\[gpu\]'") as info:
+            gpu.device_name()
+        assert str(info.value) == PYCUDA_MISSING and isinstance(info.value, WelderError)
+    finally:
+        gpu.gpu_available.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def nvcc():
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+
+
+def test_candidates_compile_into_one_cubin(nvcc):
+    from welder.gpu import compile_cubin, nvcc_version
+
+    graph = matmul_graph()
+    group, configs = matmul_configs(graph, topk=3)
+    kernels = [generate_kernel(graph, group, c, candidate_name(k, group)) for k, c in enumerate(configs)]
+    cubin = compile_cubin([k.source for k in kernels], "sm_90")
+    assert cubin[:4] == b"\x7fELF"
+    for k in kernels:
+        assert k.name.encode() in cubin
+    with pytest.raises(CompileError, match="error"):
+        compile_cubin([kernels[0].source, "__global__ void broken( { }"], "sm_90")
+    assert "release" in nvcc_version()
+
+
+class FlakyExecutor:
+    """An executor for WorkerProcess tests: it can crash its process, hang, or fail."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loaded: dict[str, bytes] = {}
+        self.data: dict[str, list[np.ndarray]] = {}
+
+    def info(self):
+        from welder.gpu import DeviceInfo
+
+        return DeviceInfo("Flaky GPU", (9, 0), 50 * 2**20, 227 * 1024)
+
+    def echo(self, x):
+        return x, self.pid
+
+    def crash(self):
+        os._exit(3)
+
+    def hang(self):
+        time.sleep(600)
+
+    def fail(self):
+        raise LaunchError("too many resources requested for launch", fatal=False)
+
+    def poison(self):
+        raise LaunchError("an illegal memory access was encountered", fatal=True)
+
+    def load(self, key, image):
+        self.loaded[key] = image
+
+    def upload(self, key, arrays):
+        self.data[key] = arrays
+
+    def release(self, key):
+        self.data.pop(key)
+
+    def run(self, module, launch, data, outputs):
+        if launch.name == "crash":
+            os._exit(4)
+        inputs = self.data[data]  # a KeyError here would mean the inputs were not sent again
+        assert module in self.loaded
+        return [np.full(shape, inputs[0].sum(), dtype) for shape, dtype in outputs]
+
+    def time(self, module, launch, data, outputs, budget_s):
+        return 0.0125
+
+
+def test_worker_process_survives_crashes_hangs_and_errors():
+    worker = WorkerProcess(FlakyExecutor, timeout_s=60)
+    try:
+        value, pid = worker.call("echo", 7)
+        assert value == 7 and worker.generation == 1
+        with pytest.raises(LaunchError, match="exit code 3") as info:
+            worker.call("crash")
+        assert info.value.fatal
+        _, pid2 = worker.call("echo", 1)
+        assert pid2 != pid and worker.generation == 2
+        with pytest.raises(LaunchError) as info:
+            worker.call("fail")  # not fatal: the same worker carries on
+        assert not info.value.fatal and worker.call("echo", 1)[1] == pid2
+        with pytest.raises(LaunchError, match="illegal memory"):
+            worker.call("poison")
+        start = time.perf_counter()
+        with pytest.raises(KernelTimeout):
+            worker.call("hang", timeout_s=1.5)
+        assert time.perf_counter() - start < 30
+        assert worker.call("echo", 2)[0] == 2 and worker.generation == 4
+    finally:
+        worker.close()
+    assert worker.pid is None
+
+
+class _Kernel:
+    def __init__(self, name: str) -> None:
+        from welder.codegen.kernel import KernelParam
+
+        self.name = name
+        self.grid, self.threads, self.smem_bytes = 4, 64, 0
+        self.params = [
+            KernelParam("p0", "x", "float32", (8,), False),
+            KernelParam("p1", "y", "float32", (8,), True),
+        ]
+
+
+def test_gpu_device_sends_module_and_inputs_again_after_a_crash():
+    device = GpuDevice(executor_factory=FlakyExecutor, timeout_s=60)
+    try:
+        assert device.name == "Flaky GPU" and device.arch == "sm_90"
+        program = GpuProgram("m1", b"image", ("good", "crash"))
+        x = [np.arange(8, dtype=np.float32)]
+        [y] = device.run(program, _Kernel("good"), x)
+        assert y.shape == (8,) and y[0] == 28.0
+        assert device.time(program, _Kernel("good"), x) == pytest.approx(12.5)
+        with pytest.raises(LaunchError):
+            device.run(program, _Kernel("crash"), x)
+        [y] = device.run(program, _Kernel("good"), x)  # a new worker, given the module and x again
+        assert y[0] == 28.0
+        with pytest.raises(ValueError, match="all-zero"):
+            device.time(program, _Kernel("good"), [np.zeros(8, np.float32)])
+    finally:
+        device.close()

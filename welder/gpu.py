@@ -1,0 +1,1002 @@
+"""Device access for profiling generated kernels on an NVIDIA GPU, through pycuda.
+
+pycuda is optional (the ``gpu`` extra): it is imported only when a GPU is actually used, so
+the rest of welder -- and every test that fakes the device -- runs without it.
+
+Layers, bottom up:
+
+* queries and compilation: :func:`gpu_available`, :func:`device_name`,
+  :func:`compute_capability`, :func:`nvcc_version`, :func:`compile_cubin` (one nvcc call for
+  many kernels: the candidates of a group share one translation unit);
+* in-process execution: :class:`DeviceBuffer`, :class:`GpuModule` and :func:`time_kernel`
+  (CUDA events, warm-up, repeats until the median settles or the budget is spent, inputs
+  rotated through several copies when they would otherwise sit in L2);
+* :class:`GpuExecutor`, which owns a CUDA context and does whole jobs (load a module, upload
+  inputs, run or time one kernel);
+* :class:`GpuDevice`, the tuner's ``Device``: it compiles in the calling process and sends
+  every launch to a :class:`GpuExecutor` in a *worker process*.
+
+Why a worker process: a kernel that faults (an illegal address) leaves the CUDA context
+unusable -- every later call in it fails -- and a kernel that never finishes cannot be
+stopped from inside its process.  In the worker, a fault ends the worker, the tuner drops
+that candidate, and the next call starts a fresh worker (modules and inputs are sent again);
+a call that outlives its timeout kills the worker, which also ends the kernel.  The
+in-process mode (``isolate=False``) starts faster but survives neither: a fault's error is
+sticky for the whole process (even a new context cannot be created), so after one every
+later call fails with a GpuError saying so.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import math
+import os
+import pickle
+import re
+import select
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from welder.errors import WelderError
+
+PYCUDA_MISSING = "pycuda is not installed: pip install -e '.[gpu]'"
+#: Launches above this much dynamic shared memory must opt in per function.
+DEFAULT_SMEM_LIMIT = 48 * 1024
+#: L2 size to assume when the driver does not report it (an H100 has 50 MiB).
+FALLBACK_L2_BYTES = 64 * 2**20
+
+
+class GpuError(WelderError):
+    """Something on the GPU side went wrong."""
+
+
+class GpuUnavailable(GpuError):
+    """No usable GPU: pycuda missing, no driver, or no device."""
+
+
+class CompileError(GpuError):
+    """nvcc rejected the source; the message carries its diagnostics."""
+
+
+class LaunchError(GpuError):
+    """A kernel could not be launched or failed while running.
+
+    ``fatal`` means the CUDA context did not survive (the usual outcome of a fault), so the
+    executor that ran it had to be replaced."""
+
+    def __init__(self, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+
+
+class KernelTimeout(LaunchError):
+    """A call did not finish within its time limit; its worker was killed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, fatal=True)
+
+
+# -- pycuda and the driver --------------------------------------------------------------------
+
+
+def _driver() -> Any:
+    """``pycuda.driver``, initialised; GpuUnavailable if pycuda or the driver is missing."""
+    try:
+        import pycuda.driver as drv
+    except ImportError:
+        raise GpuUnavailable(PYCUDA_MISSING) from None
+    except OSError as e:  # pycuda is there but libcuda is not
+        raise GpuUnavailable(f"pycuda cannot load the CUDA driver: {e}") from None
+    try:
+        drv.init()
+    except drv.Error as e:
+        raise GpuUnavailable(f"the CUDA driver cannot be initialised: {e}") from None
+    return drv
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_available() -> bool:
+    """Whether pycuda is installed and the driver sees at least one GPU."""
+    try:
+        return _driver().Device.count() > 0
+    except GpuError:
+        return False
+    except Exception:  # a driver error pycuda reports under another class
+        return False
+
+
+def device_name(ordinal: int = 0) -> str:
+    """The driver's name for GPU ``ordinal``, e.g. ``NVIDIA H100 80GB HBM3``."""
+    return str(_driver().Device(ordinal).name())
+
+
+def compute_capability(ordinal: int = 0) -> tuple[int, int]:
+    major, minor = _driver().Device(ordinal).compute_capability()
+    return int(major), int(minor)
+
+
+def sm_arch(capability: tuple[int, int]) -> str:
+    """nvcc's name for a compute capability: (9, 0) -> ``sm_90``."""
+    return f"sm_{capability[0]}{capability[1]}"
+
+
+# -- nvcc ---------------------------------------------------------------------------------------
+
+
+def nvcc_path() -> str:
+    path = shutil.which("nvcc")
+    if path is None:
+        raise GpuUnavailable("nvcc is not on PATH: install the CUDA toolkit to compile kernels")
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def nvcc_version() -> str:
+    """nvcc's release line, e.g. ``Cuda compilation tools, release 13.0, V13.0.88`` (part of
+    every tuning-cache key: another compiler may make another config the fastest)."""
+    out = subprocess.run([nvcc_path(), "--version"], capture_output=True, text=True, check=False).stdout
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    release = [ln for ln in lines if "release" in ln]
+    return (release or lines or ["nvcc (unknown version)"])[-1]
+
+
+def _template_dir() -> Path:
+    from welder.codegen.kernel import TEMPLATE_DIR
+
+    return TEMPLATE_DIR
+
+
+def compile_cubin(
+    sources: Sequence[str] | str,
+    arch: str = "sm_90",
+    include_dirs: Sequence[str | os.PathLike[str]] | None = None,
+    options: Sequence[str] = (),
+    timeout_s: float = 1800.0,
+) -> bytes:
+    """Compile CUDA source(s) into one cubin with a single nvcc call.
+
+    Several sources become one translation unit, so each must define kernels with distinct
+    names (their includes are guarded).  ``include_dirs`` defaults to codegen_templates/,
+    where ``welder_prelude.cuh`` lives.  Raises :class:`CompileError` with nvcc's diagnostics."""
+    text = sources if isinstance(sources, str) else "\n".join(sources)
+    dirs = [_template_dir()] if include_dirs is None else list(include_dirs)
+    if not re.fullmatch(r"(sm|compute)_\d+[a-z]?", arch):
+        raise CompileError(f"{arch!r} is not an nvcc architecture like sm_90")
+    with tempfile.TemporaryDirectory(prefix="welder-nvcc-") as work:
+        src, out = Path(work) / "kernels.cu", Path(work) / "kernels.cubin"
+        src.write_text(text)
+        command = [
+            nvcc_path(),
+            "-cubin",
+            "-O3",
+            f"-arch={arch}",
+            *(f"-I{d}" for d in dirs),
+            *options,
+            str(src),
+            "-o",
+            str(out),
+        ]
+        try:
+            result = subprocess.run(
+                command, capture_output=True, text=True, errors="replace", timeout=timeout_s
+            )
+        except subprocess.TimeoutExpired:
+            raise CompileError(f"nvcc did not finish within {timeout_s:.0f} s") from None
+        if result.returncode != 0 or not out.is_file():
+            raise CompileError(f"nvcc failed (exit {result.returncode}):\n{_tail(result.stderr, 4000)}")
+        return out.read_bytes()
+
+
+def _tail(text: str, limit: int) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+# -- memory and modules ---------------------------------------------------------------------------
+
+
+class DeviceBuffer:
+    """One allocation in GPU memory (at least one byte, so every argument has an address)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = int(nbytes)
+        self._alloc = _driver().mem_alloc(max(1, self.nbytes))
+
+    @classmethod
+    def from_array(cls, array: np.ndarray) -> DeviceBuffer:
+        host = np.ascontiguousarray(array)
+        buf = cls(host.nbytes)
+        if host.nbytes:
+            _driver().memcpy_htod(buf._alloc, host)
+        return buf
+
+    @property
+    def ptr(self) -> int:
+        return int(self._alloc)
+
+    def fill_bytes(self, value: int) -> None:
+        """Set every byte (0xFF makes floats NaN and integers -1: unwritten output shows)."""
+        if self.nbytes:
+            _driver().memset_d8(self._alloc, value, self.nbytes)
+
+    def copy_from(self, other: DeviceBuffer) -> None:
+        if self.nbytes:
+            _driver().memcpy_dtod(self._alloc, other._alloc, min(self.nbytes, other.nbytes))
+
+    def to_array(self, shape: Sequence[int], dtype: np.dtype | str) -> np.ndarray:
+        out = np.empty(tuple(shape), dtype=np.dtype(dtype))
+        if out.nbytes:
+            _driver().memcpy_dtoh(out, self._alloc)
+        return out
+
+    def free(self) -> None:
+        self._alloc.free()
+
+
+Argument = DeviceBuffer | int | np.generic  # buffers and raw pointers, or a numpy scalar
+
+
+def _dim3(value: int | Sequence[int]) -> tuple[int, int, int]:
+    dims = [int(value)] if isinstance(value, int | np.integer) else [int(v) for v in value]
+    x, y, z = [*dims, 1, 1, 1][:3]
+    return x, y, z
+
+
+class GpuModule:
+    """A loaded cubin (or PTX, which the driver compiles) and launches of its kernels."""
+
+    def __init__(self, image: bytes) -> None:
+        self._drv = _driver()
+        self._module = self._drv.module_from_buffer(image)
+        self._functions: dict[str, Any] = {}
+        self._smem_opt_in: dict[str, int] = {}
+
+    def function(self, name: str) -> Any:
+        if name not in self._functions:
+            try:
+                self._functions[name] = self._module.get_function(name)
+            except self._drv.Error as e:
+                raise LaunchError(f"no kernel {name!r} in the module: {e}") from None
+        return self._functions[name]
+
+    def launch(
+        self,
+        name: str,
+        grid: int | Sequence[int],
+        block: int | Sequence[int],
+        smem: int,
+        args: Sequence[Argument],
+        stream: Any = None,
+    ) -> None:
+        """Enqueue one launch (asynchronous: faults surface at the next synchronisation)."""
+        fn = self.function(name)
+        if smem > DEFAULT_SMEM_LIMIT and self._smem_opt_in.get(name, 0) < smem:
+            fn.set_attribute(self._drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem))
+            self._smem_opt_in[name] = smem
+        fmt, values = _pack(args)
+        fn.prepare(fmt)
+        fn.prepared_async_call(_dim3(grid), _dim3(block), stream, *values, shared_size=int(smem))
+
+
+def _pack(args: Sequence[Argument]) -> tuple[str, list[Any]]:
+    """pycuda's argument format string and values: pointers as ``P``, scalars by dtype."""
+    fmt, values = [], []
+    for a in args:
+        if isinstance(a, DeviceBuffer):
+            fmt.append("P")
+            values.append(a.ptr)
+        elif isinstance(a, np.generic):
+            fmt.append(a.dtype.char)
+            values.append(a)
+        elif isinstance(a, int):
+            fmt.append("P")
+            values.append(a)
+        else:
+            raise TypeError(f"kernel arguments are DeviceBuffers, pointers or numpy scalars, not {type(a)}")
+    return "".join(fmt), values
+
+
+# -- timing --------------------------------------------------------------------------------------
+
+#: A spin kernel: it waits ``ns`` nanoseconds on the GPU's global timer.  Timed launches are
+#: queued behind it, so they run back to back even when Python enqueues them more slowly than
+#: the GPU executes them (a 3 us kernel would otherwise be timed at pycuda's launch rate).
+_SPIN_PTX = b"""
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry welder_spin(.param .u64 welder_spin_ns)
+{
+  .reg .pred %p<2>;
+  .reg .b64 %rd<5>;
+  ld.param.u64 %rd1, [welder_spin_ns];
+  mov.u64 %rd2, %globaltimer;
+$L_spin:
+  mov.u64 %rd3, %globaltimer;
+  sub.u64 %rd4, %rd3, %rd2;
+  setp.lt.u64 %p1, %rd4, %rd1;
+  @%p1 bra $L_spin;
+  ret;
+}
+\0"""  # the driver reads PTX as a NUL-terminated string
+TARGET_BATCH_MS = 1.0  # GPU time of one sample
+MAX_BATCH = 200
+MAX_SPIN_S = 0.05
+
+
+def sample_until_stable(
+    sample: Callable[[], float],
+    *,
+    budget_s: float = 0.5,
+    min_samples: int = 5,
+    max_samples: int = 100,
+    rel_tol: float = 0.01,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """Call ``sample`` until the median settles or the budget is spent.
+
+    Settled: at least ``min_samples`` taken, and the median moved by at most ``rel_tol`` when
+    the last sample was added and when the last two were.  One sample is always taken; the
+    budget wins over ``min_samples`` (a slow kernel gets fewer repeats rather than a longer
+    tune)."""
+    samples: list[float] = []
+    start = clock()
+    while len(samples) < max_samples:
+        samples.append(sample())
+        if len(samples) >= max(min_samples, 3):
+            now = statistics.median(samples)
+            moved = max(abs(now - statistics.median(samples[:-k])) for k in (1, 2))
+            if moved <= rel_tol * abs(now):
+                break
+        if clock() - start >= budget_s:
+            break
+    return samples
+
+
+def rotation_copies(set_bytes: int, l2_bytes: int, free_bytes: int, max_copies: int = 32) -> int:
+    """How many copies of a launch's buffers to rotate through so that consecutive launches
+    do not all find their inputs in L2: enough to span twice the L2, within a quarter of the
+    free memory and ``max_copies``.  Buffers larger than L2 need no copies."""
+    if set_bytes <= 0 or set_bytes >= l2_bytes:
+        return 1
+    want = math.ceil(2 * l2_bytes / set_bytes)
+    room = max(1, free_bytes // 4 // set_bytes)
+    return max(1, min(want, room, max_copies))
+
+
+def time_kernel(
+    module: GpuModule,
+    name: str,
+    grid: int | Sequence[int],
+    block: int | Sequence[int],
+    smem: int,
+    args: Sequence[Argument],
+    *,
+    budget_s: float = 0.5,
+    warmup: int = 3,
+    min_samples: int = 5,
+    max_samples: int = 100,
+    rel_tol: float = 0.01,
+    l2_bytes: int | None = None,
+    max_copies: int = 32,
+) -> float:
+    """Median milliseconds of one launch, by CUDA events.
+
+    After ``warmup`` launches, each sample queues a batch of launches (about a millisecond
+    of GPU time) behind a spin kernel and divides the event time by the batch size; samples
+    repeat until :func:`sample_until_stable` is satisfied.  When the launch's buffers fit in
+    L2 they are copied and launches rotate through the copies.  The caller provides the data:
+    never time on all-zero inputs (some kernels run faster on zeros)."""
+    drv = _driver()
+    stream = drv.Stream()
+    sets = _rotation_sets(args, l2_bytes, max_copies)
+    spin = GpuModule(_SPIN_PTX).function("welder_spin")
+    spin.prepare("Q")
+    counter = itertools.count()
+
+    def launch() -> None:
+        module.launch(name, grid, block, smem, sets[next(counter) % len(sets)], stream)
+
+    try:
+        launch()
+        stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            launch()
+        host_s = (time.perf_counter() - t0) / max(1, warmup)
+        stream.synchronize()
+        start, end = drv.Event(), drv.Event()
+        start.record(stream)
+        launch()
+        end.record(stream)
+        end.synchronize()
+        single_ms = max(start.time_till(end), 1e-4)
+        batch = max(1, min(MAX_BATCH, math.ceil(TARGET_BATCH_MS / single_ms)))
+        spin_ns = int(min(MAX_SPIN_S, 2 * batch * host_s + 20e-6) * 1e9)
+
+        def sample() -> float:
+            spin.prepared_async_call((1, 1, 1), (1, 1, 1), stream, np.uint64(spin_ns))
+            start.record(stream)
+            for _ in range(batch):
+                launch()
+            end.record(stream)
+            end.synchronize()
+            return start.time_till(end) / batch
+
+        samples = sample_until_stable(
+            sample, budget_s=budget_s, min_samples=min_samples, max_samples=max_samples, rel_tol=rel_tol
+        )
+        return statistics.median(samples)
+    finally:
+        for extra in sets[1:]:
+            for a in extra:
+                if isinstance(a, DeviceBuffer):
+                    with suppress(drv.Error):  # after a fault; the fault itself is being raised
+                        a.free()
+
+
+def _rotation_sets(args: Sequence[Argument], l2_bytes: int | None, max_copies: int) -> list[list[Argument]]:
+    """The argument list plus copies of its buffers (scalars shared) to rotate through."""
+    buffers = [a for a in args if isinstance(a, DeviceBuffer)]
+    total = sum(b.nbytes for b in buffers)
+    free, _ = _driver().mem_get_info()
+    copies = rotation_copies(total, l2_bytes or FALLBACK_L2_BYTES, free, max_copies)
+    sets = [list(args)]
+    for _ in range(copies - 1):
+        copy: list[Argument] = []
+        for a in args:
+            if isinstance(a, DeviceBuffer):
+                b = DeviceBuffer(a.nbytes)
+                b.copy_from(a)
+                copy.append(b)
+            else:
+                copy.append(a)
+        sets.append(copy)
+    return sets
+
+
+# -- the executor: whole jobs in one CUDA context ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    capability: tuple[int, int]
+    l2_bytes: int
+    smem_per_block_optin: int
+
+
+OutputSpec = tuple[tuple[int, ...], str]  # shape, dtype name
+
+
+class GpuExecutor:
+    """Owns a CUDA context on GPU ``ordinal``; loads modules, keeps inputs on the device,
+    and runs or times one kernel at a time.  Meant to live in a worker process."""
+
+    def __init__(self, ordinal: int = 0) -> None:
+        self._drv = _driver()
+        self._device = self._drv.Device(ordinal)
+        self._context = self._device.make_context()
+        self._modules: dict[str, GpuModule] = {}
+        self._data: dict[str, list[DeviceBuffer]] = {}
+
+    def info(self) -> DeviceInfo:
+        attr = self._drv.device_attribute
+        l2 = getattr(attr, "L2_CACHE_SIZE", None)
+        name = str(self._device.name())
+        return DeviceInfo(
+            name,
+            compute_capability_of(self._device),
+            int(self._device.get_attribute(l2)) if l2 is not None else _l2_from_table(name),
+            int(self._device.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)),
+        )
+
+    def load(self, key: str, image: bytes) -> None:
+        with self._guard(f"loading module {key}"):
+            self._modules[key] = GpuModule(image)
+
+    def upload(self, key: str, arrays: Sequence[np.ndarray]) -> None:
+        with self._guard("uploading inputs"):
+            self._data[key] = [DeviceBuffer.from_array(a) for a in arrays]
+
+    def release(self, key: str) -> None:
+        for b in self._data.pop(key, []):
+            b.free()
+
+    def run(
+        self, module: str, launch: LaunchSpec, data: str, outputs: Sequence[OutputSpec]
+    ) -> list[np.ndarray]:
+        """One launch on the uploaded inputs; outputs start as 0xFF bytes (NaN), so elements
+        the kernel fails to write cannot pass the comparison by accident."""
+        outs = self._outputs(outputs)
+        try:
+            with self._guard(f"running {launch.name}"):
+                self._launch(module, launch, [*self._data[data], *outs])
+                self._context.synchronize()
+                return [b.to_array(shape, dtype) for b, (shape, dtype) in zip(outs, outputs)]
+        finally:
+            self._free(outs)
+
+    def time(
+        self, module: str, launch: LaunchSpec, data: str, outputs: Sequence[OutputSpec], budget_s: float
+    ) -> float:
+        """Median milliseconds of one launch (see :func:`time_kernel`)."""
+        outs = self._outputs(outputs)
+        try:
+            with self._guard(f"timing {launch.name}"):
+                return time_kernel(
+                    self._modules[module],
+                    launch.name,
+                    launch.grid,
+                    launch.block,
+                    launch.smem,
+                    [*self._data[data], *outs],
+                    budget_s=budget_s,
+                    l2_bytes=self.info().l2_bytes,
+                )
+        finally:
+            self._free(outs)
+
+    def close(self) -> None:
+        """Free everything and destroy the context -- step by step, since after a fault
+        each step may fail and the context must be destroyed regardless."""
+        for key in list(self._data):
+            with suppress(self._drv.Error):
+                self.release(key)
+        self._modules.clear()
+        with suppress(self._drv.Error):
+            self._context.pop()
+        self._context.detach()
+
+    def _outputs(self, outputs: Sequence[OutputSpec]) -> list[DeviceBuffer]:
+        with self._guard("allocating outputs"):
+            bufs = [
+                DeviceBuffer(int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize)
+                for shape, dt in outputs
+            ]
+            for b in bufs:
+                b.fill_bytes(0xFF)
+            return bufs
+
+    def _free(self, bufs: Sequence[DeviceBuffer]) -> None:
+        try:
+            for b in bufs:
+                b.free()
+        except self._drv.Error:
+            pass  # the context is gone; the error that killed it is already on its way
+
+    def _launch(self, module: str, launch: LaunchSpec, args: Sequence[Argument]) -> None:
+        self._modules[module].launch(launch.name, launch.grid, launch.block, launch.smem, args)
+
+    @contextmanager
+    def _guard(self, what: str) -> Iterator[None]:
+        """Driver errors become LaunchError, fatal when the context no longer works."""
+        try:
+            yield
+        except self._drv.Error as e:
+            raise LaunchError(f"{what}: {e}", fatal=not self._context_alive()) from None
+
+    def _context_alive(self) -> bool:
+        try:
+            self._context.synchronize()
+            return True
+        except self._drv.Error:
+            return False
+
+
+def compute_capability_of(device: Any) -> tuple[int, int]:
+    major, minor = device.compute_capability()
+    return int(major), int(minor)
+
+
+def _l2_from_table(name: str) -> int:
+    from welder.arch import match_gpu_name
+
+    try:
+        return match_gpu_name(name).l2_bytes
+    except WelderError:
+        return FALLBACK_L2_BYTES
+
+
+# -- where the executor runs ------------------------------------------------------------------------
+
+
+class Backend(Protocol):
+    """Runs executor methods somewhere; ``generation`` changes whenever the executor is new
+    (so whatever was loaded into the old one must be sent again)."""
+
+    generation: int
+
+    def start(self) -> int: ...
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+_ERRORS: dict[str, type[GpuError]] = {
+    "GpuError": GpuError,
+    "GpuUnavailable": GpuUnavailable,
+    "CompileError": CompileError,
+}
+
+
+def _rebuild_error(kind: str, message: str, fatal: bool) -> Exception:
+    if kind == "KernelTimeout":
+        return KernelTimeout(message)
+    if kind == "LaunchError":
+        return LaunchError(message, fatal)
+    if kind in _ERRORS:
+        return _ERRORS[kind](message)
+    return RuntimeError(f"{kind} in the device worker: {message}")
+
+
+class _Channel:
+    """Length-prefixed pickles over a pair of pipes (one request, one reply at a time)."""
+
+    def __init__(self, reader: Any, writer: Any) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    def send(self, obj: Any) -> None:
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        data = memoryview(struct.pack("<Q", len(payload)) + payload)
+        while data:  # unbuffered pipes may take a write in parts
+            written = self.writer.write(data)
+            data = data[written if written is not None else len(data) :]
+        self.writer.flush()
+
+    def recv(self) -> Any:
+        (size,) = struct.unpack("<Q", self._read(8))
+        return pickle.loads(self._read(size))
+
+    def poll(self, timeout_s: float) -> bool:
+        """Whether a reply (or the end of the stream) arrived within ``timeout_s``."""
+        readable, _, _ = select.select([self.reader], [], [], max(0.0, timeout_s))
+        return bool(readable)
+
+    def _read(self, size: int) -> bytes:
+        chunks, left = [], size
+        while left:
+            chunk = self.reader.read(left)
+            if not chunk:
+                raise EOFError("the other end closed the channel")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+
+def worker_main() -> None:
+    """Entry point of a worker process (see :class:`WorkerProcess`): read the executor
+    factory, build the executor, then answer ``(method, args)`` requests until told to stop
+    or the parent goes away.  After a fatal error it replies and exits: its context is of
+    no further use."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    channel = _Channel(os.fdopen(os.dup(0), "rb", buffering=0), os.fdopen(os.dup(1), "wb", buffering=0))
+    os.dup2(2, 1)  # stray prints of libraries go to stderr, not into the channel
+    try:
+        executor = channel.recv()()
+    except BaseException as e:
+        channel.send(("err", type(e).__name__, str(e), True))
+        return
+    channel.send(("ready",))
+    try:
+        _serve(channel, executor)
+    finally:
+        close = getattr(executor, "close", None)
+        if close is not None:
+            with suppress(Exception):
+                close()
+
+
+def _serve(channel: _Channel, executor: Any) -> None:
+    while True:
+        try:
+            message = channel.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        method, args = message
+        try:
+            channel.send(("ok", getattr(executor, method)(*args)))
+        except BaseException as e:
+            fatal = getattr(e, "fatal", not isinstance(e, GpuError))
+            channel.send(("err", type(e).__name__, str(e), bool(fatal)))
+            if fatal:
+                return
+
+
+_WORKER_COMMAND = "from welder.gpu import worker_main; worker_main()"
+
+
+class WorkerProcess:
+    """An executor in a child process: a fresh interpreter (CUDA does not survive ``fork``)
+    that talks to this one over its stdin and stdout.
+
+    ``factory`` builds the executor in the child and must be picklable (a module-level class
+    or function, or a functools.partial of one); the child gets this process's ``sys.path``.
+    A call that takes longer than its timeout kills the child (and with it any kernel still
+    running) and raises KernelTimeout; a child that dies or reports a fatal error is
+    replaced by the next call."""
+
+    def __init__(
+        self, factory: Callable[[], Any], timeout_s: float = 60.0, start_timeout_s: float = 300.0
+    ) -> None:
+        self.factory = factory
+        self.timeout_s = timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.generation = 0
+        self._process: subprocess.Popen[bytes] | None = None
+        self._channel: _Channel | None = None
+        self._startup_error: Exception | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def start(self) -> int:
+        if self._process is not None and self._process.poll() is None:
+            return self.generation
+        if self._startup_error is not None:
+            raise self._startup_error
+        self._reap()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p)
+        process = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_COMMAND],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,  # raw pipes: select() sees every byte that has arrived
+            env=env,
+        )
+        self._process, self._channel = process, _Channel(process.stdout, process.stdin)
+        try:
+            self._channel.send(self.factory)
+            reply = self._channel.recv() if self._channel.poll(self.start_timeout_s) else ("timeout",)
+        except (EOFError, OSError):
+            reply = ("died",)
+        if reply[0] != "ready":
+            code = self._kill()
+            error = _startup_failure(reply, code, self.start_timeout_s)
+            if isinstance(error, GpuUnavailable):
+                self._startup_error = error
+            raise error
+        self.generation += 1
+        return self.generation
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        self.start()
+        assert self._channel is not None
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            self._channel.send((method, args))
+            if not self._channel.poll(limit):
+                self._kill()
+                raise KernelTimeout(
+                    f"{method} did not finish within {limit:.0f} s; the GPU worker was killed"
+                )
+            reply = self._channel.recv()
+        except (EOFError, OSError):
+            code = self._reap()
+            raise LaunchError(f"the GPU worker died during {method} (exit code {code})", fatal=True) from None
+        if reply[0] == "ok":
+            return reply[1]
+        kind, message, fatal = reply[1:]
+        if fatal:
+            self._reap()
+        raise _rebuild_error(kind, message, fatal)
+
+    def close(self) -> None:
+        if self._process is not None and self._process.poll() is None and self._channel is not None:
+            with suppress(OSError):
+                self._channel.send(None)
+            with suppress(subprocess.TimeoutExpired):
+                self._process.wait(10)
+        self._kill()
+
+    def _kill(self) -> int | None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+        return self._reap()
+
+    def _reap(self) -> int | None:
+        """Forget the child (waiting for it to exit); its exit code."""
+        process, self._process, self._channel = self._process, None, None
+        if process is None:
+            return None
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                with suppress(OSError):
+                    stream.close()
+        try:
+            return process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
+
+
+def _startup_failure(reply: tuple, code: int | None, timeout_s: float) -> Exception:
+    if reply[0] == "err":
+        return _rebuild_error(*reply[1:])
+    if reply[0] == "timeout":
+        return GpuUnavailable(f"the GPU worker did not start within {timeout_s:.0f} s")
+    return GpuUnavailable(f"the GPU worker exited at start (exit code {code})")
+
+
+class InProcess:
+    """The executor in this process: no start-up cost, but a hung kernel hangs the caller,
+    and after a fatal error (a faulting kernel) the process cannot use the GPU again --
+    CUDA keeps such errors for the life of the process."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.factory = factory
+        self.generation = 0
+        self._executor: Any = None
+        self._lost: str | None = None
+
+    def start(self) -> int:
+        if self._lost is not None:
+            raise GpuError(
+                f"the GPU context of this process was lost ({self._lost}); "
+                "use GpuDevice(isolate=True), the default, to survive faulting kernels"
+            )
+        if self._executor is None:
+            self._executor = self.factory()
+            self.generation += 1
+        return self.generation
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        self.start()
+        try:
+            return getattr(self._executor, method)(*args)
+        except LaunchError as e:
+            if e.fatal:
+                self._lost = str(e)
+                self.close()
+            raise
+
+    def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            with suppress(Exception):  # a context that faulted may refuse to be destroyed cleanly
+                executor.close()
+
+
+# -- the tuner's device ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuProgram:
+    """Compiled kernels: the cubin and the names of the kernels in it."""
+
+    key: str
+    image: bytes
+    kernels: tuple[str, ...]
+
+
+class GpuDevice:
+    """The tuner's ``Device`` on a real GPU: ``compile`` runs nvcc here, ``run`` and ``time``
+    go to an executor -- by default in a worker process (see the module docstring).
+
+    ``executor_factory`` replaces :class:`GpuExecutor` (tests use it to exercise the worker
+    machinery without a GPU); ``budget_s`` is the timing budget per kernel; ``timeout_s``
+    bounds every call into the worker."""
+
+    def __init__(
+        self,
+        ordinal: int = 0,
+        *,
+        isolate: bool = True,
+        timeout_s: float = 60.0,
+        budget_s: float = 0.5,
+        executor_factory: Callable[[], Any] | None = None,
+        compile_options: Sequence[str] = (),
+    ) -> None:
+        factory = executor_factory or functools.partial(GpuExecutor, ordinal)
+        self.backend: Backend = WorkerProcess(factory, timeout_s) if isolate else InProcess(factory)
+        self.budget_s = budget_s
+        self.compile_options = tuple(compile_options)
+        self.info: DeviceInfo = self.backend.call("info")
+        self._generation = -1
+        self._loaded: set[str] = set()
+        self._data_key: str | None = None
+        self._data_ref: list[np.ndarray] = []
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def arch(self) -> str:
+        return sm_arch(self.info.capability)
+
+    @property
+    def compiler(self) -> str:
+        return nvcc_version()
+
+    def compile(self, kernels: Sequence[Any]) -> GpuProgram:
+        """All ``kernels`` (codegen.Kernel) in one nvcc call."""
+        image = compile_cubin([k.source for k in kernels], self.arch, options=self.compile_options)
+        return GpuProgram(hashlib.sha256(image).hexdigest()[:20], image, tuple(k.name for k in kernels))
+
+    def run(self, program: GpuProgram, kernel: Any, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """One launch of ``kernel`` on ``inputs`` (its input parameters, in order); returns
+        its outputs."""
+        self._prepare(program, kernel, inputs)
+        return self.backend.call(
+            "run", program.key, launch_spec(kernel), self._data_key, output_specs(kernel)
+        )
+
+    def time(self, program: GpuProgram, kernel: Any, inputs: Sequence[np.ndarray]) -> float:
+        """Median microseconds of one launch of ``kernel`` on ``inputs``."""
+        floats = [a for a in inputs if np.issubdtype(np.asarray(a).dtype, np.floating)]
+        if floats and not any(np.any(a) for a in floats):
+            raise ValueError(f"refusing to time {kernel.name} on all-zero inputs")
+        self._prepare(program, kernel, inputs)
+        ms = self.backend.call(
+            "time", program.key, launch_spec(kernel), self._data_key, output_specs(kernel), self.budget_s
+        )
+        return float(ms) * 1000.0
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> GpuDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _prepare(self, program: GpuProgram, kernel: Any, inputs: Sequence[np.ndarray]) -> None:
+        """Make sure the executor holds the module and these inputs -- sending them again
+        after the executor was replaced."""
+        if kernel.name not in program.kernels:
+            raise ValueError(f"kernel {kernel.name!r} is not in this program")
+        generation = self.backend.start()
+        if generation != self._generation:
+            self._generation, self._loaded, self._data_key = generation, set(), None
+        if program.key not in self._loaded:
+            self.backend.call("load", program.key, program.image)
+            self._loaded.add(program.key)
+        key = "data-" + "-".join(str(id(a)) for a in inputs)
+        if key != self._data_key or len(inputs) != len(self._data_ref):
+            if self._data_key is not None:
+                self.backend.call("release", self._data_key)
+            self._data_key = None
+            self.backend.call("upload", key, [np.ascontiguousarray(a) for a in inputs])
+            self._data_key, self._data_ref = key, list(inputs)
+
+
+def launch_spec(kernel: Any) -> LaunchSpec:
+    return LaunchSpec(kernel.name, _dim3(kernel.grid), _dim3(kernel.threads), int(kernel.smem_bytes))
+
+
+def output_specs(kernel: Any) -> list[OutputSpec]:
+    from welder.ir.interpret import np_dtype
+
+    return [(tuple(p.shape), np_dtype(p.dtype).name) for p in kernel.params if p.is_output]

@@ -1,0 +1,755 @@
+"""The GPU tuner: compile and time the cost model's top-k configs of each group, keep the
+fastest one that computes the right result, and remember it in the tuning cache.
+
+For one group (:func:`tune_group`):
+
+1. look the group up in the cache (by structure, so the twelve layers of a BERT share one
+   entry);
+2. take the policy's ``topk`` configs and render each as a kernel named ``welder_c<k>_...``;
+3. compile all of them in one call (nvcc is slow to start; one translation unit amortises
+   that).  If the call fails, halve the set and retry each half, so one bad candidate costs
+   a few extra compiles instead of all of them;
+4. time every compiled candidate on seeded random inputs (weights: the model's own);
+5. run the candidates fastest first and compare their outputs with the reference
+   interpreter (``max(|a-b| / max(|b|, 1))`` within 1e-4 for fp32, 2e-2 for fp16); the
+   first that matches wins;
+6. store the winner (or a negative entry) in the cache.
+
+A candidate that fails to render, compile, launch, finish in time or match the reference is
+dropped with a warning on the ``welder.tune`` logger; it is never fatal.
+
+All device access goes through a :class:`Device` -- :class:`welder.gpu.GpuDevice` on a GPU,
+a fake in tests -- so everything here runs without one.  :class:`GpuMeasure` makes the tuner
+a latency measure for the fusion search, and :func:`tune_model` tunes a whole model into a
+:class:`welder.schedule.plan.Plan` whose latencies are measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TextIO
+
+import numpy as np
+
+from welder.arch import Arch, match_gpu_name
+from welder.check import error_metric, random_inputs, threshold_for
+from welder.errors import WelderError
+from welder.gpu import CompileError, LaunchError
+from welder.graph import Graph
+from welder.ir.interpret import evaluate
+from welder.schedule.cache import CacheKey, TuningCache
+from welder.schedule.config import GroupConfig
+from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
+from welder.schedule.group import Group, InvalidGroup, make_group
+from welder.schedule.plan import Plan, PlannedGroup
+from welder.schedule.policy import Options
+
+log = logging.getLogger("welder.tune")
+
+CANDIDATE_PREFIX = "welder_c"
+_CANDIDATE = re.compile(rf"^{CANDIDATE_PREFIX}(\d+)_")
+
+
+class Device(Protocol):
+    """Where candidates are compiled, run and timed.
+
+    ``compile`` raises :class:`welder.gpu.CompileError`; ``run`` and ``time`` raise
+    :class:`welder.gpu.LaunchError` (``KernelTimeout`` included) for a kernel that cannot be
+    launched, faults or hangs.  ``inputs`` are the kernel's input parameters in order; ``run``
+    returns its outputs in order; ``time`` returns the median microseconds of one launch."""
+
+    @property
+    def name(self) -> str: ...  # the GPU, as its driver names it
+
+    @property
+    def arch(self) -> str: ...  # what kernels are compiled for, e.g. sm_90
+
+    @property
+    def compiler(self) -> str: ...  # the compiler's version line
+
+    def compile(self, kernels: Sequence[Any]) -> Any: ...
+
+    def run(self, program: Any, kernel: Any, inputs: Sequence[np.ndarray]) -> list[np.ndarray]: ...
+
+    def time(self, program: Any, kernel: Any, inputs: Sequence[np.ndarray]) -> float: ...
+
+
+class TuneError(WelderError):
+    """A node has no candidate that compiles, runs and computes the right result."""
+
+
+@dataclass(frozen=True)
+class Dropped:
+    candidate: int  # index in the cost model's ranking
+    reason: str  # codegen | compile | launch | timeout | wrong
+    detail: str
+
+
+@dataclass
+class TunedConfig:
+    """The outcome of tuning one group: the winning config in the group's own names."""
+
+    signature: str
+    config: GroupConfig
+    latency_us: float  # measured
+    candidates: int  # configs tried
+    from_cache: bool = False
+    dropped: list[Dropped] = field(default_factory=list)
+    timings_us: dict[int, float] = field(default_factory=dict)  # candidate -> median
+
+
+# -- candidates -------------------------------------------------------------------------------------
+
+
+def candidate_name(index: int, group: Group) -> str:
+    """Kernel name of candidate ``index`` (unique within the group's translation unit)."""
+    from welder.codegen.kernel import sanitize_identifier
+
+    return f"{CANDIDATE_PREFIX}{index}_{sanitize_identifier(group.root, 32)}"
+
+
+def candidate_index(kernel_name: str) -> int:
+    """Inverse of :func:`candidate_name`."""
+    m = _CANDIDATE.match(kernel_name)
+    if m is None:
+        raise ValueError(f"{kernel_name!r} is not a candidate kernel name")
+    return int(m.group(1))
+
+
+@dataclass
+class Candidates:
+    """A group's candidate configs, their kernels and, once compiled, their programs."""
+
+    group: Group
+    signature: str
+    configs: list[GroupConfig]
+    kernels: dict[int, Any] = field(default_factory=dict)  # candidate -> codegen.Kernel
+    programs: dict[int, Any] = field(default_factory=dict)  # candidate -> compiled program
+    dropped: list[Dropped] = field(default_factory=list)
+
+    def drop(self, index: int, reason: str, detail: str) -> None:
+        log.warning(
+            "group %s: candidate %d dropped (%s): %s", self.group.root, index, reason, _one_line(detail)
+        )
+        self.dropped.append(Dropped(index, reason, detail))
+        self.kernels.pop(index, None)
+        self.programs.pop(index, None)
+
+
+def prepare_candidates(graph: Graph, group: Group, configs: Sequence[GroupConfig]) -> Candidates:
+    """Render one kernel per config; a config the code generator rejects is dropped."""
+    from welder.codegen import generate_kernel
+
+    cands = Candidates(group, group_signature(graph, group), list(configs))
+    for k, cfg in enumerate(configs):
+        try:
+            cands.kernels[k] = generate_kernel(graph, group, cfg, candidate_name(k, group))
+        except Exception as e:  # a code generator bug must cost one candidate, not the tune
+            cands.drop(k, "codegen", f"{type(e).__name__}: {e}")
+    return cands
+
+
+def compile_candidates(device: Device, cands: Candidates) -> Candidates:
+    """Compile every kernel, all in one call when they all compile (thread-safe: runs in the
+    compile pool)."""
+    _compile_split(device, cands, sorted(cands.kernels))
+    return cands
+
+
+def _compile_split(device: Device, cands: Candidates, indices: list[int]) -> None:
+    if not indices:
+        return
+    try:
+        program = device.compile([cands.kernels[i] for i in indices])
+    except CompileError as e:
+        if len(indices) == 1:
+            cands.drop(indices[0], "compile", str(e))
+            return
+        half = len(indices) // 2
+        _compile_split(device, cands, indices[:half])
+        _compile_split(device, cands, indices[half:])
+        return
+    for i in indices:
+        cands.programs[i] = program
+
+
+# -- measuring and checking ------------------------------------------------------------------------
+
+
+def group_inputs(graph: Graph, group: Group, seed: int = 0) -> dict[str, np.ndarray]:
+    """The group's inputs: the model's weights where an input is a constant, seeded random
+    values otherwise (normal floats; indices within the dimension they index; masks of
+    ones).  A floating-point constant that is all zeros (a zero-initialised buffer) is
+    replaced by random values too: timing must not run on zeros, and the reference is
+    computed from the same inputs, so the check stays exact."""
+    feeds = random_inputs(graph.subgraph(group.members), seed)
+    rng = np.random.default_rng(seed + 1)
+    out = {}
+    for t in group.inputs:
+        value = graph.constants[t] if t in graph.constants else feeds[t]
+        if t in graph.constants and np.issubdtype(value.dtype, np.floating) and not np.any(value):
+            value = rng.standard_normal(value.shape).astype(value.dtype)
+        out[t] = np.require(value, requirements="C")
+    return out
+
+
+def reference_outputs(graph: Graph, group: Group, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The group's outputs by the reference interpreter, member by member."""
+    env = dict(feeds)
+    for m in group.members:
+        env[m] = evaluate(graph.nodes[m].compute, env)
+    return {o: env[o] for o in group.outputs}
+
+
+def _time_all(device: Device, cands: Candidates, inputs: list[np.ndarray]) -> dict[int, float]:
+    timings: dict[int, float] = {}
+    for i in sorted(cands.programs):
+        try:
+            us = float(device.time(cands.programs[i], cands.kernels[i], inputs))
+        except LaunchError as e:
+            cands.drop(i, _launch_reason(e), str(e))
+            continue
+        if not np.isfinite(us) or us <= 0:
+            cands.drop(i, "launch", f"implausible time {us} us")
+            continue
+        timings[i] = us
+    return timings
+
+
+def _pick(
+    device: Device,
+    cands: Candidates,
+    inputs: list[np.ndarray],
+    reference: Callable[[], dict[str, np.ndarray]],
+    timings: dict[int, float],
+) -> int | None:
+    """The fastest candidate whose outputs match the reference."""
+    for i in sorted(timings, key=lambda k: (timings[k], k)):
+        kernel = cands.kernels[i]
+        try:
+            outputs = device.run(cands.programs[i], kernel, inputs)
+        except LaunchError as e:
+            cands.drop(i, _launch_reason(e), str(e))
+            continue
+        problem = _compare(kernel, outputs, reference())
+        if problem:
+            cands.drop(i, "wrong", problem)
+            continue
+        return i
+    return None
+
+
+def _compare(kernel: Any, outputs: Sequence[np.ndarray], reference: dict[str, np.ndarray]) -> str | None:
+    """Why the outputs are wrong, or None."""
+    params = [p for p in kernel.params if p.is_output]
+    if len(outputs) != len(params):
+        return f"{len(outputs)} outputs, expected {len(params)}"
+    for p, got in zip(params, outputs):
+        err = error_metric(got, reference[p.tensor])
+        limit = threshold_for(p.dtype)
+        if not err <= limit:
+            return f"output {p.tensor}: error {err:.3e} > {limit:.0e}"
+    return None
+
+
+def _launch_reason(e: LaunchError) -> str:
+    from welder.gpu import KernelTimeout
+
+    return "timeout" if isinstance(e, KernelTimeout) else "launch"
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " | ".join(ln.strip() for ln in text.strip().splitlines() if ln.strip())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+# -- the cache ------------------------------------------------------------------------------------
+
+
+def cache_key(signature: str, arch: Arch, device: Device) -> CacheKey:
+    return CacheKey(signature, arch.name, device.name, device.compiler)
+
+
+def _to_canonical(cfg: GroupConfig, group: Group) -> GroupConfig:
+    return cfg.renamed(canonical_names(group))
+
+
+def _from_canonical(cfg: GroupConfig, group: Group) -> GroupConfig:
+    return cfg.renamed({v: k for k, v in canonical_names(group).items()})
+
+
+def _cached(
+    cache: TuningCache | None, key: CacheKey, group: Group, topk: int
+) -> tuple[bool, TunedConfig | None]:
+    """(hit, result): a hit with result None is a negative entry."""
+    if cache is None:
+        return False, None
+    entry = cache.get(key)
+    if entry is None or not entry.satisfies(topk):
+        return False, None
+    if entry.config is None or entry.latency_us is None:
+        return True, None
+    try:
+        cfg = _from_canonical(GroupConfig.from_json(entry.config), group)
+    except (KeyError, TypeError, ValueError) as e:
+        log.warning("group %s: ignoring an unreadable cache entry (%s)", group.root, e)
+        return False, None
+    return True, TunedConfig(key.signature, cfg, entry.latency_us, entry.candidates, from_cache=True)
+
+
+def _store(
+    cache: TuningCache | None, key: CacheKey, group: Group, result: TunedConfig | None, tried: int, topk: int
+) -> None:
+    if cache is None:
+        return
+    if result is None:
+        cache.put(key, None, None, tried, topk)
+    else:
+        cache.put(key, _to_canonical(result.config, group).to_json(), result.latency_us, tried, topk)
+
+
+# -- one group ------------------------------------------------------------------------------------
+
+
+def finish_candidates(
+    graph: Graph,
+    cands: Candidates,
+    device: Device,
+    cache: TuningCache | None,
+    key: CacheKey,
+    topk: int,
+    seed: int = 0,
+) -> TunedConfig | None:
+    """Time the compiled candidates, check them fastest first, keep and store the winner."""
+    group = cands.group
+    feeds = group_inputs(graph, group, seed)
+    inputs = [feeds[t] for t in group.inputs]
+    memo: dict[str, dict[str, np.ndarray]] = {}
+
+    def reference() -> dict[str, np.ndarray]:
+        if "ref" not in memo:
+            memo["ref"] = reference_outputs(graph, group, feeds)
+        return memo["ref"]
+
+    timings = _time_all(device, cands, inputs)
+    winner = _pick(device, cands, inputs, reference, timings)
+    tried = len(cands.configs)
+    if winner is None:
+        log.warning("group %s: none of %d candidates is valid on %s", group.root, tried, device.name)
+        _store(cache, key, group, None, tried, topk)
+        return None
+    result = TunedConfig(
+        cands.signature, cands.configs[winner], timings[winner], tried, False, cands.dropped, timings
+    )
+    log.info(
+        "group %s: %.2f us (candidate %d of %d, %d dropped)",
+        group.root,
+        result.latency_us,
+        winner,
+        tried,
+        len(cands.dropped),
+    )
+    _store(cache, key, group, result, tried, topk)
+    return result
+
+
+def tune_group(
+    graph: Graph,
+    group: Group,
+    arch: Arch,
+    topk: int = 20,
+    cache: TuningCache | None = None,
+    device: Device | None = None,
+    *,
+    seed: int = 0,
+    configs: Sequence[GroupConfig] | None = None,
+) -> TunedConfig | None:
+    """The fastest correct of the cost model's ``topk`` configs of ``group`` (or of
+    ``configs``), measured on ``device`` (default: the local GPU); None if none is valid.
+    With a ``cache``, a group tuned before with at least this ``topk`` costs a lookup."""
+    if device is None:
+        with default_device() as dev:
+            return tune_group(graph, group, arch, topk, cache, dev, seed=seed, configs=configs)
+    signature = group_signature(graph, group)
+    key = cache_key(signature, arch, device)
+    hit, result = _cached(cache, key, group, topk)
+    if hit:
+        return result
+    if configs is None:
+        configs = CostModel(graph, arch, Options(topk=topk)).configs(group)
+    cands = compile_candidates(device, prepare_candidates(graph, group, configs))
+    return finish_candidates(graph, cands, device, cache, key, topk, seed)
+
+
+def default_device() -> Any:
+    """The local GPU (raises GpuUnavailable, a WelderError, without pycuda or a GPU)."""
+    from welder.gpu import GpuDevice
+
+    return GpuDevice()
+
+
+# -- the fusion search's measure ---------------------------------------------------------------------
+
+
+class GpuMeasure:
+    """A ``LatencyMeasure`` for :func:`welder.schedule.engine.fuse`: a group's latency is the
+    measured time of its best correct candidate (None when it has none).  Results are kept
+    by structure, so every group shape is tuned once per process (and once ever with a
+    cache)."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        arch: Arch,
+        device: Device,
+        cache: TuningCache | None = None,
+        topk: int = 20,
+        seed: int = 0,
+        cost: CostModel | None = None,
+    ) -> None:
+        self.graph = graph
+        self.arch = arch
+        self.device = device
+        self.cache = cache
+        self.topk = topk
+        self.seed = seed
+        self.cost = cost or CostModel(graph, arch, Options(topk=topk))
+        self.tunes = 0  # groups compiled and timed (cache misses)
+        self._results: dict[str, TunedConfig | None] = {}  # signature -> result in canonical names
+
+    def __call__(self, group: Group) -> float | None:
+        result = self.tuned(group)
+        return result.latency_us if result is not None else None
+
+    def known(self, group: Group) -> bool:
+        return group_signature(self.graph, group) in self._results
+
+    def tuned(self, group: Group) -> TunedConfig | None:
+        signature = group_signature(self.graph, group)
+        if signature not in self._results:
+            key = cache_key(signature, self.arch, self.device)
+            hit, result = _cached(self.cache, key, group, self.topk)
+            if not hit:
+                self.tunes += 1
+                cands = compile_candidates(self.device, self.candidates(group))
+                result = finish_candidates(
+                    self.graph, cands, self.device, self.cache, key, self.topk, self.seed
+                )
+            self.remember(group, result)
+        return self._own(self._results[signature], group)
+
+    def candidates(self, group: Group) -> Candidates:
+        return prepare_candidates(self.graph, group, self.cost.configs(group))
+
+    def remember(self, group: Group, result: TunedConfig | None) -> None:
+        signature = group_signature(self.graph, group)
+        if result is not None:
+            result = _replace_config(result, _to_canonical(result.config, group))
+        self._results[signature] = result
+
+    def configs(self, group: Group) -> list[GroupConfig]:
+        result = self.tuned(group)
+        return [result.config] if result is not None else []
+
+    def cache_key(self, group: Group) -> CacheKey:
+        return cache_key(group_signature(self.graph, group), self.arch, self.device)
+
+    @staticmethod
+    def _own(result: TunedConfig | None, group: Group) -> TunedConfig | None:
+        return None if result is None else _replace_config(result, _from_canonical(result.config, group))
+
+
+def _replace_config(result: TunedConfig, cfg: GroupConfig) -> TunedConfig:
+    return TunedConfig(
+        result.signature,
+        cfg,
+        result.latency_us,
+        result.candidates,
+        result.from_cache,
+        list(result.dropped),
+        dict(result.timings_us),
+    )
+
+
+# -- a whole model -------------------------------------------------------------------------------------
+
+
+@dataclass
+class TunedGroup(PlannedGroup):
+    """A planned group whose latency was measured on the GPU (``latency_us`` is the
+    measurement; ``configs[0].estimate`` keeps the cost model's view)."""
+
+    measured_us: float = 0.0
+    candidates: int = 0
+    from_cache: bool = False
+    signature: str = ""
+
+    @property
+    def latency_us(self) -> float:
+        return self.measured_us
+
+
+class ProgressBar:
+    """One self-redrawing status line on a terminal; silent when the stream is not one (a
+    log file or CI output should not fill with carriage returns)."""
+
+    def __init__(
+        self, total: int, label: str = "tuning", stream: TextIO | None = None, width: int = 20
+    ) -> None:
+        self.total = max(0, total)
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._drawn = False
+
+    def update(self, done: int, note: str = "") -> None:
+        if not self.tty:
+            return
+        filled = self.width * done // self.total if self.total else self.width
+        line = f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total} {note}"
+        columns = shutil.get_terminal_size((100, 20)).columns
+        self.stream.write("\r" + line[: max(20, columns - 1)] + "\x1b[K")
+        self.stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self.tty and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+        self._drawn = False
+
+
+def target_note(arch: Arch, device: Device) -> str | None:
+    """A warning when the cost model's arch is not the GPU the kernels are timed on."""
+    try:
+        local = match_gpu_name(device.name)
+    except WelderError:
+        return f"{device.name} is not in welder.arch; candidates come from the {arch.name} cost model"
+    if local.name != arch.name:
+        return (
+            f"candidates are ranked by the {arch.name} cost model but compiled for and timed on "
+            f"{device.name} ({device.arch})"
+        )
+    return None
+
+
+class _ModelTuner:
+    """The steps of :func:`tune_model`, sharing its settings."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        arch: Arch,
+        topk: int,
+        cache: TuningCache | None,
+        device: Device,
+        seed: int,
+        workers: int | None,
+        stream: TextIO | None,
+    ) -> None:
+        self.graph = graph
+        self.arch = arch
+        self.topk = topk
+        self.cache = cache
+        self.device = device
+        self.workers = workers or os.cpu_count() or 1
+        self.stream = stream
+        self.cost = CostModel(graph, arch, Options(topk=topk))
+        self.measure = GpuMeasure(graph, arch, device, cache, topk, seed, self.cost)
+        self.log: list[str] = []
+
+    def fuse_by_measurement(self, nofusion: bool) -> list[Group]:
+        bar = ProgressBar(len(self.graph.nodes), "tuning (fusion by measurement)", self.stream)
+
+        def progress(k: int, n: int) -> None:
+            bar.update(k + 1, f"nodes, {self.measure.tunes} groups tuned")
+
+        try:
+            result = fuse(self.graph, self.measure, nofusion=nofusion, progress=progress)
+        except InvalidGroup as e:
+            raise TuneError(
+                f"{e} on {self.device.name}; see the welder.tune log for why candidates failed"
+            ) from None
+        finally:
+            bar.close()
+        self.log += result.log
+        return result.groups
+
+    def fuse_by_cost_model(self, nofusion: bool) -> list[Group]:
+        result = fuse(self.graph, self.cost, nofusion=nofusion)
+        self.log += result.log
+        self.tune_all(result.groups)
+        return result.groups
+
+    def tune_all(self, groups: Sequence[Group]) -> None:
+        """Tune each distinct group: compiles run in a thread pool (nvcc on every core), while
+        this thread times and checks on the GPU in model order as compiles complete."""
+        todo: dict[str, Group] = {}
+        for g in groups:
+            sig = group_signature(self.graph, g)
+            if sig in todo or self.measure.known(g):
+                continue
+            hit, result = _cached(self.cache, self.measure.cache_key(g), g, self.topk)
+            if hit:
+                self.measure.remember(g, result)
+            else:
+                todo[sig] = g
+        bar = ProgressBar(len(todo), "tuning", self.stream)
+        total = 0.0
+        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="welder-nvcc")
+        try:
+            futures: list[Future[Candidates]] = [
+                pool.submit(self._prepare_and_compile, g, self.cost.configs(g)) for g in todo.values()
+            ]
+            for done, (g, fut) in enumerate(zip(todo.values(), futures), 1):
+                key = self.measure.cache_key(g)
+                result = finish_candidates(
+                    self.graph, fut.result(), self.device, self.cache, key, self.topk, self.measure.seed
+                )
+                self.measure.tunes += 1
+                self.measure.remember(g, result)
+                if result is not None:
+                    total += result.latency_us
+                note = f"best {result.latency_us:.1f} us" if result else "no valid candidate"
+                bar.update(done, f"{note}, {total:.0f} us so far")
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+            bar.close()
+
+    def _prepare_and_compile(self, group: Group, configs: list[GroupConfig]) -> Candidates:
+        """Code generation and nvcc for one group (runs in the compile pool)."""
+        return compile_candidates(self.device, prepare_candidates(self.graph, group, configs))
+
+    def plan(self, groups: Sequence[Group]) -> tuple[list[TunedGroup], bool]:
+        """The tuned groups in execution order (a group without any valid candidate is split
+        into one kernel per node), and whether every unfused baseline was measured."""
+        planned: list[TunedGroup] = []
+        all_measured = True
+        for g in groups:
+            result = self.measure.tuned(g)
+            if result is None:
+                planned += self.split(g)
+                continue
+            unfused_us, unfused_bytes, measured = self.unfused(g)
+            all_measured &= measured
+            planned.append(_tuned_group(g, result, unfused_us, unfused_bytes))
+        return planned, all_measured
+
+    def split(self, g: Group) -> list[TunedGroup]:
+        message = f"group {g.root} has no valid candidate; splitting it into {len(g.members)} kernels"
+        log.warning(message)
+        self.log.append(message)
+        out = []
+        for m in g.members:
+            single = make_group(self.graph, [m])
+            result = self.measure.tuned(single)
+            if result is None:
+                node = self.graph.nodes[m]
+                raise TuneError(
+                    f"no candidate for node {m!r} ({node.op_type} from {node.source!r}) compiled, ran and "
+                    f"matched the reference on {self.device.name}; see the welder.tune log"
+                )
+            us, nbytes, _ = self.unfused(single)
+            out.append(_tuned_group(single, result, us, nbytes))
+        return out
+
+    def unfused(self, g: Group) -> tuple[float, int, bool]:
+        """The members as one kernel each: (latency, traffic, measured?).  Latencies are
+        measured where every member was tuned on its own (as the fusion search by
+        measurement does), else the cost model's estimates."""
+        singles = [make_group(self.graph, [m]) for m in g.members]
+        estimates = [self.cost.configs(s) for s in singles]
+        traffic = sum(c[0].estimate.read_bytes + c[0].estimate.write_bytes for c in estimates if c)
+        if all(self.measure.known(s) for s in singles):
+            results = [self.measure.tuned(s) for s in singles]
+            if all(r is not None for r in results):
+                return sum(r.latency_us for r in results if r is not None), traffic, True
+        return sum(c[0].estimate.latency_us for c in estimates if c), traffic, False
+
+
+def _tuned_group(g: Group, result: TunedConfig, unfused_us: float, unfused_bytes: int) -> TunedGroup:
+    return TunedGroup(
+        g,
+        [result.config],
+        unfused_us,
+        unfused_bytes,
+        measured_us=result.latency_us,
+        candidates=result.candidates,
+        from_cache=result.from_cache,
+        signature=result.signature,
+    )
+
+
+def tune_model(
+    graph: Graph,
+    arch: Arch,
+    topk: int = 20,
+    cache: TuningCache | None = None,
+    device: Device | None = None,
+    measure_fusion: bool = False,
+    *,
+    nofusion: bool = False,
+    model: str = "",
+    seed: int = 0,
+    workers: int | None = None,
+    progress_stream: TextIO | None = None,
+) -> Plan:
+    """Fuse ``graph`` and tune every group on ``device`` (default: the local GPU).
+
+    ``measure_fusion`` makes the fusion search itself compare measured latencies (Welder's
+    way: slower, every candidate group is compiled and timed); otherwise the cost model
+    fuses and only the resulting groups are tuned, their compiles spread over ``workers``
+    threads.  The result is a :class:`Plan` of :class:`TunedGroup` (measured latencies);
+    ``Plan.measure`` says on which GPU and how fusion and the unfused baseline were rated."""
+    if topk < 1:
+        raise WelderError("topk must be at least 1")
+    if device is None:
+        with default_device() as dev:
+            return tune_model(
+                graph,
+                arch,
+                topk,
+                cache,
+                dev,
+                measure_fusion,
+                nofusion=nofusion,
+                model=model,
+                seed=seed,
+                workers=workers,
+                progress_stream=progress_stream,
+            )
+    start = time.perf_counter()
+    tuner = _ModelTuner(graph, arch, topk, cache, device, seed, workers, progress_stream)
+    note = target_note(arch, device)
+    if note:
+        log.warning(note)
+        tuner.log.append(note)
+    if measure_fusion:
+        groups = tuner.fuse_by_measurement(nofusion)
+    else:
+        groups = tuner.fuse_by_cost_model(nofusion)
+    planned, unfused_measured = tuner.plan(groups)
+    how = [
+        f"gpu {device.name} ({device.arch})",
+        "fusion by measurement" if measure_fusion else "fusion by cost model",
+        "unfused baseline measured" if unfused_measured else "unfused baseline by cost model",
+    ]
+    return Plan(
+        model or graph.name,
+        arch,
+        "; ".join(how),
+        nofusion,
+        topk,
+        list(planned),
+        time.perf_counter() - start,
+        tuner.log,
+    )
