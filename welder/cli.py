@@ -75,7 +75,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model", action="store_true", help="rank configs by the cost model only (no GPU)")
     p.add_argument("--nofusion", action="store_true", help="one kernel per node (the unfused baseline)")
     p.add_argument("-o", "--output", help="output folder (default: PREFIX, or beside the .onnx file)")
+    _add_runtime_commands(sub)
     return parser
+
+
+def _add_runtime_commands(sub: argparse._SubParsersAction) -> None:
+    """``build`` and ``run``: the standalone runtime that ``tune`` writes under PREFIX."""
+    p = sub.add_parser("build", help="compile the runtime under PREFIX/nnfusion_rt/cuda_codegen")
+    p.add_argument("prefix", help="the folder `welder tune` wrote")
+    p.add_argument(
+        "--cuda-arch", help="GPU architecture, e.g. 90 (default: as generated, else the GPU present)"
+    )
+    p.add_argument("--emulate", action="store_true", help="build for the CPU emulator (tests without a GPU)")
+    p.add_argument("-j", "--jobs", type=int, help="parallel compile jobs (default: CPU cores)")
+
+    p = sub.add_parser("run", help="time the built runtime under PREFIX (CUDA events, per run)")
+    p.add_argument("prefix", help="the folder `welder tune` wrote")
+    p.add_argument("--iters", type=int, default=100, help="timed runs (default: 100)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default: 5)")
+    p.add_argument("--number", type=int, default=1, help="back-to-back runs per timing (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--cuda-graph", action="store_true", help="replay the model as one CUDA graph")
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -137,6 +157,28 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build(args: argparse.Namespace) -> int:
+    from welder.runtime.build import build_runtime
+    from welder.runtime.layout import LIBRARY_NAME, MAIN_TEST_NAME
+
+    start = time.perf_counter()
+    build = build_runtime(args.prefix, args.cuda_arch, emulate=args.emulate, jobs=args.jobs)
+    print(f"built in {time.perf_counter() - start:.1f} s")
+    print(f"  {build / MAIN_TEST_NAME}\n  {build / LIBRARY_NAME}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from welder.runtime.library import measure_runtime
+
+    latency = measure_runtime(args.prefix, args.iters, args.warmup, args.number, args.seed, args.cuda_graph)
+    graph = "on" if args.cuda_graph else "off"
+    print(f"{args.prefix}: {args.iters} x {args.number} runs after {args.warmup} warm-up, CUDA graph {graph}")
+    print(f"median {latency.median:.4f} ms")
+    print(latency.summary())
+    return 0
+
+
 class _Progress:
     """One rewritten status line on stderr while a long step runs (only on a terminal)."""
 
@@ -153,7 +195,13 @@ class _Progress:
             print(file=sys.stderr)
 
 
-COMMANDS = {"import": cmd_import, "check": cmd_check, "tune": cmd_tune}
+COMMANDS = {
+    "import": cmd_import,
+    "check": cmd_check,
+    "tune": cmd_tune,
+    "build": cmd_build,
+    "run": cmd_run,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,6 +44,7 @@ LAUNCH_OVERHEAD_US = 2.0
 DRAM_EFFICIENCY = 0.8
 COMPUTE_EFFICIENCY = 0.6
 SM_BANDWIDTH_SHARE = 3.0
+SATURATING_WARPS = 16
 
 
 ShapeOf = Callable[[str], tuple[int, ...]]
@@ -396,7 +397,9 @@ def estimate_cost(
         points = math.prod(st.tile) * math.prod(a.extent for a in c.reduce_axes)
         flops_block += points * max(1, _arith_ops(c))
         smem_block += _smem_traffic(c, st, group, dtype_of)
-    latency = _kernel_time(blocks, blocks_per_sm, read_block + write_block, flops_block, smem_block, arch)
+    latency = _kernel_time(
+        blocks, blocks_per_sm, threads, read_block + write_block, flops_block, smem_block, arch
+    )
     return Estimate(
         blocks=blocks,
         blocks_per_sm=blocks_per_sm,
@@ -411,19 +414,28 @@ def estimate_cost(
 
 
 def _kernel_time(
-    blocks: int, blocks_per_sm: int, bytes_block: int, flops_block: int, smem_block: int, arch: Arch
+    blocks: int,
+    blocks_per_sm: int,
+    threads: int,
+    bytes_block: int,
+    flops_block: int,
+    smem_block: int,
+    arch: Arch,
 ) -> float:
     """Microseconds: full waves, then the partial last wave on the SMs it occupies.
 
     A wave's time is set by its busiest SM.  An SM gets its share of DRAM bandwidth, or up
-    to SM_BANDWIDTH_SHARE times that share when few SMs are busy."""
+    to SM_BANDWIDTH_SHARE times that share when few SMs are busy, and reaches its rates only
+    with enough warps in flight to hide latency: below SATURATING_WARPS resident warps,
+    every rate scales down in proportion."""
     dram = arch.global_bw_gbs * 1e3 * DRAM_EFFICIENCY  # bytes per microsecond
     flops_sm = arch.fp32_tflops * 1e6 * COMPUTE_EFFICIENCY / arch.sm_count
     smem_sm = arch.smem_bw_gbs * 1e3 / arch.sm_count
 
     def wave(per_sm: int, active: int) -> float:
         bw = min(dram / active, SM_BANDWIDTH_SHARE * dram / arch.sm_count)
-        return per_sm * max(bytes_block / bw, flops_block / flops_sm, smem_block / smem_sm)
+        occupancy = min(1.0, per_sm * threads / arch.warp_size / SATURATING_WARPS)
+        return per_sm * max(bytes_block / bw, flops_block / flops_sm, smem_block / smem_sm) / occupancy
 
     concurrency = blocks_per_sm * arch.sm_count
     full, rest = divmod(blocks, concurrency)
