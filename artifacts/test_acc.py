@@ -1,0 +1,60 @@
+"""Check the runtime built under PREFIX against onnxruntime (CPU) on the same seeded inputs.
+
+    python artifacts/test_acc.py runs/bert_b1 [--seed 0] [--precision fp32]
+
+PREFIX is the folder ``welder tune`` wrote: it holds model.onnx and the built
+nnfusion_rt/cuda_codegen/build/libnnfusion_naive_rt.so.  Inputs come from
+``welder.check.random_inputs`` (normal floats, valid indices, ones for masks) on the model
+imported with the shapes the runtime was built for.  Prints per output
+``max(|a - b| / max(|b|, 1))`` with its limit and PASS/FAIL; the exit code is 0 when every
+output passes, 1 when one fails and 2 when the check cannot run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from welder.check import THRESHOLDS, CheckReport, compare, onnxruntime_outputs, random_inputs
+from welder.errors import WelderError
+from welder.frontend.onnx import import_onnx
+from welder.runtime.library import RuntimeLibrary
+
+
+def check_runtime(prefix: Path, seed: int = 0, precision: str = "fp32") -> CheckReport:
+    """Runs the built runtime and onnxruntime on the same inputs and compares every output."""
+    model = prefix / "model.onnx"
+    if not model.is_file():
+        raise WelderError(f"{prefix} holds no model.onnx to check the runtime against")
+    with RuntimeLibrary(prefix) as lib:
+        graph = import_onnx(model, {t.name: t.shape for t in lib.inputs})
+        feeds = random_inputs(graph, seed)
+        ours = lib.run(feeds)
+    reference = onnxruntime_outputs(model, feeds, list(graph.outputs))
+    return CheckReport(str(prefix), "welder runtime", seed, compare(ours, reference, precision))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("prefix", type=Path, help="the folder `welder tune` wrote")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    parser.add_argument(
+        "--precision",
+        choices=sorted(THRESHOLDS),
+        default="fp32",
+        help="arithmetic of the kernels, which sets the fp32 outputs' limit (default: fp32)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        report = check_runtime(args.prefix, args.seed, args.precision)
+    except WelderError as e:
+        print(f"test_acc: error: {e}", file=sys.stderr)
+        return 2
+    print(report.format())
+    return 0 if report.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

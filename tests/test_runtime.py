@@ -1,0 +1,824 @@
+"""The standalone runtime: view detection, the memory plan, and generated runtimes built with
+CMake -- against the CPU emulator and executed (main_test, the ctypes loader, the scripts,
+the command line), and with nvcc for sm_90 -- checked against onnxruntime with the design's
+metric and against brute force."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from models import Feeds, bert_encoder_layer, mobilenetv2_block
+from onnx import helper
+from onnx_util import make_model
+
+from welder.arch import get_arch
+from welder.check import compare, error_metric, onnxruntime_outputs, random_inputs, threshold_for
+from welder.cli import main as welder_main
+from welder.codegen import generate_model
+from welder.frontend.onnx import import_onnx
+from welder.frontend.ops.shape import reshape_index
+from welder.graph import Graph
+from welder.ir.compute import Compute, compute
+from welder.ir.expr import Load, cast, lt, select
+from welder.ir.interpret import evaluate, np_dtype
+from welder.runtime.build import RuntimeBuildError, build_runtime, find_nvcc
+from welder.runtime.emit import emit_runtime, normalize_cuda_arch
+from welder.runtime.emu import available as emulator_available
+from welder.runtime.layout import library_path, main_test_path, runtime_dir
+from welder.runtime.library import GpuBackend, RuntimeLibrary, RuntimeLibraryError
+from welder.runtime.memory import Place, Storage
+from welder.runtime.spec import RuntimeSpec, c_string, execution_order, runtime_spec
+from welder.runtime.views import is_view
+from welder.schedule.plan import plan_model
+
+ARCH = get_arch("H100")
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+SUMMARY = re.compile(r"^Summary: \[min, max, mean\] = \[(\d+\.\d+), (\d+\.\d+), (\d+\.\d+)\] ms$")
+ODD_NAME = 'x "odd" \\ name?'  # every character a C string literal must escape
+
+
+def _has_nvcc() -> bool:
+    try:
+        find_nvcc()
+    except RuntimeBuildError:
+        return False
+    return True
+
+
+def _gpu_present() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "GPU" in listed
+
+
+needs_emulated_build = pytest.mark.skipif(
+    not (emulator_available() and shutil.which("cmake")), reason="needs g++ and cmake"
+)
+needs_nvcc_build = pytest.mark.skipif(
+    not (_has_nvcc() and shutil.which("cmake")), reason="needs nvcc and cmake"
+)
+
+
+def needs_gpu(test: Callable) -> Callable:
+    """Marked ``gpu``, and skipped unless a GPU, nvcc and cmake are all here."""
+    present = _gpu_present() and _has_nvcc() and shutil.which("cmake")
+    return pytest.mark.gpu(pytest.mark.skipif(not present, reason="needs a GPU, nvcc and cmake")(test))
+
+
+# -- models ---------------------------------------------------------------------------------
+
+
+def views_model() -> tuple[onnx.ModelProto, Feeds]:
+    """Reshapes that are views -- of a kernel output, of an input, of another view -- next to
+    a transpose that is not, and outputs that are a constant, a copy of the input, a bool and
+    an int64.  The input's name needs escaping in C."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", [ODD_NAME, "W"], ["y"]),
+        helper.make_node("Reshape", ["y", "shape66"], ["z"]),
+        helper.make_node("Relu", ["y"], ["r"]),
+        helper.make_node("Reshape", ["r", "shape326"], ["r2"]),
+        helper.make_node("Flatten", ["r2"], ["r3"], axis=1),
+        helper.make_node("Transpose", ["r3"], ["t"], perm=[1, 0]),
+        helper.make_node("Identity", [ODD_NAME], ["x_copy"]),
+        helper.make_node("Identity", ["C"], ["c_out"]),
+        helper.make_node("Greater", [ODD_NAME, "zero"], ["positive"]),
+        helper.make_node("ArgMax", [ODD_NAME], ["argmax"], axis=2, keepdims=0),
+    ]
+    weights = {
+        "W": rng.standard_normal((4, 6)).astype(np.float32),
+        "C": rng.standard_normal(5).astype(np.float32),
+        "zero": np.zeros((), np.float32),
+        "shape66": np.array([6, 6]),
+        "shape326": np.array([3, 2, 6]),
+    }
+    outputs = ["z", "t", "x_copy", "c_out", "r3", "positive", "argmax"]
+    return make_model(nodes, {ODD_NAME: x}, outputs, weights), {ODD_NAME: x}
+
+
+def fp16_model() -> tuple[onnx.ModelProto, Feeds]:
+    """An fp16 matmul with bias and ReLU: fp16 crosses the C interface as raw bits."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((8, 16)).astype(np.float16)
+    weights = {
+        "W": (rng.standard_normal((16, 8)) / 4).astype(np.float16),
+        "B": rng.standard_normal(8).astype(np.float16),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["mm"]),
+        helper.make_node("Add", ["mm", "B"], ["biased"]),
+        helper.make_node("Relu", ["biased"], ["out"]),
+    ]
+    return make_model(nodes, {"x": x}, ["out"], weights), {"x": x}
+
+
+@dataclass(frozen=True)
+class Case:
+    build: Callable[[], tuple[onnx.ModelProto, Feeds]]
+    nofusion: bool = False
+
+
+CASES = {
+    "bert_layer": Case(bert_encoder_layer),
+    "mobilenetv2": Case(mobilenetv2_block),
+    "views": Case(views_model),
+    "views_unfused": Case(views_model, nofusion=True),
+    "fp16": Case(fp16_model),
+    "bert_embeddings_unfused": Case(partial(bert_encoder_layer, seq=8, embeddings=True), nofusion=True),
+}
+
+
+@dataclass
+class Emitted:
+    prefix: Path
+    graph: Graph
+    model: onnx.ModelProto
+    feeds: Feeds
+    spec: RuntimeSpec
+
+
+def emit_case(prefix: Path, case: Case, cuda_arch: str | None = None) -> Emitted:
+    """Imports, schedules (cost model, top-1), generates and emits a case into ``prefix``."""
+    model, feeds = case.build()
+    prefix.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(prefix / "model.onnx"))
+    graph = import_onnx(model)
+    plan = plan_model(graph, ARCH, topk=1, nofusion=case.nofusion)
+    groups = [(p.group, p.configs[0]) for p in plan.groups]
+    kernels = generate_model(graph, groups)
+    emit_runtime(prefix, graph, groups, kernels, cuda_arch)
+    return Emitted(prefix, graph, model, feeds, runtime_spec(graph, groups, kernels, cuda_arch))
+
+
+class Builds:
+    """Each case emitted and built once per test module: for the emulator, or for the GPU
+    present (its architecture detected by the CMake build)."""
+
+    def __init__(self, root: Path, emulate: bool) -> None:
+        self.root = root
+        self.emulate = emulate
+        self.done: dict[str, Emitted] = {}
+
+    def __call__(self, name: str) -> Emitted:
+        if name not in self.done:
+            emitted = emit_case(self.root / name, CASES[name])
+            build_runtime(emitted.prefix, emulate=self.emulate)
+            self.done[name] = emitted
+        return self.done[name]
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
+    return Builds(tmp_path_factory.mktemp("runtimes"), emulate=True)
+
+
+@pytest.fixture(scope="module")
+def gpu_builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
+    return Builds(tmp_path_factory.mktemp("gpu_runtimes"), emulate=False)
+
+
+def assert_matches(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> None:
+    assert list(ours) == list(reference)
+    for result in compare(ours, reference):
+        assert ours[result.name].dtype == reference[result.name].dtype, result.name
+        assert result.passed, f"{result.name}: error {result.metric:.3e} > {result.threshold:.1e}"
+
+
+def copy_prefix(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target, symlinks=True)
+    return target
+
+
+# -- is_view ----------------------------------------------------------------------------------
+
+
+def brute_force_is_view(c: Compute, in_shape: Sequence[int]) -> bool:
+    """The compute applied to 0, 1, 2, ... in row-major order gives 0, 1, 2, ... back, unconverted."""
+    (tensor,) = c.inputs
+    dtype = np_dtype(next(ld.dtype for ld in c.loads() if ld.tensor == tensor))
+    numbers = np.arange(math.prod(in_shape)).astype(dtype).reshape(in_shape)
+    out = evaluate(c, {tensor: numbers})
+    same = out.dtype == numbers.dtype and out.size == numbers.size
+    return same and np.array_equal(out.reshape(-1), numbers.reshape(-1))
+
+
+def reshape_of(
+    in_shape: Sequence[int], out_shape: Sequence[int], perm: Sequence[int] | None = None
+) -> Compute:
+    """``reshape(transpose(x, perm), out_shape)`` as one compute, the way inlining builds it."""
+    perm = list(perm) if perm is not None else list(range(len(in_shape)))
+    mid = [in_shape[p] for p in perm]
+
+    def body(*i):
+        t = reshape_index(i, out_shape, mid)
+        x_index = [None] * len(in_shape)
+        for k, p in enumerate(perm):
+            x_index[p] = t[k]
+        return Load("x", tuple(x_index), "float64")
+
+    return compute("v", out_shape, body)
+
+
+VIEW_CASES = {
+    "merge": (reshape_of((2, 3, 4), (6, 4)), (2, 3, 4), True),
+    "flatten": (reshape_of((2, 3, 4), (24,)), (2, 3, 4), True),
+    "split_heads": (reshape_of((1, 16, 64), (1, 16, 4, 16)), (1, 16, 64), True),
+    "squeeze": (reshape_of((4, 1, 6), (4, 6)), (4, 1, 6), True),
+    "unsqueeze": (reshape_of((6,), (1, 6, 1)), (6,), True),
+    "scalar": (reshape_of((), (1, 1)), (), True),
+    "regroup": (reshape_of((6, 4), (4, 6)), (6, 4), True),
+    "identity": (compute("v", (3, 5), lambda i, j: Load("x", (i, j), "float64")), (3, 5), True),
+    "transpose": (reshape_of((2, 3), (3, 2), perm=(1, 0)), (2, 3), False),
+    "transpose_unit_dim": (reshape_of((1, 5), (5, 1), perm=(1, 0)), (1, 5), True),
+    "transpose_then_merge": (reshape_of((2, 3, 4), (4, 6), perm=(2, 0, 1)), (2, 3, 4), False),
+    "reverse": (compute("v", (5,), lambda i: Load("x", (4 - i,), "float64")), (5,), False),
+    "slice": (compute("v", (4,), lambda i: Load("x", (i + 1,), "float64")), (5,), False),
+    "broadcast": (compute("v", (2, 3), lambda i, j: Load("x", (j,), "float64")), (3,), False),
+    "cast": (compute("v", (4,), lambda i: cast(Load("x", (i,), "float64"), "float32")), (4,), False),
+    "select": (
+        compute("v", (4,), lambda i: select(lt(i, 2), Load("x", (i,), "float64"), 0.0)),
+        (4,),
+        False,
+    ),
+    # The flat offsets agree, but each index leaves its dimension.
+    "out_of_range": (
+        compute("v", (6,), lambda i: Load("x", (i // 3 - 1, i % 3 + 3), "float64")),
+        (2, 3),
+        False,
+    ),
+    "gather": (
+        compute("v", (4,), lambda i: Load("x", (cast(Load("idx", (i,), "int64"), "index"),), "float64")),
+        (4,),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(VIEW_CASES))
+def test_is_view(name: str) -> None:
+    c, in_shape, expected = VIEW_CASES[name]
+    assert is_view(c, in_shape) is expected
+    if name != "gather":
+        assert brute_force_is_view(c, in_shape) is expected
+
+
+def test_is_view_rejects_reductions_and_size_changes() -> None:
+    from welder.ir.compute import reduce, reduce_axis
+
+    k = reduce_axis(1)
+    summed = compute("v", (4,), lambda i: reduce("sum", Load("x", (i, k), "float64"), k))
+    assert not is_view(summed, (4, 1))
+    assert not is_view(reshape_of((2, 3), (6,)), (7,))  # the input is not the size it claims
+
+
+def test_is_view_agrees_with_brute_force_on_random_reshapes() -> None:
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(60):
+        rank = int(rng.integers(1, 5))
+        in_shape = tuple(int(d) for d in rng.choice([1, 2, 3, 4], size=rank))
+        perm = rng.permutation(rank) if rng.random() < 0.6 else np.arange(rank)
+        # Out shape: the elements regrouped into random factors.
+        size, out_shape = math.prod(in_shape), []
+        while size > 1:
+            factor = int(rng.choice([f for f in range(2, size + 1) if size % f == 0]))
+            out_shape.append(factor)
+            size //= factor
+        out_shape += [1] * int(rng.integers(0, 2))
+        c = reshape_of(in_shape, tuple(out_shape), perm)
+        expected = brute_force_is_view(c, in_shape)
+        assert is_view(c, in_shape) is expected, (in_shape, list(perm), out_shape)
+        seen.add(expected)
+    assert seen == {True, False}
+
+
+def test_is_view_on_every_lowered_node_of_bert() -> None:
+    """Each node of a real model, judged alone, against brute force: reshapes, squeezes and
+    identities are views; transposes, gathers, casts and arithmetic are not."""
+    model, _ = bert_encoder_layer(embeddings=True, seq=8)
+    graph = import_onnx(model)
+    verdicts = {}
+    for node in graph.topo_order():
+        c = node.compute
+        if c.is_reduction or not isinstance(c.body, Load) or len(c.inputs) != 1:
+            continue
+        in_shape = graph.tensor(c.inputs[0]).shape
+        verdict = is_view(c, in_shape)
+        assert verdict is brute_force_is_view(c, in_shape), node.name
+        verdicts.setdefault(node.op_type, set()).add(verdict)
+    assert True in verdicts["Reshape"]
+    assert verdicts["Transpose"] == {False}
+
+
+# -- the memory plan ----------------------------------------------------------------------------
+
+
+def spec_of(case: Case) -> tuple[Graph, RuntimeSpec]:
+    model, _ = case.build()
+    graph = import_onnx(model)
+    plan = plan_model(graph, ARCH, topk=1, nofusion=case.nofusion)
+    groups = [(p.group, p.configs[0]) for p in plan.groups]
+    return graph, runtime_spec(graph, groups, generate_model(graph, groups))
+
+
+@pytest.mark.parametrize("name", ["bert_layer", "bert_embeddings_unfused", "mobilenetv2", "views_unfused"])
+def test_pool_never_overlaps_live_tensors(name: str) -> None:
+    graph, spec = spec_of(CASES[name])
+    memory = spec.memory
+    pool = {t: s.offset for t, s in memory.storage.items() if s.place is Place.POOL and t not in spec.views}
+    assert set(pool) == set(memory.lifetimes)
+    for t, offset in pool.items():
+        assert offset % 256 == 0
+        assert offset + graph.tensor(t).nbytes <= memory.pool_bytes
+    for a in pool:
+        for b in pool:
+            (s1, e1), (s2, e2) = memory.lifetimes[a], memory.lifetimes[b]
+            if a < b and s1 <= e2 and s2 <= e1:
+                lo = max(pool[a], pool[b])
+                hi = min(pool[a] + graph.tensor(a).nbytes, pool[b] + graph.tensor(b).nbytes)
+                assert lo >= hi, f"{a} and {b} are alive together and share bytes"
+    for w in spec.weights:
+        assert w.offset % 256 == 0
+    if name == "bert_embeddings_unfused":  # many short-lived intermediates: the pool reuses bytes
+        assert memory.pool_bytes < sum(graph.tensor(t).nbytes for t in pool)
+
+
+def test_views_alias_and_outputs_are_placed() -> None:
+    graph, spec = spec_of(CASES["views_unfused"])
+    storage = spec.memory.storage
+    assert spec.views == {"z": "y", "r2": "r", "r3": "r2", "x_copy": ODD_NAME, "c_out": "C"}
+    # z is a graph output viewing y: y is computed straight into z's output buffer.
+    assert storage["y"] == storage["z"] == Storage(Place.OUTPUT, graph.outputs.index("z"))
+    assert storage["r"] == storage["r2"] == storage["r3"]
+    assert storage["r"].place is Place.OUTPUT
+    copies = {c.output: c.source for c in spec.copies}
+    assert copies == {graph.outputs.index("x_copy"): "in0", graph.outputs.index("c_out"): "g_weights + 256"}
+    launched = {k.comment for k in spec.launches}
+    assert not launched & set(spec.views)
+
+
+@pytest.mark.parametrize("name", ["views", "bert_embeddings_unfused", "mobilenetv2"])
+def test_groups_run_after_the_groups_they_read(name: str) -> None:
+    """Groups sorted by their roots are not enough: in the views model the group (y, r) is
+    rooted after z, which reads y."""
+    model, _ = CASES[name].build()
+    graph = import_onnx(model)
+    groups = [p.group for p in plan_model(graph, ARCH, topk=1, nofusion=CASES[name].nofusion).groups]
+    order = execution_order(groups)
+    assert sorted(order) == list(range(len(groups)))
+    available = {t.name for t in graph.inputs} | set(graph.constants)
+    for k in order:
+        assert set(groups[k].inputs) <= available, groups[k].root
+        available |= set(groups[k].outputs)
+
+
+def test_c_string_escapes_what_could_break_the_literal() -> None:
+    assert c_string("plain_name.0") == '"plain_name.0"'
+    assert c_string('a"b\\c?d\né') == '"a\\042b\\134c\\077d\\012\\303\\251"'
+    assert bytes(c_string(ODD_NAME)[1:-1], "ascii").decode("unicode_escape") == ODD_NAME
+
+
+@pytest.mark.parametrize(
+    "arch, expected", [("90", "90"), ("sm_80", "80"), ("8.6", "86"), ("compute_90a", "90a"), (None, None)]
+)
+def test_cuda_arch_spellings(arch: str | None, expected: str | None) -> None:
+    assert normalize_cuda_arch(arch) == expected
+
+
+def test_bad_cuda_arch_is_a_user_error(tmp_path: Path) -> None:
+    from welder.errors import WelderError
+
+    with pytest.raises(WelderError, match="'hopper' is not a compute capability"):
+        emit_case(tmp_path, CASES["views"], cuda_arch="hopper")
+
+
+# -- the emitted folder ---------------------------------------------------------------------------
+
+
+def test_emit_writes_a_self_contained_folder(tmp_path: Path) -> None:
+    emitted = emit_case(tmp_path / "p", CASES["views"])
+    folder = runtime_dir(emitted.prefix)
+    names = {p.name for p in folder.iterdir()}
+    expected = {"CMakeLists.txt", "nnfusion_rt.cu", "nnfusion_rt.h", "main_test.cpp", "Constant"}
+    assert expected | {"welder_prelude.cuh", "welder_math.cuh"} <= names
+    # One raw little-endian file per constant the runtime reads, byte for byte.
+    files = {w.tensor: folder / "Constant" / w.file for w in emitted.spec.weights}
+    assert set(files) == {"W", "C", "zero"}
+    for tensor, path in files.items():
+        value = emitted.graph.constants[tensor]
+        loaded = np.fromfile(path, dtype=value.dtype.newbyteorder("<")).reshape(value.shape)
+        np.testing.assert_array_equal(loaded, value)
+    source = (folder / "nnfusion_rt.cu").read_text()
+    assert source.count("welder_k") > 0 and "cudaMalloc" in source
+    # Re-emitting another model into the same folder leaves no stale weights behind.
+    (folder / "Constant" / "9999_stale.bin").write_bytes(b"x")
+    emit_case(tmp_path / "p", CASES["fp16"])
+    assert {p.name for p in (folder / "Constant").iterdir()} == {
+        f"{k:04d}_{n}.bin" for k, n in enumerate(["W", "B"])
+    }
+
+
+def test_cmake_architecture_is_fixed_or_detected(tmp_path: Path) -> None:
+    cmake = (
+        emit_case(tmp_path / "auto", CASES["views"]).prefix / "nnfusion_rt/cuda_codegen/CMakeLists.txt"
+    ).read_text()
+    assert "nvidia-smi --query-gpu=compute_cap" in cmake and "CMAKE_CUDA_ARCHITECTURES 90" not in cmake
+    fixed = (
+        emit_case(tmp_path / "fixed", CASES["views"], "sm_90").prefix
+        / "nnfusion_rt/cuda_codegen/CMakeLists.txt"
+    )
+    assert "set(CMAKE_CUDA_ARCHITECTURES 90)" in fixed.read_text()
+
+
+# -- emulated builds, executed ----------------------------------------------------------------------
+
+
+@needs_emulated_build
+@pytest.mark.parametrize("name", list(CASES))
+def test_runtime_matches_onnxruntime(builds: Builds, name: str) -> None:
+    emitted = builds(name)
+    with RuntimeLibrary(emitted.prefix) as lib:
+        assert [t.name for t in lib.inputs] == [t.name for t in emitted.graph.inputs]
+        assert [(t.dtype, t.shape) for t in lib.outputs] == [
+            (emitted.graph.tensor(o).dtype, emitted.graph.tensor(o).shape) for o in emitted.graph.outputs
+        ]
+        for feeds in (emitted.feeds, random_inputs(emitted.graph, seed=5)):
+            ours = lib.run(feeds)
+            assert_matches(ours, onnxruntime_outputs(emitted.model, feeds, emitted.graph.outputs))
+
+
+@needs_emulated_build
+@pytest.mark.parametrize("name", ["bert_layer", "views_unfused"])
+def test_cuda_graph_replays_on_new_inputs(builds: Builds, name: str) -> None:
+    """A replayed graph computes on the buffers' current contents; new buffers recapture."""
+    emitted = builds(name)
+    with RuntimeLibrary(emitted.prefix) as lib:
+        lib.use_cuda_graph(True)
+        for seed in (1, 2, 3):
+            feeds = random_inputs(emitted.graph, seed)
+            assert_matches(lib.run(feeds), onnxruntime_outputs(emitted.model, feeds, emitted.graph.outputs))
+        lib.use_cuda_graph(False)
+        feeds = random_inputs(emitted.graph, 4)
+        assert_matches(lib.run(feeds), onnxruntime_outputs(emitted.model, feeds, emitted.graph.outputs))
+
+
+def parse_main_test(stdout: str) -> tuple[dict[str, list[float]], tuple[float, float, float]]:
+    """First values per output name, and the summary's (min, max, mean)."""
+    lines = stdout.strip().splitlines()
+    match = SUMMARY.match(lines[-1])
+    assert match, lines[-1]
+    values = {}
+    for line in lines[:-1]:
+        head, _, tail = line.partition(":")
+        name = head.split(" ")[1]
+        values[name] = [float(v) for v in tail.split("(")[0].replace("...", "").split()]
+    low, high, mean = (float(g) for g in match.groups())
+    return values, (low, high, mean)
+
+
+@needs_emulated_build
+def test_main_test_prints_outputs_and_summary(builds: Builds, tmp_path: Path) -> None:
+    emitted = builds("bert_layer")
+    done = subprocess.run(
+        [str(main_test_path(emitted.prefix)), "--iters", "3", "--warmup", "1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,  # weights are found beside the library, not in the working directory
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    values, (low, high, mean) = parse_main_test(done.stdout)
+    assert list(values) == ["last_hidden_state"] and len(values["last_hidden_state"]) == 10
+    assert 0 < low <= mean <= high
+
+
+@needs_emulated_build
+@pytest.mark.parametrize("name", ["bert_layer", "views", "fp16"])
+def test_main_test_reads_inputs_from_files(builds: Builds, tmp_path: Path, name: str) -> None:
+    emitted = builds(name)
+    feeds = random_inputs(emitted.graph, seed=7)
+    files = []
+    for k, t in enumerate(emitted.graph.inputs):
+        files.append(tmp_path / f"in{k}.bin")
+        np.ascontiguousarray(feeds[t.name]).tofile(files[-1])
+    done = subprocess.run(
+        [str(main_test_path(emitted.prefix)), *map(str, files), "--iters", "1", "--warmup", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    printed, _ = parse_main_test(done.stdout)
+    reference = onnxruntime_outputs(emitted.model, feeds, emitted.graph.outputs)
+    for output, expected in reference.items():
+        first = np.asarray(printed[output])
+        want = expected.reshape(-1)[: len(first)].astype(np.float64)
+        limit = max(threshold_for(expected.dtype.name), 1e-5)  # printed with 6 significant digits
+        assert error_metric(first, want) <= limit, output
+
+
+@needs_emulated_build
+def test_main_test_rejects_bad_arguments(builds: Builds, tmp_path: Path) -> None:
+    emitted = builds("bert_layer")
+    main_test = str(main_test_path(emitted.prefix))
+    short = tmp_path / "short.bin"
+    short.write_bytes(b"\0" * 8)
+    cases = {
+        "takes 2 inputs, 1 files": [str(short)],
+        "must hold exactly 4096 bytes": [str(short), str(short)],
+        "--iters needs a positive integer": ["--iters", "0"],
+        "usage: main_test": ["--frobnicate"],
+    }
+    for message, argv in cases.items():
+        done = subprocess.run([main_test, *argv], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr, (argv, done.stderr)
+
+
+@needs_emulated_build
+def test_weights_live_beside_the_library(builds: Builds, tmp_path: Path) -> None:
+    """The library finds Constant/ beside itself or beside its build folder, and says which
+    file is missing or wrong when the weights are not what it was built with."""
+    emitted = builds("views")
+    built = library_path(emitted.prefix)
+    constants = built.parent.parent / "Constant"
+    last, w = emitted.spec.weights[-1], next(w for w in emitted.spec.weights if w.tensor == "W")
+
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(built, alone / built.name)
+    with pytest.raises(RuntimeLibraryError, match=r"cannot find the weights.*alone/Constant"):
+        RuntimeLibrary(emitted.prefix, library=alone / built.name)
+
+    beside = tmp_path / "beside"
+    shutil.copytree(constants, beside / "Constant")
+    shutil.copy(built, beside / built.name)
+    with RuntimeLibrary(emitted.prefix, library=beside / built.name) as lib:
+        assert_matches(lib.run(emitted.feeds), onnxruntime_outputs(emitted.model, emitted.feeds))
+
+    missing = tmp_path / "missing"
+    shutil.copytree(beside, missing)
+    (missing / "Constant" / last.file).unlink()
+    with pytest.raises(RuntimeLibraryError, match=f"cannot open weight file .*{re.escape(last.file)}"):
+        RuntimeLibrary(emitted.prefix, library=missing / built.name)
+
+    short = tmp_path / "short"
+    shutil.copytree(beside, short)
+    (short / "Constant" / w.file).write_bytes(b"\0" * 4)
+    with pytest.raises(RuntimeLibraryError, match=f"{re.escape(w.file)} does not hold the 96 bytes expected"):
+        RuntimeLibrary(emitted.prefix, library=short / built.name)
+
+
+@needs_emulated_build
+def test_library_checks_feeds_and_arguments(builds: Builds) -> None:
+    emitted = builds("bert_layer")
+    good = dict(emitted.feeds)
+    with RuntimeLibrary(emitted.prefix) as lib:
+        wrong = {
+            "is float64, the runtime takes float32": {
+                **good,
+                "hidden_states": good["hidden_states"].astype(np.float64),
+            },
+            r"has shape \[1, 16\], the runtime was built for \[1, 16, 64\]": {
+                **good,
+                "hidden_states": good["hidden_states"][:, :, 0],
+            },
+            "missing input 'attention_mask'": {"hidden_states": good["hidden_states"]},
+            r"unknown input\(s\) \['extra'\]": {**good, "extra": good["hidden_states"]},
+        }
+        for message, feeds in wrong.items():
+            with pytest.raises(RuntimeLibraryError, match=message):
+                lib.run(feeds)
+        with pytest.raises(RuntimeLibraryError, match="need iters >= 1"):
+            lib.time(iters=0)
+        latency = lib.time(iters=2, warmup=0, number=2)
+        assert len(latency.times_ms) == 2 and SUMMARY.match(latency.summary())
+        # Non-contiguous feeds are fine: the loader makes them contiguous.
+        strided = {**good, "hidden_states": np.asfortranarray(good["hidden_states"])}
+        assert_matches(lib.run(strided), onnxruntime_outputs(emitted.model, good))
+    with pytest.raises(RuntimeLibraryError, match="was closed"):
+        lib.run(good)
+
+
+@needs_emulated_build
+def test_gpu_backend_runs_only_its_own_model(builds: Builds) -> None:
+    emitted = builds("bert_layer")
+    backend = GpuBackend(emitted.graph, prefix=emitted.prefix)
+    assert_matches(backend.run(emitted.feeds), onnxruntime_outputs(emitted.model, emitted.feeds))
+    backend.library.close()
+    other = import_onnx(bert_encoder_layer(seq=8)[0])
+    with pytest.raises(RuntimeLibraryError, match=r"built for another model or other shapes"):
+        GpuBackend(other, prefix=emitted.prefix)
+    with pytest.raises(RuntimeLibraryError, match="needs prefix="):
+        GpuBackend(emitted.graph)
+
+
+@needs_emulated_build
+def test_sample_inputs_follow_the_check_rules(builds: Builds) -> None:
+    """The library's own input rules agree with welder.check.random_inputs: same arrays."""
+    emitted = builds("bert_embeddings_unfused")
+    with RuntimeLibrary(emitted.prefix) as lib:
+        sampled = lib.sample_inputs(seed=3)
+    expected = random_inputs(emitted.graph, seed=3)
+    assert list(sampled) == list(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(sampled[name], value)
+
+
+# -- command line and scripts -----------------------------------------------------------------------
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ARTIFACTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_emulated_build
+def test_cli_build_and_run(builds: Builds, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    prefix = builds("views").prefix
+    assert welder_main(["build", str(prefix), "--emulate"]) == 0
+    out = capsys.readouterr().out
+    assert str(main_test_path(prefix)) in out and str(library_path(prefix)) in out
+    assert welder_main(["run", str(prefix), "--iters", "2", "--warmup", "0", "--cuda-graph"]) == 0
+    out = capsys.readouterr().out
+    assert SUMMARY.match(out.strip().splitlines()[-1])
+    assert welder_main(["build", str(tmp_path)]) == 2
+    assert "run `welder tune` first" in capsys.readouterr().err
+    assert welder_main(["run", str(tmp_path)]) == 2
+    assert "build it with `welder build" in capsys.readouterr().err
+
+
+@needs_emulated_build
+def test_test_acc_passes_and_fails(
+    builds: Builds, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    test_acc = load_script("test_acc")
+    emitted = builds("views")
+    assert test_acc.main([str(emitted.prefix), "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1] == "PASS" and all(o in out for o in emitted.graph.outputs)
+
+    # Same-sized but different weights: the runtime runs and test_acc must notice.
+    altered = copy_prefix(emitted.prefix, tmp_path / "altered")
+    weight = next(w for w in emitted.spec.weights if w.tensor == "W")
+    path = runtime_dir(altered) / "Constant" / weight.file
+    path.write_bytes((np.fromfile(path, np.float32) * 1.01).astype(np.float32).tobytes())
+    assert test_acc.main([str(altered)]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == "FAIL" and any(line.split()[0] == "z" and line.endswith("FAIL") for line in lines)
+
+    assert test_acc.main([str(tmp_path / "nothing")]) == 2
+
+
+@needs_emulated_build
+def test_run_welder_script(builds: Builds, capsys: pytest.CaptureFixture[str]) -> None:
+    run_welder = load_script("run_welder")
+    assert (
+        run_welder.main([str(builds("views").prefix), "--iters", "2", "--warmup", "1", "--number", "2"]) == 0
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("median ") and SUMMARY.match(lines[-1])
+
+
+@needs_emulated_build
+def test_a_failing_kernel_is_reported_not_fatal(builds: Builds, tmp_path: Path) -> None:
+    """A kernel that writes out of bounds fails the run with the kernel's name and what went
+    wrong (the emulator's guards stand in for the GPU's illegal-address error), and the
+    library stays usable.  The fault is made by declaring the output smaller than it is."""
+    broken = copy_prefix(builds("views").prefix, tmp_path / "oob")
+    source = runtime_dir(broken) / "nnfusion_rt.cu"
+    text = source.read_text()
+    sizes = re.search(r"static const size_t bytes\[\] = \{([\d, ]+)\};\n.*\n\s*WELDER_LAUNCH\((\w+),", text)
+    shrunk = ", ".join([*sizes.group(1).split(", ")[:-1], "4"])
+    source.write_text(text.replace(sizes.group(1), shrunk, 1))
+    build_runtime(broken, emulate=True)
+    name = sizes.group(2)
+    feeds = builds("views").feeds
+    with RuntimeLibrary(broken) as lib:
+        for _ in range(2):
+            with pytest.raises(RuntimeLibraryError, match=rf"(?s)launching {name}.*past its end"):
+                lib.run(feeds)
+
+
+@needs_emulated_build
+def test_build_failure_shows_the_compiler_message(builds: Builds, tmp_path: Path) -> None:
+    broken = copy_prefix(builds("views").prefix, tmp_path / "broken")
+    source = runtime_dir(broken) / "nnfusion_rt.cu"
+    source.write_text(source.read_text() + "\nthis_is_not_cxx;\n")
+    with pytest.raises(RuntimeBuildError, match=r"(?s)compiling the runtime failed.*this_is_not_cxx"):
+        build_runtime(broken, emulate=True)
+
+
+# -- the GPU build, compiled ---------------------------------------------------------------------------
+
+
+@needs_nvcc_build
+@pytest.mark.slow
+def test_nvcc_builds_the_runtime_for_sm90(tmp_path: Path) -> None:
+    """The full CMake build for the GPU: the library and main_test link (no GPU needed)."""
+    emitted = emit_case(tmp_path / "gpu", CASES["bert_layer"], cuda_arch="90")
+    build = build_runtime(emitted.prefix)
+    assert (build / "libnnfusion_naive_rt.so").is_file() and (build / "main_test").is_file()
+    flags = (build / "CMakeFiles" / "nnfusion_naive_rt.dir" / "flags.make").read_text()
+    assert "arch=compute_90,code=[compute_90,sm_90]" in flags and "-O3" in flags
+    exported = subprocess.run(
+        ["nm", "-D", "--defined-only", str(build / "libnnfusion_naive_rt.so")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for symbol in (
+        "cuda_init",
+        "cuda_free",
+        "kernel_entry",
+        "kernel_entry_host",
+        "measure_latency",
+        "set_use_cuda_graph",
+        "get_input_shape",
+        "get_last_error",
+    ):
+        assert re.search(rf"\bT {symbol}$", exported, re.MULTILINE), symbol
+    assert "welder_k0" not in exported  # only the C interface is exported
+
+
+@needs_nvcc_build
+def test_nvcc_compiles_every_case(tmp_path: Path) -> None:
+    """nnfusion_rt.cu of the other cases compiles for sm_90 (compile only)."""
+    nvcc = find_nvcc()
+    for name in ("views_unfused", "fp16", "mobilenetv2"):
+        folder = runtime_dir(emit_case(tmp_path / name, CASES[name], cuda_arch="90").prefix)
+        done = subprocess.run(
+            [
+                nvcc,
+                "-std=c++17",
+                "-arch=sm_90",
+                "-I",
+                str(folder),
+                "-c",
+                str(folder / "nnfusion_rt.cu"),
+                "-o",
+                str(tmp_path / f"{name}.o"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU may be present")
+@needs_nvcc_build
+def test_no_gpu_and_no_architecture_is_a_clear_error(tmp_path: Path) -> None:
+    emitted = emit_case(tmp_path / "auto", CASES["views"])
+    with pytest.raises(RuntimeBuildError, match=r"(?s)No GPU found to build for.*--cuda-arch 90"):
+        build_runtime(emitted.prefix)
+
+
+# -- on the GPU ---------------------------------------------------------------------------------------
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_runtime_matches_onnxruntime(gpu_builds: Builds, name: str) -> None:
+    """Built for the GPU present and run there: plain runs, CUDA-graph replays, timing."""
+    emitted = gpu_builds(name)
+    with RuntimeLibrary(emitted.prefix) as lib:
+        for graph_mode in (False, True):
+            lib.use_cuda_graph(graph_mode)
+            for feeds in (emitted.feeds, random_inputs(emitted.graph, seed=5)):
+                ours = lib.run(feeds)
+                assert_matches(ours, onnxruntime_outputs(emitted.model, feeds, emitted.graph.outputs))
+            latency = lib.time(iters=20, warmup=5)
+            assert 0 < latency.min <= latency.median <= latency.max
+
+
+@needs_gpu
+def test_gpu_main_test_and_test_acc(gpu_builds: Builds, capsys: pytest.CaptureFixture[str]) -> None:
+    emitted = gpu_builds("bert_layer")
+    for extra in ([], ["--cuda-graph"]):
+        done = subprocess.run(
+            [str(main_test_path(emitted.prefix)), *extra], capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr
+        _, (low, high, mean) = parse_main_test(done.stdout)
+        assert 0 < low <= mean <= high
+    assert load_script("test_acc").main([str(emitted.prefix)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "PASS"

@@ -1,0 +1,124 @@
+"""Writing the standalone runtime: ``PREFIX/nnfusion_rt/cuda_codegen/``.
+
+The folder is self-contained -- sources, the kernel prelude headers, the weights and a
+CMakeLists.txt -- so it builds on a GPU machine that has CUDA and CMake but not welder.
+Python decides everything (``spec.py``); the C++ and CMake text lives in
+``codegen_templates/runtime``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+
+import jinja2
+import numpy as np
+
+from welder.codegen.kernel import TEMPLATE_DIR, Kernel
+from welder.errors import WelderError
+from welder.graph import Graph
+from welder.runtime.layout import CONSTANT_SUBDIR, runtime_dir
+from welder.runtime.spec import RuntimeSpec, runtime_spec
+from welder.schedule.config import GroupConfig
+from welder.schedule.group import Group
+
+RUNTIME_TEMPLATE_DIR = TEMPLATE_DIR / "runtime"
+#: The headers every kernel source includes, copied beside the sources.
+PRELUDE_HEADERS = ("welder_prelude.cuh", "welder_math.cuh")
+#: Generated file -> its template.
+RENDERED = {
+    "nnfusion_rt.h": "nnfusion_rt.h.j2",
+    "nnfusion_rt.cu": "nnfusion_rt.cu.j2",
+    "main_test.cpp": "main_test.cpp.j2",
+    "CMakeLists.txt": "CMakeLists.txt.j2",
+}
+
+
+class CudaArchError(WelderError):
+    """A CUDA architecture that is not a compute capability like "90" or "sm_80"."""
+
+
+def normalize_cuda_arch(arch: str | None) -> str | None:
+    """``"sm_90"``, ``"9.0"``, ``"compute_90a"`` or ``"90"`` -> ``"90"`` / ``"90a"``; None stays None."""
+    if arch is None:
+        return None
+    text = str(arch).strip().lower().removeprefix("sm_").removeprefix("compute_").replace(".", "")
+    if not re.fullmatch(r"[1-9][0-9]{1,2}[af]?", text):
+        raise CudaArchError(f"CUDA architecture {arch!r} is not a compute capability like 90, sm_80 or 8.6")
+    return text
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(RUNTIME_TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render(spec: RuntimeSpec) -> dict[str, str]:
+    """Generated file name -> text, for every templated file of the runtime."""
+    env = _environment()
+    return {name: env.get_template(template).render(spec=spec) for name, template in RENDERED.items()}
+
+
+def emit_runtime(
+    prefix: str | os.PathLike[str],
+    graph: Graph,
+    groups_with_configs: Sequence[tuple[Group, GroupConfig]],
+    kernels: Sequence[Kernel],
+    cuda_arch: str | None = None,
+    *,
+    cuda_libraries: Sequence[str] = (),
+) -> Path:
+    """Writes the runtime of ``graph`` -- run as ``groups_with_configs``, one kernel of
+    ``kernels`` per group in the same order -- into ``PREFIX/nnfusion_rt/cuda_codegen`` and
+    returns that folder.
+
+    ``cuda_arch`` ("90", "sm_80", ...) is the architecture the CMake build compiles for; None
+    means the GPU present at build time.  ``cuda_libraries`` names CUDA libraries the kernels
+    call besides cudart (e.g. "cublas"), linked by the build.  Weights go to
+    ``Constant/*.bin``; files of an earlier emit there are replaced.
+    """
+    arch = normalize_cuda_arch(cuda_arch)
+    for lib in cuda_libraries:
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", lib):
+            raise ValueError(f"{lib!r} is not a CUDA library target name (e.g. cublas)")
+    spec = runtime_spec(graph, groups_with_configs, kernels, arch, cuda_libraries)
+    out = runtime_dir(prefix)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in render(spec).items():
+        _write_text(out / name, text)
+    for header in PRELUDE_HEADERS:
+        shutil.copyfile(TEMPLATE_DIR / header, out / header)
+    _write_weights(out / CONSTANT_SUBDIR, graph, spec)
+    return out
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Writes ``path`` only if its content changes, so an unchanged runtime is not rebuilt."""
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
+def _write_weights(folder: Path, graph: Graph, spec: RuntimeSpec) -> None:
+    """One raw little-endian file per constant; stale files of an earlier model removed."""
+    folder.mkdir(exist_ok=True)
+    wanted = {w.file for w in spec.weights}
+    for stale in folder.glob("*.bin"):
+        if stale.name not in wanted:
+            stale.unlink()
+    for w in spec.weights:
+        value = np.asarray(graph.constants[w.tensor])
+        data = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
+        if len(data) != w.nbytes:
+            raise ValueError(f"constant {w.tensor!r}: {len(data)} bytes, the plan expects {w.nbytes}")
+        path = folder / w.file
+        if not path.is_file() or path.stat().st_size != len(data) or path.read_bytes() != data:
+            path.write_bytes(data)

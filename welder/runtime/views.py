@@ -1,0 +1,109 @@
+"""Which computes are views: copies that do not move data.
+
+A reshape (and squeeze, unsqueeze, flatten, identity) of a row-major tensor leaves every
+element at the same flat offset, so the runtime can let its output share the input's memory
+instead of launching a copy kernel.  The decision must be exact -- a false positive silently
+permutes data -- so :func:`is_view` proves the flat-index identity for every output point
+rather than matching operator names or sampling points.
+
+The proof stays cheap by splitting the output axes into independent components: axes that
+appear together in some input index expression.  The difference between the input's flat
+offset and the output's is then a sum of one function per component, and it is zero
+everywhere exactly when each of those functions is constant and their total at the origin
+is zero -- which needs each component evaluated over its own box only (for a
+``[B, S, 768] -> [B, S, 12, 64]`` reshape: 768 points, not B * S * 768).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from welder.ir.compute import Axis, Compute
+from welder.ir.expr import INDEX, Const, Expr, Load, free_vars, substitute, walk
+from welder.ir.interpret import evaluate
+
+
+def is_view(compute: Compute, input_shape: Sequence[int]) -> bool:
+    """Whether ``compute`` copies its one input unchanged in row-major order.
+
+    True when the compute is injective, its body is a plain load (no cast, no select) of a
+    tensor of the same dtype and element count whose shape is ``input_shape``, every index
+    is data-independent and stays inside its dimension, and for every output point the
+    input's flat offset equals the output's.  Its output may then alias the input's memory.
+    """
+    body = compute.body
+    if compute.is_reduction or not isinstance(body, Load) or body.dtype != compute.dtype:
+        return False
+    shape = tuple(int(s) for s in input_shape)
+    if len(body.indices) != len(shape) or math.prod(shape) != math.prod(compute.shape):
+        return False
+    if math.prod(shape) == 0:
+        return True
+    if any(isinstance(e, Load) for index in body.indices for e in walk(index)):
+        return False
+    diff = _flat(body.indices, shape) - _flat([a.var for a in compute.axes], compute.shape)
+    components = _components(compute.axes, body.indices)
+    origin = {a.name: Const(0) for a in compute.axes}
+    if int(_evaluate(substitute(diff, origin), ())) != 0:
+        return False
+    for axes in components:
+        others = {name: zero for name, zero in origin.items() if name not in {a.name for a in axes}}
+        values = _evaluate(substitute(diff, others), axes)
+        if np.any(values != 0):
+            return False
+    return _indices_in_range(body.indices, shape, components, origin)
+
+
+def _flat(indices: Sequence[Expr], shape: Sequence[int]) -> Expr:
+    """Row-major offset of ``indices`` in a tensor of ``shape``, as an index expression."""
+    flat: Expr = Const(0)
+    stride = 1
+    for index, extent in zip(reversed(indices), reversed(shape)):
+        flat = flat + index * stride
+        stride *= extent
+    return flat
+
+
+def _components(axes: Sequence[Axis], indices: Sequence[Expr]) -> list[tuple[Axis, ...]]:
+    """The output axes grouped so that no index expression uses axes of two groups."""
+    parent = {a.name: a.name for a in axes}
+
+    def find(name: str) -> str:
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    for index in indices:
+        names = sorted(free_vars(index))
+        for other in names[1:]:
+            parent[find(other)] = find(names[0])
+    groups: dict[str, list[Axis]] = {}
+    for a in axes:
+        groups.setdefault(find(a.name), []).append(a)
+    return [tuple(g) for g in groups.values()]
+
+
+def _indices_in_range(
+    indices: Sequence[Expr],
+    shape: Sequence[int],
+    components: Sequence[tuple[Axis, ...]],
+    origin: dict[str, Expr],
+) -> bool:
+    """Every index stays inside its dimension.  Each index depends on the axes of one
+    component only (or none), so its range over that component's box is its full range."""
+    for index, extent in zip(indices, shape):
+        used = free_vars(index)
+        axes = next((c for c in components if used & {a.name for a in c}), ())
+        values = _evaluate(substitute(index, {n: z for n, z in origin.items() if n not in used}), axes)
+        if np.any(values < 0) or np.any(values >= extent):
+            return False
+    return True
+
+
+def _evaluate(expr: Expr, axes: Sequence[Axis]) -> np.ndarray:
+    """``expr`` at every point of the box spanned by ``axes`` (exact int64 arithmetic)."""
+    return np.asarray(evaluate(Compute("view_check", tuple(axes), expr, INDEX), {}))
