@@ -1,0 +1,314 @@
+"""Time PyTorch eager and torch.compile on the module an ONNX file was exported from.
+
+    python artifacts/run_torch.py runs/bert_b1 [--systems eager,compile] [--json out.json]
+
+The module is rebuilt from PREFIX/export.json (same registry entry, options and seed, so
+the same weights) and timed with the benchmark protocol that every system shares:
+inputs and outputs on the GPU, warm-up, then CUDA-event time of back-to-back calls,
+median over repeats.  ``torch.compile`` uses mode="reduce-overhead" (CUDA graphs); its
+compile time is the wall time of the first call.
+
+This file also holds that protocol (``measure``, the clocks, ``Timing``) for
+run_onnxrt.py and scripts/benchmark.py.  torch is imported only where it is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+# -- the protocol --------------------------------------------------------------------------
+
+
+class Clock(Protocol):
+    """Times a stretch of calls; ``stop`` waits for the work and returns elapsed ms."""
+
+    name: str
+
+    def start(self) -> None: ...
+
+    def stop(self) -> float: ...
+
+
+class CudaEventClock:
+    """CUDA events on the current stream: GPU time, free of Python and launch jitter at
+    the ends (the calls in between are still launched from Python, as users run them)."""
+
+    name = "cuda-events"
+
+    def __init__(self) -> None:
+        import torch
+
+        self._begin = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        self._begin.record()
+
+    def stop(self) -> float:
+        self._end.record()
+        self._end.synchronize()
+        return float(self._begin.elapsed_time(self._end))
+
+
+class WallClock:
+    """perf_counter around the calls, after ``sync`` -- for work that is synchronous by
+    nature (onnxruntime's run) or on the CPU."""
+
+    name = "wall"
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self._sync = sync or (lambda: None)
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        self._sync()
+        return (time.perf_counter() - self._t0) * 1e3
+
+
+@dataclass
+class Timing:
+    """Latency of one inference: median and min over ``repeats`` repeats of ``number``
+    back-to-back calls each."""
+
+    median_ms: float
+    min_ms: float
+    repeats: int
+    number: int
+    clock: str
+
+    def format(self) -> str:
+        return (
+            f"{self.median_ms:9.3f} ms  (min {self.min_ms:.3f}, {self.repeats} x {self.number} calls, "
+            f"{self.clock})"
+        )
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """Knobs of ``measure``.  Repeats last about ``repeat_ms`` each so that short models
+    are not dominated by event resolution; ``budget_s`` caps slow ones (a CPU peer on a
+    big batch) while keeping at least ``min_repeats``; warm-up stops after 3 calls once it
+    has taken ``warmup_cap_s``."""
+
+    warmup: int = 10
+    warmup_s: float = 0.5
+    warmup_cap_s: float = 5.0
+    repeats: int = 30
+    min_repeats: int = 3
+    repeat_ms: float = 50.0
+    budget_s: float = 15.0
+
+
+def _repeat(call: Callable[[], object], clock: Clock, number: int) -> float:
+    clock.start()
+    for _ in range(number):
+        call()
+    return clock.stop() / number
+
+
+def _warm_up(call: Callable[[], object], clock: Clock, plan: TimingPlan) -> None:
+    """At least ``warmup`` calls and ``warmup_s`` seconds (lazy initialisation, autotuning,
+    CUDA-graph recording, clocks ramping up), fewer for slow models."""
+    start = time.perf_counter()
+    count = 0
+    while True:
+        _repeat(call, clock, 1)
+        count += 1
+        elapsed = time.perf_counter() - start
+        if count >= plan.warmup and elapsed >= plan.warmup_s:
+            return
+        if count >= 3 and elapsed >= plan.warmup_cap_s:
+            return
+
+
+def _per_call_ms(call: Callable[[], object], clock: Clock, plan: TimingPlan) -> float:
+    """A per-call estimate from a run long enough (a tenth of a repeat) to trust, doubling
+    the calls until it is -- one call alone is at the mercy of a single hiccup."""
+    number = 1
+    while True:
+        per_call = _repeat(call, clock, number)
+        if per_call * number >= plan.repeat_ms / 10 or per_call * number * 2 > 1e3 * plan.budget_s / 10:
+            return max(per_call, 1e-3)
+        number *= 2
+
+
+def measure(call: Callable[[], object], clock: Clock, plan: TimingPlan | None = None) -> Timing:
+    """The benchmark protocol: warm up, size the repeats, median of per-call times."""
+    plan = plan or TimingPlan()
+    _warm_up(call, clock, plan)
+    single = _per_call_ms(call, clock, plan)
+    number = max(1, round(plan.repeat_ms / single))
+    affordable = int(1e3 * plan.budget_s / (single * number))
+    repeats = max(plan.min_repeats, min(plan.repeats, affordable))
+    samples = [_repeat(call, clock, number) for _ in range(repeats)]
+    return Timing(statistics.median(samples), min(samples), repeats, number, clock.name)
+
+
+# -- the torch peers -----------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One system on one model: a timing, or the error that stopped it."""
+
+    system: str
+    model: str
+    batch: int
+    dtype: str
+    device: str
+    timing: Timing | None = None
+    compile_s: float | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def format(self) -> str:
+        what = self.timing.format() if self.timing else f"error: {self.error}"
+        extra = f"  compile {self.compile_s:.1f} s" if self.compile_s is not None else ""
+        return f"{self.system:<16} {self.model} bs{self.batch} {self.dtype}: {what}{extra}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def pick_device(requested: str | None) -> str:
+    import torch
+
+    if requested:
+        if requested.startswith("cuda") and not torch.cuda.is_available():
+            raise SystemExit("run_torch: --device cuda, but torch sees no CUDA GPU")
+        return requested
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def clock_for(device: str) -> Clock:
+    import torch
+
+    if device.startswith("cuda"):
+        return CudaEventClock()
+    return WallClock(torch.cuda.synchronize if torch.cuda.is_available() else None)
+
+
+def load(prefix: str | Path, device: str) -> tuple[Any, tuple[Any, ...], Any, list[str]]:
+    """The exported module and its inputs on ``device``, with version warnings."""
+    from welder.export import rebuild, version_mismatches
+
+    module, inputs, info = rebuild(prefix)
+    args = tuple(v.to(device) for v in inputs.values())
+    return module.to(device), args, info, version_mismatches(info)
+
+
+def _compiled(module: Any) -> Callable[..., object]:
+    import torch
+
+    torch._dynamo.reset()  # a fresh compile per model, not one grown across models
+    return torch.compile(module, mode="reduce-overhead")
+
+
+def _step(fn: Callable[..., object], args: tuple[Any, ...], cudagraphs: bool) -> Callable[[], object]:
+    """One inference call.  With CUDA graphs each call starts a new step, which tells
+    torch that the previous outputs may be overwritten (as a serving loop would)."""
+    import torch
+
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if cudagraphs else None
+
+    def call() -> object:
+        if mark is not None:
+            mark()
+        return fn(*args)
+
+    return call
+
+
+def time_system(
+    system: str, module: Any, args: tuple[Any, ...], device: str, plan: TimingPlan | None = None
+) -> tuple[Timing, float | None]:
+    """``(timing, compile seconds or None)`` of ``eager`` or ``compile`` under
+    inference_mode."""
+    import torch
+
+    clock = clock_for(device)
+    with torch.inference_mode():
+        if system == "eager":
+            return measure(_step(module, args, False), clock, plan), None
+        if system != "compile":
+            raise ValueError(f"unknown torch system {system!r}")
+        fn = _compiled(module)
+        call = _step(fn, args, device.startswith("cuda"))
+        sync = WallClock(torch.cuda.synchronize if device.startswith("cuda") else None)
+        sync.start()
+        call()
+        compile_s = sync.stop() / 1e3
+        return measure(call, clock, plan), compile_s
+
+
+def run_systems(
+    prefix: str | Path, systems: Sequence[str], device: str, plan: TimingPlan | None = None
+) -> list[Result]:
+    """Each system in turn on the rebuilt module; a failing system is recorded, not fatal."""
+    module, args, info, notes = load(prefix, device)
+    results = []
+    for system in systems:
+        res = Result(f"torch-{system}", info.model, info.batch, info.dtype, device, notes=notes)
+        try:
+            res.timing, res.compile_s = time_system(system, module, args, device, plan)
+        except Exception as e:
+            res.error = f"{type(e).__name__}: {e}".strip()
+        results.append(res)
+    return results
+
+
+def torch_setup_notes() -> list[str]:
+    """The precision switches the peers run with (torch defaults, left as users get them)."""
+    import torch
+
+    return [
+        f"torch {torch.__version__}",
+        f"matmul tf32={torch.backends.cuda.matmul.allow_tf32}",
+        f"cudnn tf32={torch.backends.cudnn.allow_tf32}",
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prefix", help="folder written by welder export (model.onnx + export.json)")
+    p.add_argument("--systems", default="eager,compile", help="comma list of eager, compile")
+    p.add_argument("--device", help="cuda (default when present) or cpu (a smoke test, not the protocol)")
+    p.add_argument("--budget-s", type=float, default=15.0, help="measuring time cap per system (default 15)")
+    p.add_argument("--json", help="also write the results as JSON to this file")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from welder.errors import WelderError
+
+    device = pick_device(args.device)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    try:
+        results = run_systems(args.prefix, systems, device, TimingPlan(budget_s=args.budget_s))
+    except WelderError as e:
+        print(f"run_torch: error: {e}", file=sys.stderr)
+        return 2
+    for note in [*torch_setup_notes(), *results[0].notes] if results else []:
+        print(f"# {note}")
+    for res in results:
+        print(res.format())
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+    return 1 if any(r.error for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""``welder export``, its peers and the benchmark table.
+
+The first half needs nothing but the project (registry errors, export.json, the timing
+protocol, the table) and runs everywhere.  The second half exports real torch modules
+-- small configurations of the benchmark's models -- and checks three things against
+onnxruntime with the design's metric: the torch module (so the ONNX is the module),
+the module rebuilt twice from export.json (so the peers time the same module), and
+welder's interpreter (the importer on real exporter output).  It skips where torch,
+transformers, timm or torchvision cannot be imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import welder
+from welder.check import error_metric, onnxruntime_outputs, threshold_for
+from welder.errors import WelderError
+from welder.export import (
+    MODELS,
+    ExportInfo,
+    export_onnx,
+    get_spec,
+    parse_option,
+    read_export,
+    rebuild,
+    require,
+    to_numpy,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "artifacts"))
+
+import benchmark  # noqa: E402
+from run_torch import TimingPlan, WallClock, measure  # noqa: E402
+
+# Small configurations that keep each model's structure (attention, windows and shifts,
+# MobileViT blocks, the NeRF skip) and export in seconds.
+SMALL: dict[str, dict[str, Any]] = {
+    "bert": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+        "seq_len": 16,
+    },
+    "vit_small_p32": {"depth": 2, "embed_dim": 64, "num_heads": 2, "img_size": 64},
+    "swin_tiny": {"depths": [1, 1, 1, 1], "embed_dim": 24, "num_heads": [1, 1, 1, 1]},
+    "mobilevit_s": {"img_size": 64},
+    "mobilenet_v2": {"img_size": 64, "width_mult": 0.5},
+    # 128, not 64: with a 2x2 final map ResNet-50's fp32 rounding (torch and onnxruntime
+    # each ~1e-4 from float64) no longer averages out below the 1e-4 threshold.
+    "resnet50": {"img_size": 128},
+    "nerf": {"points": 64},
+}
+TOLERANCE = 1e-4
+
+
+def need(*packages: str) -> None:
+    """Skip unless every package imports.  Any exception counts: a torchvision built for
+    another torch raises a RuntimeError on import, not an ImportError."""
+    for package in packages:
+        try:
+            importlib.import_module(package)
+        except Exception as e:
+            pytest.skip(f"{package} cannot be imported here ({type(e).__name__})")
+
+
+def outputs_of(module: Any, inputs: dict[str, Any]) -> list[np.ndarray]:
+    import torch
+
+    with torch.no_grad():
+        out = module(*inputs.values())
+    return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``exported(name) -> prefix``: each small model exported once per test module."""
+    root = tmp_path_factory.mktemp("exports")
+    done: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        need(*get_spec(name).packages)
+        if name not in done:
+            export_onnx(name, root / name, batch=2, options=SMALL[name])
+            done[name] = root / name
+        return done[name]
+
+    return get
+
+
+# -- without torch -------------------------------------------------------------------------
+
+
+def test_registry_has_the_reference_models() -> None:
+    for name in ("bert", "vit_small_p32", "swin_tiny", "mobilenet_v2", "mobilevit_s", "nerf", "resnet50"):
+        assert name in MODELS and MODELS[name].outputs
+    with pytest.raises(WelderError, match=r"unknown model 'gpt5'.*bert"):
+        get_spec("gpt5")
+
+
+def test_missing_package_names_it_and_the_extra() -> None:
+    with pytest.raises(WelderError, match=r"'no_such_pkg_xyz'.*pip install -e '\.\[models\]'"):
+        require("no_such_pkg_xyz", "bert")
+
+
+def test_parse_option_reads_json_values() -> None:
+    assert parse_option("seq_len=64") == ("seq_len", 64)
+    assert parse_option("depths=[1,1]") == ("depths", [1, 1])
+    assert parse_option("act=gelu") == ("act", "gelu")
+    with pytest.raises(Exception, match="KEY=VALUE"):
+        parse_option("novalue")
+
+
+def test_export_json_round_trip_and_missing(tmp_path: Path) -> None:
+    info = ExportInfo("nerf", 2, "float32", 0, 17, {"points": 8}, {"points": {"shape": [16, 60]}}, ["output"])
+    (tmp_path / "export.json").write_text(info.to_json())
+    assert read_export(tmp_path) == info
+    assert read_export(tmp_path / "model.onnx") == info
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(WelderError, match="welder export"):
+        read_export(tmp_path / "empty")
+    (tmp_path / "export.json").write_text('{"model": "bert"}')
+    with pytest.raises(WelderError, match="lacks"):
+        read_export(tmp_path)
+
+
+def test_measure_sizes_repeats_to_the_budget() -> None:
+    calls = []
+    plan = TimingPlan(warmup=2, warmup_s=0.0, repeats=5, repeat_ms=2.0, budget_s=0.5)
+    timing = measure(lambda: calls.append(1), WallClock(), plan)
+    assert 0 < timing.min_ms <= timing.median_ms
+    assert timing.repeats == 5 and timing.number >= 1 and timing.clock == "wall"
+    assert len(calls) >= 2 + 5 * timing.number
+
+
+def test_benchmark_configs_parse_and_cover_the_reference_table() -> None:
+    assert benchmark.Config.parse("bert:64:fp16") == benchmark.Config("bert", 64, "fp16")
+    assert benchmark.Config.parse("nerf") == benchmark.Config("nerf", 1, "fp32")
+    with pytest.raises(Exception, match="fp32 or fp16"):
+        benchmark.Config.parse("bert:1:int8")
+    configs = benchmark.reference_configs()
+    assert len(configs) == 22 and len(set(configs)) == 22
+    assert benchmark.Config("nerf", 64, "fp32") not in configs
+
+
+def test_benchmark_table_has_speedups_and_errors() -> None:
+    cfg = benchmark.Config("bert", 1, "fp16")
+    row = benchmark.Row(
+        cfg,
+        {
+            "welder": benchmark.Cell(ms=0.5, build_s=244.0),
+            "eager": benchmark.Cell(ms=4.0),
+            "compile": benchmark.Cell(ms=1.0, build_s=30.0),
+            "onnxruntime": benchmark.Cell(error="Fail: no | kernel\nfor op", detail="onnxruntime-cpu"),
+        },
+    )
+    table = benchmark.render_markdown([row], {"device": "NVIDIA H200"})
+    line = next(x for x in table.splitlines() if x.startswith("| bert"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:6] == ["bert", "1", "fp16", "0.500", "4.000", "1.000"]
+    assert cells[6].startswith("error: Fail: no / kernel for op")
+    assert cells[7:] == ["8.00x", "2.00x", "-", "244", "30"]
+    assert "onnxruntime-cpu ms" in table and "- bert_b1_fp16 (onnxruntime): Fail" in table
+
+
+def test_benchmark_keeps_rows_of_other_runs(tmp_path: Path) -> None:
+    old = benchmark.Row(benchmark.Config("nerf", 1, "fp32"), {"eager": benchmark.Cell(ms=5.0)}, "H200", "d")
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"rows": [old.to_dict()]}))
+    assert benchmark.load_rows(path) == {"nerf_b1_fp32": old}
+
+
+# -- with torch ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_export_matches_module_and_rebuilds_identically(name: str, exported: Any) -> None:
+    prefix = exported(name)
+    info = json.loads((prefix / "export.json").read_text())
+    assert (info["model"], info["batch"], info["dtype"], info["seed"]) == (name, 2, "float32", 0)
+    assert info["versions"]["torch"] and info["outputs"] == list(MODELS[name].outputs)
+
+    first, inputs, _ = rebuild(prefix)
+    second, inputs_again, _ = rebuild(prefix)
+    assert [list(v.shape) for v in inputs.values()] == [v["shape"] for v in info["inputs"].values()]
+    for k in inputs:
+        assert np.array_equal(inputs[k].numpy(), inputs_again[k].numpy())
+    ours, again = outputs_of(first, inputs), outputs_of(second, inputs_again)
+    # Order-one outputs: vanishing ones would pass any comparison (and be zeros in fp16).
+    assert all(np.abs(out).max() > 1e-2 for out in ours)
+    for a, b in zip(ours, again):
+        assert np.array_equal(a, b), "two rebuilds from export.json differ"
+
+    reference = onnxruntime_outputs(prefix, to_numpy(inputs))
+    assert list(reference) == info["outputs"]
+    for out, ref in zip(ours, reference.values()):
+        assert error_metric(out, ref) <= TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert", "vit_small_p32", "swin_tiny", "mobilenet_v2", "nerf"])
+def test_welder_interpreter_agrees_on_exported_models(name: str, exported: Any) -> None:
+    prefix = exported(name)
+    _, inputs, _ = rebuild(prefix)
+    feeds = to_numpy(inputs)
+    sess = welder.InferenceSession(prefix, backend="interpret")
+    reference = onnxruntime_outputs(prefix, feeds)
+    for (out_name, ref), ours in zip(reference.items(), sess.run(list(reference), feeds)):
+        assert error_metric(ours, ref) <= TOLERANCE, out_name
+
+
+@pytest.mark.slow
+def test_build_leaves_the_global_random_stream_alone() -> None:
+    need("torch")
+    import torch
+
+    from welder.export import build_model
+
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_model("nerf", options={"points": 4})
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.slow
+def test_fp16_export_without_gpu_is_refused(tmp_path: Path) -> None:
+    need("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: fp16 export is allowed")
+    with pytest.raises(WelderError, match="CUDA GPU"):
+        export_onnx("nerf", tmp_path, fp16=True, options={"points": 4})
+
+
+@pytest.mark.slow
+def test_peer_scripts_and_benchmark_run_on_the_cpu(tmp_path: Path) -> None:
+    """A smoke run of the GPU-side scripts on the CPU: export, eager and onnxruntime
+    timings, the table and its JSON -- the same code paths the device run takes."""
+    need("torch")
+    opts = json.dumps({"nerf": SMALL["nerf"]})
+    cmd = [sys.executable, "scripts/benchmark.py", "--configs", "nerf:2:fp32", "--runs", str(tmp_path)]
+    cmd += ["--systems", "eager,onnxruntime", "--device", "cpu", "--budget-s", "0.2"]
+    cmd += ["--model-options", opts, "--json", str(tmp_path / "b.json"), "--out", str(tmp_path / "b.md")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    [row] = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert row["cells"]["eager"]["ms"] > 0 and row["cells"]["onnxruntime"]["ms"] > 0
+    assert "| nerf | 2 | fp32 |" in (tmp_path / "b.md").read_text()
+
+    prefix = str(tmp_path / "nerf_b2_fp32")
+    for script in ("run_torch.py", "run_onnxrt.py"):
+        args = [sys.executable, f"artifacts/{script}", prefix, "--budget-s", "0.2"]
+        extra = ["--device", "cpu", "--systems", "eager"] if script == "run_torch.py" else []
+        proc = subprocess.run(args + extra, capture_output=True, text=True, cwd=ROOT, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        assert " ms " in proc.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["bert", "nerf"])
+def test_fp16_export_on_the_gpu_is_pure_half(name: str, tmp_path: Path) -> None:
+    """fp16 is traced on the GPU: every float weight of the graph is half, and onnxruntime
+    (CPU) agrees with the half module on the GPU within the fp16 threshold."""
+    need(*get_spec(name).packages)
+    import onnx
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("fp16 export needs a CUDA GPU")
+    path = export_onnx(name, tmp_path, batch=2, fp16=True, options=SMALL[name])
+    model = onnx.load(str(path))
+    float_types = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
+    kinds = {t.data_type for t in model.graph.initializer if t.data_type in float_types}
+    assert kinds == {onnx.TensorProto.FLOAT16}
+    module, inputs, info = rebuild(tmp_path)
+    assert info.dtype == "float16"
+    with torch.no_grad():
+        out = module.cuda()(*(v.cuda() for v in inputs.values()))
+    ours = [t.float().cpu().numpy() for t in (out if isinstance(out, tuple) else (out,))]
+    reference = onnxruntime_outputs(tmp_path, to_numpy(inputs))
+    for got, ref in zip(ours, reference.values()):
+        assert error_metric(got, ref.astype(np.float32)) <= threshold_for("float16")

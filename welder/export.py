@@ -1,0 +1,514 @@
+"""``welder export``: the models of the benchmark, rebuilt from code and exported to ONNX.
+
+Neither the development machines nor the GPU machine can reach a model hub, so every
+model is *constructed* (random weights, fixed seed) instead of downloaded.  Constructing
+it again with the same name, batch, dtype, options and seed on the same library versions
+gives the identical module, which is what lets the PyTorch peers of the benchmark time
+exactly the module the ONNX file came from: ``export_onnx`` writes ``export.json`` beside
+``model.onnx`` and ``rebuild`` turns it back into ``(module, inputs)``.
+
+torch, transformers, timm and torchvision are optional (the ``models`` extra); this
+module imports them only when a model needs them, so ``import welder.export`` always
+works and a missing package is a :class:`WelderError` that says how to install it.
+
+Every built module takes its inputs positionally, in the order of the ``inputs`` dict,
+and returns a tensor or a tuple of tensors named by the model's ``outputs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from welder.errors import WelderError
+
+if TYPE_CHECKING:
+    import torch
+
+Inputs = dict[str, "torch.Tensor"]
+Built = tuple["torch.nn.Module", Inputs]
+
+SEED = 0
+DEFAULT_OPSET = 17
+INSTALL_HINT = "pip install -e '.[models]'"
+EXPORT_JSON = "export.json"
+MODEL_ONNX = "model.onnx"
+NERF_POINTS = 2 * 1024 * 1024  # "NeRF MLP 2M" in the reference table
+CALIBRATION_BATCH = 8  # images that set BatchNorm statistics
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of the registry.  ``build(batch, options, seed)`` returns the fp32 module
+    in eval mode and its fp32 example inputs drawn from ``seed``; ``options`` are the
+    model's own knobs (a smaller config for tests, the NeRF point count, the image size)."""
+
+    name: str
+    summary: str
+    packages: tuple[str, ...]
+    outputs: tuple[str, ...]
+    build: Callable[[int, Mapping[str, Any], int], Built]
+
+
+@dataclass
+class ExportInfo:
+    """What ``export.json`` holds: enough to rebuild the exported module and its inputs,
+    plus the versions that built it (a different version may initialise differently)."""
+
+    model: str
+    batch: int
+    dtype: str
+    seed: int
+    opset: int
+    options: dict[str, Any]
+    inputs: dict[str, dict[str, Any]]
+    outputs: list[str]
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> ExportInfo:
+        data = json.loads(text)
+        missing = [k for k in ("model", "batch", "dtype", "seed") if k not in data]
+        if missing:
+            raise WelderError(f"{EXPORT_JSON} lacks {missing}; export the model again with welder export")
+        return cls(
+            model=data["model"],
+            batch=int(data["batch"]),
+            dtype=data["dtype"],
+            seed=int(data["seed"]),
+            opset=int(data.get("opset", DEFAULT_OPSET)),
+            options=dict(data.get("options", {})),
+            inputs=dict(data.get("inputs", {})),
+            outputs=list(data.get("outputs", [])),
+            versions=dict(data.get("versions", {})),
+        )
+
+
+# -- optional packages ---------------------------------------------------------------------
+
+
+def require(package: str, model: str | None = None) -> Any:
+    """Import ``package`` or raise a WelderError naming it and the extra that installs it.
+
+    Any exception counts as missing, not just ImportError: a torchvision built for another
+    torch fails with a RuntimeError while registering its operators, and the user's fix is
+    the same (install a matching set of packages)."""
+    try:
+        return importlib.import_module(package)
+    except Exception as e:
+        who = f"model {model!r} needs" if model else "this needs"
+        culprit = getattr(e, "name", None) or package
+        detail = "" if isinstance(e, ModuleNotFoundError) else f" ({type(e).__name__}: {e})"
+        raise WelderError(
+            f"{who} the package {culprit!r}, which cannot be imported{detail}; install it with {INSTALL_HINT}"
+        ) from None
+
+
+def _torch() -> Any:
+    return require("torch")
+
+
+# -- inputs --------------------------------------------------------------------------------
+
+
+def _generator(seed: int) -> torch.Generator:
+    """A private generator for inputs, so drawing them never disturbs the global stream
+    that initialises weights (and vice versa)."""
+    gen = _torch().Generator()
+    gen.manual_seed(seed + 1)
+    return gen
+
+
+def _normal(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    return _torch().randn(shape, generator=_generator(seed))
+
+
+def _integers(high: int, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    torch = _torch()
+    return torch.randint(0, high, shape, generator=_generator(seed), dtype=torch.int64)
+
+
+# -- the models ----------------------------------------------------------------------------
+
+
+def _bert(batch: int, options: Mapping[str, Any], seed: int) -> Built:
+    """bert-base (``BertConfig()`` defaults) over ``seq_len`` tokens.  The wrapper gives the
+    module a positional signature and fixed outputs, which both the TorchScript exporter
+    and the timing peers need; any other option overrides a BertConfig field."""
+    torch = _torch()
+    transformers = require("transformers", "bert")
+    opts = dict(options)
+    seq = int(opts.pop("seq_len", 128))
+    config = transformers.BertConfig(**opts)
+    model = transformers.BertModel(config).eval()
+
+    class BertOutputs(torch.nn.Module):
+        def __init__(self, bert: torch.nn.Module) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
+            out = self.bert(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                return_dict=True,
+            )
+            return out.last_hidden_state, out.pooler_output
+
+    shape = (batch, seq)
+    inputs = {
+        "input_ids": _integers(config.vocab_size, shape, seed),
+        # A full mask: unpadded sequences, the usual setting of latency benchmarks.
+        "attention_mask": torch.ones(shape, dtype=torch.int64),
+        "token_type_ids": _integers(config.type_vocab_size, shape, seed + 7),
+    }
+    return BertOutputs(model).eval(), inputs
+
+
+def _calibrate_batchnorm(model: torch.nn.Module, shape: tuple[int, ...], seed: int) -> None:
+    """Set BatchNorm running statistics from one seeded batch, as training would have.
+
+    Freshly initialised statistics (mean 0, variance 1) do not normalise anything, so in
+    eval mode activations drift with depth: MobileNetV2's logits come out near 1e-9 (zero
+    in fp16) and ResNet-50's near 100.  Such outputs hide wrong results behind the
+    relative-error floor and make fp16 timings run on zeros."""
+    torch = _torch()
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    momenta = [bn.momentum for bn in norms]
+    for bn in norms:
+        bn.reset_running_stats()
+        bn.momentum = None  # a plain average over the calibration batch
+    model.train()
+    with torch.no_grad():
+        model(_normal(shape, seed + 11))
+    for bn, momentum in zip(norms, momenta):
+        bn.momentum = momentum
+    model.eval()
+
+
+def _timm(arch: str) -> Callable[[int, Mapping[str, Any], int], Built]:
+    """A timm model by architecture name, ``pretrained=False``.  Options go to
+    ``timm.create_model`` (``depth=2, embed_dim=64`` shrink a ViT for tests); the input
+    size is the model's own (``img_size`` when given, else its pretrained config)."""
+
+    def build(batch: int, options: Mapping[str, Any], seed: int) -> Built:
+        timm = require("timm", arch)
+        model = timm.create_model(arch, pretrained=False, **dict(options)).eval()
+        size = options.get("img_size")
+        if size is None:
+            _, h, w = model.pretrained_cfg.get("input_size", (3, 224, 224))
+        else:
+            h, w = (size, size) if isinstance(size, int) else tuple(size)
+        _calibrate_batchnorm(model, (CALIBRATION_BATCH, 3, int(h), int(w)), seed)
+        return model, {"input": _normal((batch, 3, int(h), int(w)), seed)}
+
+    return build
+
+
+def _torchvision(arch: str) -> Callable[[int, Mapping[str, Any], int], Built]:
+    """A torchvision classifier with ``weights=None``; option ``img_size`` (default 224)
+    sets the input resolution, any other option goes to the model's constructor."""
+
+    def build(batch: int, options: Mapping[str, Any], seed: int) -> Built:
+        models = require("torchvision.models", arch)
+        opts = dict(options)
+        size = int(opts.pop("img_size", 224))
+        model = getattr(models, arch)(weights=None, **opts).eval()
+        _calibrate_batchnorm(model, (CALIBRATION_BATCH, 3, size, size), seed)
+        return model, {"input": _normal((batch, 3, size, size), seed)}
+
+    return build
+
+
+def _nerf(batch: int, options: Mapping[str, Any], seed: int) -> Built:
+    """The NeRF MLP: ``depth`` ReLU layers of ``width`` over a positionally encoded point
+    (``in_dim`` features), the input concatenated again before layer ``skip``, and a linear
+    head giving (r, g, b, sigma).  ``batch`` multiplies ``points``."""
+    torch = _torch()
+    in_dim = int(options.get("in_dim", 60))
+    width = int(options.get("width", 256))
+    depth = int(options.get("depth", 8))
+    skip = int(options.get("skip", 4))
+    points = int(options.get("points", NERF_POINTS))
+
+    class NeRFMLP(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            sizes = [in_dim] + [width + (in_dim if i == skip else 0) for i in range(1, depth)]
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(n, width) for n in sizes)
+            self.head = torch.nn.Linear(width, 4)
+
+        def forward(self, points):  # type: ignore[no-untyped-def]
+            h = points
+            for i, layer in enumerate(self.layers):
+                if i == skip:
+                    h = torch.cat([points, h], dim=-1)
+                h = torch.relu(layer(h))
+            return self.head(h)
+
+    return NeRFMLP().eval(), {"points": _normal((batch * points, in_dim), seed)}
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            "bert",
+            "transformers BertModel, BertConfig() defaults (bert-base), seq 128",
+            ("torch", "transformers"),
+            ("last_hidden_state", "pooler_output"),
+            _bert,
+        ),
+        ModelSpec(
+            "vit_small_p32",
+            "timm vit_small_patch32_224",
+            ("torch", "timm", "torchvision"),
+            ("output",),
+            _timm("vit_small_patch32_224"),
+        ),
+        ModelSpec(
+            "swin_tiny",
+            "timm swin_tiny_patch4_window7_224",
+            ("torch", "timm", "torchvision"),
+            ("output",),
+            _timm("swin_tiny_patch4_window7_224"),
+        ),
+        ModelSpec(
+            "mobilenet_v2",
+            "torchvision mobilenet_v2, 224x224",
+            ("torch", "torchvision"),
+            ("output",),
+            _torchvision("mobilenet_v2"),
+        ),
+        ModelSpec(
+            "mobilevit_s",
+            "timm mobilevit_s, 256x256",
+            ("torch", "timm", "torchvision"),
+            ("output",),
+            _timm("mobilevit_s"),
+        ),
+        ModelSpec(
+            "nerf",
+            "NeRF MLP: 8 layers of 256 with a skip, 60-dim input, 2M points",
+            ("torch",),
+            ("output",),
+            _nerf,
+        ),
+        ModelSpec(
+            "resnet50",
+            "torchvision resnet50, 224x224",
+            ("torch", "torchvision"),
+            ("output",),
+            _torchvision("resnet50"),
+        ),
+    )
+}
+
+
+def get_spec(name: str) -> ModelSpec:
+    spec = MODELS.get(name)
+    if spec is None:
+        raise WelderError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    return spec
+
+
+# -- building ------------------------------------------------------------------------------
+
+
+def build_model(
+    name: str,
+    batch: int = 1,
+    fp16: bool = False,
+    *,
+    options: Mapping[str, Any] | None = None,
+    seed: int = SEED,
+) -> Built:
+    """``(module, inputs)`` for a registry model: eval mode, weights from ``seed``, inputs
+    from a generator derived from the same seed.  With ``fp16`` the module is ``.half()``
+    and the float inputs are half; integer inputs (token ids) stay int64.  Both stay on the
+    CPU: the caller moves them, so the weights never depend on the device."""
+    spec = get_spec(name)
+    if batch < 1:
+        raise WelderError(f"batch must be at least 1, got {batch}")
+    torch = require_packages(name)
+    # fork_rng: seeding must not change the caller's random stream.
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        torch.manual_seed(seed)
+        warnings.simplefilter("ignore")
+        module, inputs = spec.build(batch, dict(options or {}), seed)
+    if fp16:
+        module = module.half()
+        inputs = {k: v.half() if v.is_floating_point() else v for k, v in inputs.items()}
+    return module.eval(), inputs
+
+
+def require_packages(name: str) -> Any:
+    """Check every package model ``name`` needs (the error names the model); returns torch."""
+    for package in get_spec(name).packages:
+        require(package, name)
+    return _torch()
+
+
+def output_names(name: str) -> list[str]:
+    return list(get_spec(name).outputs)
+
+
+def package_versions(name: str) -> dict[str, str]:
+    """Versions of the packages the model is built from, recorded in export.json so a
+    rebuild on another machine can say when it may not be the same module."""
+    versions = {"python": platform.python_version()}
+    for package in get_spec(name).packages:
+        try:
+            versions[package] = str(importlib.import_module(package).__version__)
+        except Exception:
+            versions[package] = "unavailable"
+    return versions
+
+
+# -- exporting -----------------------------------------------------------------------------
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _pick_device(fp16: bool, device: str | None) -> str:
+    """fp32 traces on the CPU, fp16 on the GPU.  Tracing half precision on the CPU records
+    the float32 casts of the CPU's half kernels and constant folding then leaves float32
+    weights beside float16 ones: a graph onnxruntime refuses and not the model we mean."""
+    torch = _torch()
+    dev = device or ("cuda" if fp16 and torch.cuda.is_available() else "cpu")
+    if fp16 and not dev.startswith("cuda"):
+        raise WelderError(
+            "fp16 export traces the model on a CUDA GPU (tracing half precision on the CPU "
+            "gives a graph of mixed float32/float16 types); run it on a machine with a GPU"
+        )
+    return dev
+
+
+def export_onnx(
+    name: str,
+    prefix: str | os.PathLike[str],
+    batch: int = 1,
+    fp16: bool = False,
+    opset: int = DEFAULT_OPSET,
+    *,
+    options: Mapping[str, Any] | None = None,
+    seed: int = SEED,
+    device: str | None = None,
+) -> Path:
+    """Build ``name`` and write ``PREFIX/model.onnx`` (TorchScript exporter, fixed shapes,
+    constants folded) and ``PREFIX/export.json``; returns the path of model.onnx.
+
+    The fixed shapes are deliberate: welder tunes for one shape, and symbolic dimensions
+    would only have to be fixed again with --input-shape."""
+    torch = require_packages(name)
+    dev = _pick_device(fp16, device)  # before building: a refusal should not take a minute
+    module, inputs = build_model(name, batch, fp16, options=options, seed=seed)
+    out = Path(prefix)
+    out.mkdir(parents=True, exist_ok=True)
+    onnx_path = out / MODEL_ONNX
+    module = module.to(dev)
+    args = tuple(v.to(dev) for v in inputs.values())
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            args,
+            str(onnx_path),
+            input_names=list(inputs),
+            output_names=output_names(name),
+            opset_version=opset,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    info = ExportInfo(
+        model=name,
+        batch=batch,
+        dtype="float16" if fp16 else "float32",
+        seed=seed,
+        opset=opset,
+        options=dict(options or {}),
+        inputs={k: {"shape": list(v.shape), "dtype": _dtype_name(v)} for k, v in inputs.items()},
+        outputs=output_names(name),
+        versions=package_versions(name),
+    )
+    (out / EXPORT_JSON).write_text(info.to_json())
+    return onnx_path
+
+
+# -- rebuilding ----------------------------------------------------------------------------
+
+
+def read_export(prefix: str | os.PathLike[str]) -> ExportInfo:
+    """The ``export.json`` of PREFIX (a folder, or its model.onnx)."""
+    p = Path(prefix)
+    folder = p if p.is_dir() else p.parent
+    path = folder / EXPORT_JSON
+    if not path.is_file():
+        raise WelderError(f"{path} not found; create it with: welder export MODEL --prefix {folder}")
+    return ExportInfo.from_json(path.read_text())
+
+
+def version_mismatches(info: ExportInfo) -> list[str]:
+    """Packages whose version differs from the one that exported the model: the rebuilt
+    module may then differ in its weights (latency comparisons stay meaningful)."""
+    now = package_versions(info.model)
+    return [
+        f"{pkg} {was} at export, {now.get(pkg)} now"
+        for pkg, was in info.versions.items()
+        if pkg != "python" and now.get(pkg) != was
+    ]
+
+
+def rebuild(prefix: str | os.PathLike[str]) -> tuple[torch.nn.Module, Inputs, ExportInfo]:
+    """The exported module and inputs again, from ``PREFIX/export.json``.  Checks that the
+    inputs have the recorded names and shapes, so a changed registry is caught here
+    rather than showing up as a mysterious timing or accuracy difference."""
+    info = read_export(prefix)
+    module, inputs = build_model(
+        info.model, info.batch, info.dtype == "float16", options=info.options, seed=info.seed
+    )
+    got = {k: list(v.shape) for k, v in inputs.items()}
+    want = {k: list(v["shape"]) for k, v in info.inputs.items()}
+    if want and got != want:
+        raise WelderError(f"rebuilt inputs {got} differ from those in {EXPORT_JSON} {want}")
+    return module, inputs, info
+
+
+def to_numpy(inputs: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The inputs as numpy arrays, keyed by ONNX input name (for onnxruntime and welder)."""
+    return {k: v.detach().cpu().numpy() for k, v in inputs.items()}
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """``key=value`` -> (key, value), the value read as JSON when it parses (``depth=2``,
+    ``depths=[1,1,1,1]``, ``qkv_bias=false``) and as a string otherwise; an argparse
+    ``type=`` for ``welder export --option``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE like seq_len=64, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def describe() -> str:
+    """The registry as lines ``name  summary`` (for ``welder export --list``)."""
+    width = max(len(n) for n in MODELS)
+    return "\n".join(f"{spec.name:<{width}}  {spec.summary}" for spec in MODELS.values())
