@@ -363,7 +363,8 @@ def test_twelve_bert_layers_are_tuned_once(tmp_path):
     cache = TuningCache(tmp_path)
     plan = tune_model(graph, ARCH, 2, cache, device)
     signatures = [group_signature(graph, g.group) for g in plan.groups]
-    assert len(plan.groups) == 24 and len(set(signatures)) < 6
+    # However the cost model fuses, the twelve layers repeat: few distinct groups.
+    assert len(plan.groups) >= 24 and len(set(signatures)) <= len(plan.groups) // 12 + 3
     assert len(device.compiles) == len(set(signatures))  # one compile per distinct group
     assert all(isinstance(g, TunedGroup) and g.latency_us == 10.0 for g in plan.groups)
     assert "Fake GPU" in plan.measure

@@ -256,18 +256,25 @@ class _Builder:
         t = self.inputs[name]
         return Tensor(name, t.shape, t.dtype)
 
-    def rename(self, mapping: dict[str, str]) -> None:
-        """Rename tensors created by the current node (its outputs get ONNX names)."""
+    def rename(self, mapping: dict[str, str], readers: Sequence[str] | None = None) -> None:
+        """Rename tensors and every load of them.  Only ``readers`` (the computes the
+        current node created, the newest in the builder) can load a tensor the node just
+        made, so only they are rewritten -- re-inserted in order, keeping the builder's
+        order topological -- and import time stays linear in the model size.  None
+        rewrites every compute."""
         if not mapping:
             return
-        renamed: dict[str, Compute] = {}
-        for name, c in self.computes.items():
-            new = c.renamed(mapping.get(name, name), mapping)
-            renamed[new.name] = new
-            if name in mapping:
-                self.origin[new.name] = self.origin.pop(name)
-        self.computes = renamed
+        if readers is None:
+            self.computes = {
+                mapping.get(n, n): c.renamed(mapping.get(n, n), mapping) for n, c in self.computes.items()
+            }
+        else:
+            for name in [n for n in readers if n in self.computes]:
+                c = self.computes.pop(name)
+                self.computes[mapping.get(name, name)] = c.renamed(mapping.get(name, name), mapping)
         for old, new in mapping.items():
+            if old in self.origin:
+                self.origin[new] = self.origin.pop(old)
             if old in self.constants:
                 self.constants[new] = self.constants.pop(old)
             self.used.add(new)
@@ -344,7 +351,7 @@ def _lower_node(
             raise UnsupportedError(f"{ctx.label}: output #{k} ({onnx_name!r}) is not supported")
         if t.name in ctx.created and t.name not in mapping and onnx_name not in b.used:
             mapping[t.name] = onnx_name
-    b.rename(mapping)
+    b.rename(mapping, readers=ctx.created)
     created = [mapping.get(n, n) for n in ctx.created]
     for k, onnx_name in enumerate(node.output):
         if onnx_name:

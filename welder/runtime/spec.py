@@ -8,7 +8,6 @@ only spell it out in C++ and nothing in them decides.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from welder.ir.interpret import np_dtype
 from welder.runtime.memory import ALIGNMENT, KernelIO, MemoryPlan, Place, Storage, plan_memory
 from welder.runtime.views import is_view
 from welder.schedule.config import GroupConfig
-from welder.schedule.group import Group
+from welder.schedule.group import Group, execution_order
 
 #: C types of tensors in nnfusion_rt.h: fixed-width and CUDA-free, so the header is plain C
 #: (fp16 data travels as its IEEE binary16 bits).
@@ -140,33 +139,6 @@ def find_views(graph: Graph, groups: Sequence[Group]) -> dict[str, str]:
         if isinstance(body, Load) and is_view(compute, graph.tensor(body.tensor).shape):
             views[compute.name] = body.tensor
     return views
-
-
-def execution_order(groups: Sequence[Group]) -> list[int]:
-    """Indices of ``groups`` in an order where every group follows the groups whose outputs it
-    reads, as close to the given order as that allows.  (Ordering groups by their roots is not
-    enough: a group's other outputs may be read before its root is computed.)"""
-    producer = {t: k for k, g in enumerate(groups) for t in g.outputs}
-    needs = [{producer[t] for t in g.inputs if t in producer} - {k} for k, g in enumerate(groups)]
-    readers: list[list[int]] = [[] for _ in groups]
-    for k, producers in enumerate(needs):
-        for p in producers:
-            readers[p].append(k)
-    missing = [len(p) for p in needs]
-    ready = [k for k, n in enumerate(missing) if n == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        k = heapq.heappop(ready)
-        order.append(k)
-        for r in readers[k]:
-            missing[r] -= 1
-            if missing[r] == 0:
-                heapq.heappush(ready, r)
-    if len(order) < len(groups):
-        cycle = [groups[k].root for k, n in enumerate(missing) if n > 0]
-        raise ValueError(f"the groups depend on each other in a cycle: {cycle}")
-    return order
 
 
 def runtime_spec(

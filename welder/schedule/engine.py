@@ -18,7 +18,7 @@ from welder.arch import Arch
 from welder.graph import Graph
 from welder.ir.expr import format_expr, rename_tensors
 from welder.schedule.config import GroupConfig
-from welder.schedule.group import Group, InvalidGroup, make_group
+from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
 from welder.schedule.policy import Options, schedule_group
 
 MAX_GROUP_MEMBERS = 48
@@ -124,7 +124,8 @@ def fuse(
         scheduled |= members
         found.append((group, latency))
     found.sort(key=lambda gl: rank[gl[0].root])
-    return FusionResult([g for g, _ in found], [lat for _, lat in found], log)
+    order = execution_order([g for g, _ in found])
+    return FusionResult([found[k][0] for k in order], [found[k][1] for k in order], log)
 
 
 def _grow(

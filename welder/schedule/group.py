@@ -9,7 +9,8 @@ stages that read them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from welder.graph import Graph
@@ -80,3 +81,30 @@ def _check_convex(graph: Graph, members: set[str], order: list) -> None:
                     f"{t!r} lies on a path that leaves the group and re-enters it at {c.name!r}"
                 )
             frontier.append(c.name)
+
+
+def execution_order(groups: Sequence[Group]) -> list[int]:
+    """Indices of ``groups`` in an order where every group follows the groups whose outputs it
+    reads, as close to the given order as that allows.  (Ordering groups by their roots is not
+    enough: a group's other outputs may be read before its root is computed.)"""
+    producer = {t: k for k, g in enumerate(groups) for t in g.outputs}
+    needs = [{producer[t] for t in g.inputs if t in producer} - {k} for k, g in enumerate(groups)]
+    readers: list[list[int]] = [[] for _ in groups]
+    for k, producers in enumerate(needs):
+        for p in producers:
+            readers[p].append(k)
+    missing = [len(p) for p in needs]
+    ready = [k for k, n in enumerate(missing) if n == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for r in readers[k]:
+            missing[r] -= 1
+            if missing[r] == 0:
+                heapq.heappush(ready, r)
+    if len(order) < len(groups):
+        cycle = [groups[k].root for k, n in enumerate(missing) if n > 0]
+        raise ValueError(f"the groups depend on each other in a cycle: {cycle}")
+    return order
