@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from welder.errors import WelderError
+from welder.export import parse_option
 
 
 def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -27,6 +28,10 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="an .onnx file, or a folder holding model.onnx")
+    _add_input_shape(p)
+
+
+def _add_input_shape(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--input-shape",
         action="append",
@@ -55,26 +60,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="interpret", help="back end to check (default: interpret)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
 
-    p = sub.add_parser("tune", help="fuse the model, choose tile configs and write PREFIX/tuned.json")
+    p = sub.add_parser("tune", help="compile a model: fuse, choose configs, generate and build the runtime")
     p.add_argument("prefix", help="a folder holding model.onnx, or an .onnx file")
-    p.add_argument(
-        "--input-shape",
-        action="append",
-        type=parse_input_shape,
-        default=[],
-        metavar="NAME=DIMS",
-        help="fix a symbolic input shape (repeatable)",
-    )
+    _add_input_shape(p)
     p.add_argument(
         "--arch",
         default="auto",
         help="GPU whose cost model drives the search: "
         "V100, A100, RTX3090, RTX4090, H100, H200 or auto (default: auto)",
     )
-    p.add_argument("--topk", type=int, default=20, help="configs kept per group (default: 20)")
+    p.add_argument("--topk", type=int, default=20, help="configs tried per group (default: 20)")
     p.add_argument("--cost-model", action="store_true", help="rank configs by the cost model only (no GPU)")
     p.add_argument("--nofusion", action="store_true", help="one kernel per node (the unfused baseline)")
+    p.add_argument(
+        "--measure-fusion", action="store_true", help="decide fusion by measured latencies (slower)"
+    )
+    p.add_argument(
+        "--cuda-arch", help="compile for this GPU architecture, e.g. 90 (default: the GPU present)"
+    )
+    p.add_argument("--no-build", action="store_true", help="emit the runtime sources but do not build them")
     p.add_argument("-o", "--output", help="output folder (default: PREFIX, or beside the .onnx file)")
+
+    p = sub.add_parser("export", help="export a PyTorch model of the benchmark set to ONNX")
+    p.add_argument("name", nargs="?", help="model name (see --list)")
+    p.add_argument("--prefix", help="output folder for model.onnx and export.json")
+    p.add_argument("--bs", type=int, default=1, help="batch size (default: 1)")
+    p.add_argument("--fp16", action="store_true", help="export in half precision (needs a GPU)")
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset (default: 17)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        type=parse_option,
+        metavar="KEY=VALUE",
+        help="model option (repeatable)",
+    )
+    p.add_argument("--list", action="store_true", help="list the models and their options")
     _add_runtime_commands(sub)
     return parser
 
@@ -120,40 +142,48 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-def output_folder(prefix: str, output: str | None) -> Path:
-    """Where ``tune`` writes: --output, the PREFIX folder, or ``<dir>/<stem>`` for a file
-    (``<dir>`` itself when the file is called model.onnx)."""
-    if output:
-        return Path(output)
-    p = Path(prefix)
-    if p.is_dir() or p.name == "model.onnx":
-        return p if p.is_dir() else p.parent
-    return p.with_suffix("")
-
-
 def cmd_tune(args: argparse.Namespace) -> int:
-    from welder.arch import get_arch
-    from welder.frontend.onnx import import_onnx
-    from welder.schedule.plan import format_summary, plan_model, write_tuned_json
+    from welder.pipeline import TuneOptions, output_folder, tune
+    from welder.schedule.plan import format_summary
 
-    if not args.cost_model:
-        raise WelderError("tuning on the GPU is not implemented yet; pass --cost-model")
-    if args.topk < 1:
-        raise WelderError("--topk must be at least 1")
-    arch = get_arch(args.arch)
-    out = output_folder(args.prefix, args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    graph = import_onnx(args.prefix, dict(args.input_shape))
-    graph.write_json(str(out / "model.json"))
-    print(graph.summary(), file=sys.stderr)
-    progress = _Progress("fusing")
-    plan = plan_model(
-        graph, arch, topk=args.topk, nofusion=args.nofusion, model=str(args.prefix), progress=progress
+    options = TuneOptions(
+        arch=args.arch,
+        topk=args.topk,
+        cost_model=args.cost_model,
+        nofusion=args.nofusion,
+        measure_fusion=args.measure_fusion,
+        cuda_arch=args.cuda_arch,
+        build=not args.no_build,
+        input_shapes=dict(args.input_shape),
     )
+    out = output_folder(args.prefix, args.output)
+    progress = _Progress("fusing")
+    result = tune(args.prefix, out, options, progress=progress)
     progress.done()
-    write_tuned_json(plan, graph, str(out / "tuned.json"))
-    print(format_summary(plan, graph))
-    print(f"wrote {out / 'model.json'} and {out / 'tuned.json'}")
+    print(format_summary(result.plan, result.graph))
+    for note in result.notes:
+        print(f"note: {note}")
+    print(
+        f"wrote {out / 'model.json'}, {out / 'tuned.json'} and the runtime sources in {out / 'nnfusion_rt'}"
+    )
+    if result.built is not None:
+        print(f"built {result.built} (main_test and the library) in {result.seconds:.1f} s in all")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from welder.export import describe, export_onnx
+
+    if args.list:
+        print(describe())
+        return 0
+    if not args.name or not args.prefix:
+        raise WelderError("export needs a model name and --prefix (see welder export --list)")
+    options = dict(args.option)
+    path = export_onnx(
+        args.name, args.prefix, args.bs, args.fp16, args.opset, options=options, seed=args.seed
+    )
+    print(f"wrote {path} and {Path(path).parent / 'export.json'}")
     return 0
 
 
@@ -199,6 +229,7 @@ COMMANDS = {
     "import": cmd_import,
     "check": cmd_check,
     "tune": cmd_tune,
+    "export": cmd_export,
     "build": cmd_build,
     "run": cmd_run,
 }

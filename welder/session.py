@@ -3,15 +3,19 @@
     sess = welder.InferenceSession("model.onnx", backend="interpret")
     [out] = sess.run(None, {"input": x})
 
-A back end is anything with ``run(feeds) -> {output name: array}`` built from the
+Back ends: ``interpret`` (the numpy reference), ``emulate`` (generated kernels on the CPU)
+and ``gpu`` (the runtime ``welder tune`` built in a PREFIX folder; the default for such a
+folder on a machine with a GPU).  A back end is anything with ``run(feeds) -> {output name: array}`` built from the
 imported graph; ``BACKENDS`` maps the names users pass to their constructors.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -56,7 +60,29 @@ class EmulateBackend:
         return self.model.run(feeds)
 
 
-BACKENDS: dict[str, Callable[..., Backend]] = {"interpret": InterpretBackend, "emulate": EmulateBackend}
+def _gpu_backend(graph: Graph, prefix: str | os.PathLike | None = None, **options: object) -> Backend:
+    from welder.runtime.library import GpuBackend
+
+    return GpuBackend(graph, prefix=prefix, **options)
+
+
+BACKENDS: dict[str, Callable[..., Backend]] = {
+    "interpret": InterpretBackend,
+    "emulate": EmulateBackend,
+    "gpu": _gpu_backend,
+}
+
+
+def default_backend(path: str | os.PathLike) -> str:
+    """``gpu`` for a folder holding a built runtime on a machine with an NVIDIA driver,
+    else the reference interpreter."""
+    from welder.runtime.layout import library_path
+
+    folder = Path(path)
+    if folder.is_dir() and library_path(folder).is_file() and shutil.which("nvidia-smi"):
+        return "gpu"
+    return "interpret"
+
 
 _ORT_TYPES = {"float32": "float", "float64": "double"}
 
@@ -78,10 +104,13 @@ class InferenceSession:
     def __init__(
         self,
         path: str | os.PathLike,
-        backend: str = "interpret",
+        backend: str | None = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         **options: object,
     ) -> None:
+        backend = backend or default_backend(path)
+        if backend == "gpu":
+            options.setdefault("prefix", path if Path(path).is_dir() else Path(path).parent)
         if backend not in BACKENDS:
             raise WelderError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         self.path = os.fspath(path)

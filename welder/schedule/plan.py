@@ -144,8 +144,12 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
 
 
 def write_tuned_json(plan: Plan, graph: Graph, path: str) -> None:
+    write_json(tuned_json(plan, graph), path)
+
+
+def write_json(doc: dict, path: str) -> None:
     with open(path, "w") as f:
-        json.dump(tuned_json(plan, graph), f, indent=1)
+        json.dump(doc, f, indent=1)
         f.write("\n")
 
 
@@ -153,7 +157,7 @@ def format_summary(plan: Plan, graph: Graph, width: int = 44) -> str:
     """The terminal table: one row per group, then totals."""
     rows = [
         f"{'#':>3}  {'group (root)':<{width}} {'ops':>4} {'stages':>6} {'tile':<16} {'smem KB':>7} "
-        f"{'traffic MB':>10} {'est us':>8} {'gain us':>8}"
+        f"{'traffic MB':>10} {'us':>8} {'gain us':>8}"
     ]
     for k, g in enumerate(plan.groups):
         grp = g.group
