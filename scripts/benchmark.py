@@ -156,14 +156,38 @@ def run_welder(prefix: Path, options: WelderOptions) -> Cell:
     tuned = time.perf_counter()
     _python(["-m", "welder.cli", "build", str(prefix), *options.build_args], options.timeout_s, env)
     built = time.perf_counter()
+    accuracy = _accuracy(prefix, env)
     budget_ms = str(1e3 * options.budget_s)
     out = _python(["-c", WELDER_TIMING, str(prefix), "1" if options.cuda_graph else "0", budget_ms], 600, env)
     return Cell(
         ms=float(out.split()[-1]),
         build_s=built - start,
-        detail=f"tune {tuned - start:.0f} s + build {built - tuned:.0f} s, topk {options.topk}"
+        detail=f"tune {tuned - start:.0f} s + build {built - tuned:.0f} s, topk {options.topk}, {accuracy}"
         + (", CUDA graph" if options.cuda_graph else ""),
     )
+
+
+def _accuracy(prefix: Path, env: dict[str, str]) -> str:
+    """test_acc's verdict and worst metric, so every timing is next to its correctness."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "artifacts" / "test_acc.py"), str(prefix)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, **env),
+        cwd=ROOT,
+    )
+    verdict = "PASS" if proc.returncode == 0 else "FAIL"
+    errors = [float(w) for line in proc.stdout.splitlines() for w in line.split() if _is_metric(w)]
+    worst = f" (max err {max(errors):.1e})" if errors else ""
+    return f"test_acc {verdict}{worst}"
+
+
+def _is_metric(word: str) -> bool:
+    try:
+        return "e" in word and float(word) >= 0
+    except ValueError:
+        return False
 
 
 def _python(args: Sequence[str], timeout_s: float, extra_env: dict[str, str] | None = None) -> str:

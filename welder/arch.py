@@ -1,9 +1,11 @@
 """GPU descriptions that drive the cost model and the limits every config must obey.
 
 Numbers are the vendor's published figures (whitepapers and the CUDA programming guide's
-per-compute-capability tables); each entry names its source.  Shared-memory bandwidth is
-derived as 32 banks x 4 bytes per clock per SM at the boost clock.  ``auto`` reads the
-local GPU and picks the matching description.
+per-compute-capability tables); each entry names its source.  L2 bandwidth is not
+published per product; ``l2_bw_gbs`` is a conservative estimate of about two to two and a
+half times the DRAM bandwidth, in line with micro-benchmark reports for these parts.
+Shared-memory bandwidth is derived as 32 banks x 4 bytes per clock per SM at the boost
+clock.  ``auto`` reads the local GPU and picks the matching description.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Arch:
     clock_ghz: float  # boost clock
     global_bw_gbs: float  # DRAM bandwidth, GB/s
     l2_bytes: int
+    l2_bw_gbs: float  # aggregate L2 read bandwidth (estimated: see ``source``)
     fp32_tflops: float
     fp16_tc_tflops: float  # dense tensor-core throughput with fp32 accumulation
     tf32_tc_tflops: float
@@ -76,6 +79,7 @@ ARCHS: dict[str, Arch] = {
         clock_ghz=1.53,
         global_bw_gbs=900,
         l2_bytes=6 * 2**20,
+        l2_bw_gbs=2500,
         fp32_tflops=15.7,
         fp16_tc_tflops=125,
         tf32_tc_tflops=0.0,
@@ -98,6 +102,7 @@ ARCHS: dict[str, Arch] = {
         clock_ghz=1.41,
         global_bw_gbs=1555,
         l2_bytes=40 * 2**20,
+        l2_bw_gbs=5000,
         fp32_tflops=19.5,
         fp16_tc_tflops=312,
         tf32_tc_tflops=156,
@@ -120,6 +125,7 @@ ARCHS: dict[str, Arch] = {
         clock_ghz=1.695,
         global_bw_gbs=936,
         l2_bytes=6 * 2**20,
+        l2_bw_gbs=2000,
         fp32_tflops=35.6,
         fp16_tc_tflops=71,
         tf32_tc_tflops=35.6,
@@ -142,6 +148,7 @@ ARCHS: dict[str, Arch] = {
         clock_ghz=2.52,
         global_bw_gbs=1008,
         l2_bytes=72 * 2**20,
+        l2_bw_gbs=3500,
         fp32_tflops=82.6,
         fp16_tc_tflops=165,
         tf32_tc_tflops=82.6,
@@ -164,6 +171,7 @@ ARCHS: dict[str, Arch] = {
         clock_ghz=1.98,
         global_bw_gbs=3350,
         l2_bytes=50 * 2**20,
+        l2_bw_gbs=7000,
         fp32_tflops=67,
         fp16_tc_tflops=989,
         tf32_tc_tflops=494,
@@ -186,6 +194,7 @@ ARCHS: dict[str, Arch] = {
         clock_ghz=1.98,
         global_bw_gbs=4800,
         l2_bytes=60 * 2**20,
+        l2_bw_gbs=7000,
         fp32_tflops=67,
         fp16_tc_tflops=989,
         tf32_tc_tflops=494,

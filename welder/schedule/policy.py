@@ -94,7 +94,22 @@ def schedule_group(
     results.sort(
         key=lambda c: (c.estimate.latency_us, c.estimate.read_bytes + c.estimate.write_bytes, c.block_tile)
     )
-    return results[: options.topk]
+    return diverse_topk(results, options.topk)
+
+
+def diverse_topk(ranked: list[GroupConfig], k: int) -> list[GroupConfig]:
+    """The best ``k`` configs, except that no block size takes more than a third of the
+    places while others are available: the cost model is least sure how block size trades
+    occupancy against reuse, so measurement should see several."""
+    cap = max(1, -(-k // 3))
+    chosen: list[GroupConfig] = []
+    per_size: dict[int, int] = {}
+    for cfg in ranked:
+        if len(chosen) < k and per_size.get(cfg.threads, 0) < cap:
+            chosen.append(cfg)
+            per_size[cfg.threads] = per_size.get(cfg.threads, 0) + 1
+    chosen += [c for c in ranked if all(c is not x for x in chosen)][: k - len(chosen)]
+    return chosen
 
 
 # -- tiles ------------------------------------------------------------------------------------
@@ -397,9 +412,8 @@ def estimate_cost(
         points = math.prod(st.tile) * math.prod(a.extent for a in c.reduce_axes)
         flops_block += points * max(1, _arith_ops(c))
         smem_block += _smem_traffic(c, st, group, dtype_of)
-    latency = _kernel_time(
-        blocks, blocks_per_sm, threads, read_block + write_block, flops_block, smem_block, arch
-    )
+    dram_bytes = _dram_equivalent_bytes(group, read_block, write_block, blocks, shape_of, dtype_of, arch)
+    latency = _kernel_time(blocks, blocks_per_sm, threads, dram_bytes, flops_block, smem_block, arch)
     return Estimate(
         blocks=blocks,
         blocks_per_sm=blocks_per_sm,
@@ -413,11 +427,39 @@ def estimate_cost(
     )
 
 
+def _dram_equivalent_bytes(
+    group: Group,
+    read_block: int,
+    write_block: int,
+    blocks: int,
+    shape_of: ShapeOf,
+    dtype_of: DtypeOf,
+    arch: Arch,
+) -> float:
+    """Per-block traffic weighted by where it is served from.  Every tensor is fetched from
+    DRAM once (compulsory traffic); blocks re-reading what another block read -- the
+    weights every row tile of a matmul reads, halos -- hit L2 when the whole footprint fits
+    there, which is the common case at inference batch sizes and what lets small tiles win
+    when they buy parallelism."""
+    per_block = read_block + write_block
+    total = per_block * blocks
+    if total == 0:
+        return 0.0
+    nbytes = [
+        math.prod(shape_of(t)) * np_dtype(dtype_of(t)).itemsize for t in (*group.inputs, *group.outputs)
+    ]
+    compulsory = min(total, sum(nbytes))
+    if compulsory > arch.l2_bytes:
+        return float(per_block)
+    reread = (total - compulsory) / total
+    return per_block * ((1 - reread) + reread * arch.global_bw_gbs / arch.l2_bw_gbs)
+
+
 def _kernel_time(
     blocks: int,
     blocks_per_sm: int,
     threads: int,
-    bytes_block: int,
+    bytes_block: float,
     flops_block: int,
     smem_block: int,
     arch: Arch,
