@@ -178,16 +178,14 @@ def _accuracy(prefix: Path, env: dict[str, str]) -> str:
         cwd=ROOT,
     )
     verdict = "PASS" if proc.returncode == 0 else "FAIL"
-    errors = [float(w) for line in proc.stdout.splitlines() for w in line.split() if _is_metric(w)]
+    # Rows of the report end "<max rel err> <limit> PASS|FAIL".
+    errors = [
+        float(line.split()[-3])
+        for line in proc.stdout.splitlines()
+        if line.split()[-1:] in (["PASS"], ["FAIL"]) and len(line.split()) >= 4
+    ]
     worst = f" (max err {max(errors):.1e})" if errors else ""
     return f"test_acc {verdict}{worst}"
-
-
-def _is_metric(word: str) -> bool:
-    try:
-        return "e" in word and float(word) >= 0
-    except ValueError:
-        return False
 
 
 def _python(args: Sequence[str], timeout_s: float, extra_env: dict[str, str] | None = None) -> str:
