@@ -84,3 +84,43 @@ def test_tune_builds_the_runtime_with_nvcc_and_it_checks_out_emulated(bert_prefi
     )
     assert acc.returncode == 0, acc.stdout + acc.stderr
     assert "PASS" in acc.stdout
+
+
+class _FakeGpu:
+    """The fake device of the tuner tests, behind the context-manager face of GpuDevice."""
+
+    def __init__(self, graph_holder: dict) -> None:
+        self.holder = graph_holder
+
+    def __call__(self, *args, **kwargs):
+        from test_tuner import ScriptedDevice
+
+        self.device = ScriptedDevice(self.holder["graph"])
+        return self
+
+    def __enter__(self):
+        return self.device
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def test_second_tune_takes_every_group_from_the_cache(bert_prefix: Path, tmp_path: Path, monkeypatch, capsys):
+    """`welder tune` twice on the same model: the second run measures nothing."""
+    import welder.pipeline as pipeline
+    from welder.frontend.onnx import import_onnx
+
+    holder = {"graph": import_onnx(bert_prefix / "model.onnx")}
+    fake = _FakeGpu(holder)
+    monkeypatch.setenv("WELDER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(pipeline, "gpu_available", lambda: True)
+    monkeypatch.setattr(pipeline, "GpuDevice", fake)
+    monkeypatch.setattr(pipeline, "match_gpu_name", lambda name: pipeline.get_arch("H100"))
+    argv = ["tune", str(bert_prefix), "--arch", "H100", "--topk", "2", "--no-build"]
+    assert main(argv) == 0
+    first = json.loads((bert_prefix / "tuned.json").read_text())["groups"]
+    assert not any(g["from_cache"] for g in first) and fake.device.timed
+    assert main(argv) == 0
+    second = json.loads((bert_prefix / "tuned.json").read_text())["groups"]
+    assert all(g["from_cache"] for g in second), [g["from_cache"] for g in second]
+    assert fake.device.timed == [] and fake.device.compiles == []

@@ -103,9 +103,12 @@ def _traffic(cfg: GroupConfig) -> int:
 
 
 def tuned_json(plan: Plan, graph: Graph) -> dict:
+    """The plan as JSON (``tuned.json``); measured plans add, per group, whether its
+    config came from the tuning cache and how many candidates were tried."""
     groups = []
     for k, g in enumerate(plan.groups):
         grp = g.group
+        measured = {x: getattr(g, x) for x in ("measured_us", "candidates", "from_cache") if hasattr(g, x)}
         groups.append(
             {
                 "index": k,
@@ -121,6 +124,7 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
                 "unfused_latency_us": round(g.unfused_us, 4),
                 "gain_us": round(g.unfused_us - g.latency_us, 4),
                 "configs": [c.to_json() for c in g.configs],
+                **measured,
             }
         )
     return {
