@@ -49,8 +49,9 @@ class Estimate:
     blocks: int
     blocks_per_sm: int
     waves: int
-    read_bytes: int  # global memory, whole kernel, rounded to transactions
+    read_bytes: int  # global memory, whole kernel, rounded to transactions, re-reads included
     write_bytes: int
+    compulsory_bytes: int  # every tensor the kernel touches, once: what must cross DRAM
     flops: int
     smem_bytes: int
     regs_per_thread: int

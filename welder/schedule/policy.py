@@ -412,7 +412,8 @@ def estimate_cost(
         points = math.prod(st.tile) * math.prod(a.extent for a in c.reduce_axes)
         flops_block += points * max(1, _arith_ops(c))
         smem_block += _smem_traffic(c, st, group, dtype_of)
-    dram_bytes = _dram_equivalent_bytes(group, read_block, write_block, blocks, shape_of, dtype_of, arch)
+    compulsory = min((read_block + write_block) * blocks, _io_bytes(group, shape_of, dtype_of))
+    dram_bytes = _dram_equivalent_bytes(read_block + write_block, blocks, compulsory, arch)
     latency = _kernel_time(blocks, blocks_per_sm, threads, dram_bytes, flops_block, smem_block, arch)
     return Estimate(
         blocks=blocks,
@@ -420,6 +421,7 @@ def estimate_cost(
         waves=waves,
         read_bytes=read_block * blocks,
         write_bytes=write_block * blocks,
+        compulsory_bytes=compulsory,
         flops=flops_block * blocks,
         smem_bytes=smem,
         regs_per_thread=regs,
@@ -427,28 +429,22 @@ def estimate_cost(
     )
 
 
-def _dram_equivalent_bytes(
-    group: Group,
-    read_block: int,
-    write_block: int,
-    blocks: int,
-    shape_of: ShapeOf,
-    dtype_of: DtypeOf,
-    arch: Arch,
-) -> float:
+def _io_bytes(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf) -> int:
+    """Bytes of every tensor the kernel reads or writes in global memory, each once."""
+    return sum(
+        math.prod(shape_of(t)) * np_dtype(dtype_of(t)).itemsize for t in (*group.inputs, *group.outputs)
+    )
+
+
+def _dram_equivalent_bytes(per_block: int, blocks: int, compulsory: int, arch: Arch) -> float:
     """Per-block traffic weighted by where it is served from.  Every tensor is fetched from
     DRAM once (compulsory traffic); blocks re-reading what another block read -- the
     weights every row tile of a matmul reads, halos -- hit L2 when the whole footprint fits
     there, which is the common case at inference batch sizes and what lets small tiles win
     when they buy parallelism."""
-    per_block = read_block + write_block
     total = per_block * blocks
     if total == 0:
         return 0.0
-    nbytes = [
-        math.prod(shape_of(t)) * np_dtype(dtype_of(t)).itemsize for t in (*group.inputs, *group.outputs)
-    ]
-    compulsory = min(total, sum(nbytes))
     if compulsory > arch.l2_bytes:
         return float(per_block)
     reread = (total - compulsory) / total

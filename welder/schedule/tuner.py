@@ -49,7 +49,7 @@ from welder.schedule.cache import CacheKey, TuningCache
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
 from welder.schedule.group import Group, InvalidGroup, make_group
-from welder.schedule.plan import Plan, PlannedGroup
+from welder.schedule.plan import Plan, PlannedGroup, traffic_of
 from welder.schedule.policy import Options
 
 log = logging.getLogger("welder.tune")
@@ -668,7 +668,7 @@ class _ModelTuner:
         measurement does), else the cost model's estimates."""
         singles = [make_group(self.graph, [m]) for m in g.members]
         estimates = [self.cost.configs(s) for s in singles]
-        traffic = sum(c[0].estimate.read_bytes + c[0].estimate.write_bytes for c in estimates if c)
+        traffic = sum(traffic_of(c[0]) for c in estimates if c)
         if all(self.measure.known(s) for s in singles):
             results = [self.measure.tuned(s) for s in singles]
             if all(r is not None for r in results):
