@@ -118,8 +118,11 @@ def _check_invariants(graph: Graph, groups: list[Group]) -> None:
 
 
 def test_tensor_used_by_two_groups_is_always_written():
-    nodes = [helper.make_node("Exp", ["x"], ["t"]), helper.make_node("MatMul", ["t", "w1"], ["a"]),
-             helper.make_node("MatMul", ["t", "w2"], ["b"])]
+    nodes = [
+        helper.make_node("Exp", ["x"], ["t"]),
+        helper.make_node("MatMul", ["t", "w1"], ["a"]),
+        helper.make_node("MatMul", ["t", "w2"], ["b"]),
+    ]
     g = import_onnx(make_model(nodes, {"x": _w(8, 16)}, ["a", "b"], {"w1": _w(16, 4), "w2": _w(16, 4)}))
     result = fuse(g, launch_bound(g))
     _check_invariants(g, result.groups)

@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model", action="store_true", help="rank configs by the cost model only (no GPU)")
     p.add_argument("--nofusion", action="store_true", help="one kernel per node (the unfused baseline)")
     p.add_argument(
+        "--skip-dot", action="store_true", help="compute matrix products with cuBLAS, schedule the rest"
+    )
+    p.add_argument(
         "--measure-fusion", action="store_true", help="decide fusion by measured latencies (slower)"
     )
     p.add_argument(
@@ -152,6 +155,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         cost_model=args.cost_model,
         nofusion=args.nofusion,
         measure_fusion=args.measure_fusion,
+        skip_dot=args.skip_dot,
         cuda_arch=args.cuda_arch,
         build=not args.no_build,
         input_shapes=dict(args.input_shape),

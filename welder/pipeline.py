@@ -37,6 +37,7 @@ class TuneOptions:
     cost_model: bool = False
     nofusion: bool = False
     measure_fusion: bool = False
+    skip_dot: bool = False  # matrix products to cuBLAS
     cuda_arch: str | None = None  # e.g. "90"; default: the GPU present
     build: bool = True
     input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
@@ -81,7 +82,13 @@ def tune(
     graph.write_json(str(out / "model.json"))
     if options.cost_model:
         plan = plan_model(
-            graph, arch, topk=options.topk, nofusion=options.nofusion, model=str(model), progress=progress
+            graph,
+            arch,
+            topk=options.topk,
+            nofusion=options.nofusion,
+            model=str(model),
+            progress=progress,
+            skip_dot=options.skip_dot,
         )
     else:
         plan = _tune_on_gpu(graph, arch, options, str(model), notes)
@@ -90,14 +97,17 @@ def tune(
     emit_runtime(out, graph, groups, kernels, options.cuda_arch)
     built = _build(out, options, notes)
     doc = tuned_json(plan, graph)
-    for entry, kernel in zip(doc["groups"], kernels):
-        entry["kernel"] = {
-            "name": kernel.name,
-            "grid": kernel.grid,
-            "threads": kernel.threads,
-            "smem_bytes": kernel.smem_bytes,
-            "source": kernel.source,
-        }
+    generated = iter(kernels)
+    for entry in doc["groups"]:
+        if entry["library"] is None:
+            kernel = next(generated)
+            entry["kernel"] = {
+                "name": kernel.name,
+                "grid": kernel.grid,
+                "threads": kernel.threads,
+                "smem_bytes": kernel.smem_bytes,
+                "source": kernel.source,
+            }
     doc["totals"]["tuning_seconds"] = round(time.perf_counter() - start, 2)
     write_json(doc, str(out / "tuned.json"))
     return TuneResult(out, graph, plan, kernels, built, time.perf_counter() - start, notes)
@@ -148,6 +158,7 @@ def _tune_on_gpu(graph: Graph, arch: Arch, options: TuneOptions, model: str, not
             nofusion=options.nofusion,
             model=model,
             progress_stream=sys.stderr,
+            skip_dot=options.skip_dot,
         )
 
 

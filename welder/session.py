@@ -5,8 +5,9 @@
 
 Back ends: ``interpret`` (the numpy reference), ``emulate`` (generated kernels on the CPU)
 and ``gpu`` (the runtime ``welder tune`` built in a PREFIX folder; the default for such a
-folder on a machine with a GPU).  A back end is anything with ``run(feeds) -> {output name: array}`` built from the
-imported graph; ``BACKENDS`` maps the names users pass to their constructors.
+folder on a machine with a GPU).  A back end is anything with
+``run(feeds) -> {output name: array}`` built from the imported graph; ``BACKENDS`` maps
+the names users pass to their constructors.
 """
 
 from __future__ import annotations

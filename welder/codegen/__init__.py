@@ -16,8 +16,13 @@ def kernel_name(index: int, group: Group) -> str:
 
 
 def generate_model(graph: Graph, groups: Sequence[tuple[Group, GroupConfig]]) -> list[Kernel]:
-    """One kernel per group, in execution order."""
-    return [generate_kernel(graph, g, cfg, kernel_name(k, g)) for k, (g, cfg) in enumerate(groups)]
+    """One kernel per group that is not a library call (``cfg.gemm``), in the groups' order;
+    kernel names keep the group's index."""
+    return [
+        generate_kernel(graph, g, cfg, kernel_name(k, g))
+        for k, (g, cfg) in enumerate(groups)
+        if cfg.gemm is None
+    ]
 
 
 def model_source(kernels: Sequence[Kernel]) -> str:

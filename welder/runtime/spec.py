@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from welder.check import integer_input_bounds
 from welder.codegen.cprint import STORAGE_TYPES
@@ -20,7 +21,7 @@ from welder.ir.expr import Load
 from welder.ir.interpret import np_dtype
 from welder.runtime.memory import ALIGNMENT, KernelIO, MemoryPlan, Place, Storage, plan_memory
 from welder.runtime.views import is_view
-from welder.schedule.config import GroupConfig
+from welder.schedule.config import GemmSpec, GroupConfig
 from welder.schedule.group import Group, execution_order
 
 #: C types of tensors in nnfusion_rt.h: fixed-width and CUDA-free, so the header is plain C
@@ -42,6 +43,14 @@ PUBLIC_TYPES = {
 
 #: Dynamic shared memory a kernel gets without opting in (cudaFuncSetAttribute).
 DEFAULT_SMEM_LIMIT = 48 * 1024
+
+#: cuBLAS's element types for ours.
+CUDA_DATA_TYPES = {"float32": "CUDA_R_32F", "float16": "CUDA_R_16F"}
+#: cuBLAS's compute types for the accumulation dtype (32F: exact fp32, no TF32).
+CUBLAS_COMPUTE_TYPES = {"float32": "CUBLAS_COMPUTE_32F"}
+#: The workspace every cuBLAS call uses: what cuBLAS recommends for Hopper (4 MiB suffices
+#: before it).  One fixed buffer keeps each CUDA-graph capture from allocating its own.
+CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class ArgSpec:
 
 @dataclass(frozen=True)
 class LaunchSpec:
+    kind: ClassVar[str] = "kernel"
     name: str
     comment: str
     grid: int
@@ -84,6 +94,40 @@ class LaunchSpec:
     @property
     def needs_smem_opt_in(self) -> bool:
         return self.smem_bytes > DEFAULT_SMEM_LIMIT
+
+
+@dataclass(frozen=True)
+class GemmCallSpec:
+    """One ``cublasGemmStridedBatchedEx`` call, in cuBLAS's column-major terms.  The row-major
+    product C = A.B is C^T = B^T.A^T in column-major storage, so ``a`` is the row-major B
+    and ``b`` the row-major A, and m, n are the row-major N, M.  ``a``, ``b`` and ``c`` are
+    C expressions for the matrices' first elements."""
+
+    kind: ClassVar[str] = "gemm"
+    comment: str
+    transa: str  # CUBLAS_OP_N or CUBLAS_OP_T
+    transb: str
+    m: int
+    n: int
+    k: int
+    a: str
+    lda: int
+    stride_a: int
+    b: str
+    ldb: int
+    stride_b: int
+    c: str
+    ldc: int
+    stride_c: int
+    batch: int
+    data_type: str  # CUDA_R_32F, CUDA_R_16F
+    compute_type: str  # CUBLAS_COMPUTE_32F
+
+    @property
+    def label(self) -> str:
+        """What a failure message calls it, as a C string literal."""
+        dims = f"m={self.m} n={self.n} k={self.k} batch={self.batch}"
+        return c_string(f"cublasGemmStridedBatchedEx for {self.comment} ({dims})")
 
 
 @dataclass(frozen=True)
@@ -109,7 +153,7 @@ class RuntimeSpec:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     shapes: list[int]  # every input's then every output's dims, one flat table
-    launches: list[LaunchSpec]
+    steps: list[LaunchSpec | GemmCallSpec]  # in execution order
     copies: list[CopySpec]
     weights: list[WeightSpec]
     memory: MemoryPlan
@@ -118,6 +162,19 @@ class RuntimeSpec:
     staging_bytes: int
     cuda_arch: str | None = None
     cuda_libraries: tuple[str, ...] = field(default_factory=tuple)
+    cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES
+
+    @property
+    def launches(self) -> list[LaunchSpec]:
+        return [s for s in self.steps if isinstance(s, LaunchSpec)]
+
+    @property
+    def gemms(self) -> list[GemmCallSpec]:
+        return [s for s in self.steps if isinstance(s, GemmCallSpec)]
+
+    @property
+    def uses_cublas(self) -> bool:
+        return "cublas" in self.cuda_libraries
 
     @property
     def pool_bytes(self) -> int:
@@ -148,37 +205,46 @@ def runtime_spec(
     cuda_arch: str | None = None,
     cuda_libraries: Sequence[str] = (),
 ) -> RuntimeSpec:
-    """The runtime for ``graph`` scheduled as ``groups_with_configs`` with one kernel per
-    group (``kernels``, in the same order); view groups' kernels are left out."""
-    if len(groups_with_configs) != len(kernels):
-        raise ValueError(f"{len(groups_with_configs)} groups but {len(kernels)} kernels (one per group)")
+    """The runtime for ``graph`` scheduled as ``groups_with_configs``: one kernel of ``kernels``
+    per generated group, in the same order, and one cuBLAS call per library group (its
+    config's ``gemm``); view groups run nothing.  A runtime that calls cuBLAS links it."""
+    generated = [g for g, cfg in groups_with_configs if cfg.gemm is None]
+    if len(generated) != len(kernels):
+        raise ValueError(f"{len(generated)} generated groups but {len(kernels)} kernels (one per group)")
+    kernel_of = {g.root: k for g, k in zip(generated, kernels)}
     order = execution_order([g for g, _ in groups_with_configs])
-    groups = [groups_with_configs[k][0] for k in order]
-    views = find_views(graph, groups)
-    launched = [kernels[k] for k, g in zip(order, groups) if g.root not in views]
-    io = [
-        KernelIO(
-            tuple(p.tensor for p in k.params if not p.is_output),
-            tuple(p.tensor for p in k.params if p.is_output),
-        )
-        for k in launched
+    ordered = [groups_with_configs[k] for k in order]
+    views = find_views(graph, [g for g, _ in ordered])
+    runs: list[Kernel | GemmSpec] = [
+        cfg.gemm if cfg.gemm is not None else kernel_of[g.root] for g, cfg in ordered if g.root not in views
     ]
-    memory = plan_memory(graph, io, views)
+    memory = plan_memory(graph, [_io(r) for r in runs], views)
     inputs, outputs, shapes, staging_bytes = _interface(graph)
+    libraries = [*cuda_libraries, *(["cublas"] if any(isinstance(r, GemmSpec) for r in runs) else [])]
     return RuntimeSpec(
         model=sanitize_comment(graph.name),
         inputs=inputs,
         outputs=outputs,
         shapes=shapes,
-        launches=[_launch(k, memory) for k in launched],
+        steps=[_launch(r, memory) if isinstance(r, Kernel) else _gemm_call(r, memory) for r in runs],
         copies=[CopySpec(c.output, _address(c.source), c.nbytes) for c in memory.copies if c.nbytes > 0],
         weights=[_weight(k, name, offset, graph) for k, (name, offset) in enumerate(memory.weights.items())],
         memory=memory,
         views=views,
-        kernel_sources=[k.source for k in launched],
+        kernel_sources=[r.source for r in runs if isinstance(r, Kernel)],
         staging_bytes=staging_bytes,
         cuda_arch=cuda_arch,
-        cuda_libraries=tuple(cuda_libraries),
+        cuda_libraries=tuple(dict.fromkeys(libraries)),
+    )
+
+
+def _io(run: Kernel | GemmSpec) -> KernelIO:
+    """The tensors one launch or library call reads and writes."""
+    if isinstance(run, GemmSpec):
+        return KernelIO(tuple(dict.fromkeys((run.a, run.b))), (run.c,))
+    return KernelIO(
+        tuple(p.tensor for p in run.params if not p.is_output),
+        tuple(p.tensor for p in run.params if p.is_output),
     )
 
 
@@ -250,14 +316,40 @@ def _launch(kernel: Kernel, memory: MemoryPlan) -> LaunchSpec:
     )
 
 
-def _address(storage: Storage) -> str:
-    """The C expression for where a tensor lives (names as in nnfusion_rt.cu.j2)."""
-    if storage.place is Place.INPUT:
-        return f"in{storage.index}"
-    if storage.place is Place.OUTPUT:
-        return f"out{storage.index}"
+def _gemm_call(gemm: GemmSpec, memory: MemoryPlan) -> GemmCallSpec:
+    """The cuBLAS call for ``gemm``: row-major operands swapped into column-major ones."""
+    size = np_dtype(gemm.dtype).itemsize
+    return GemmCallSpec(
+        comment=sanitize_comment(gemm.c),
+        transa="CUBLAS_OP_T" if gemm.trans_b else "CUBLAS_OP_N",
+        transb="CUBLAS_OP_T" if gemm.trans_a else "CUBLAS_OP_N",
+        m=gemm.n,
+        n=gemm.m,
+        k=gemm.k,
+        a=_address(memory[gemm.b], gemm.offset_b * size),
+        lda=gemm.ldb,
+        stride_a=gemm.stride_b,
+        b=_address(memory[gemm.a], gemm.offset_a * size),
+        ldb=gemm.lda,
+        stride_b=gemm.stride_a,
+        c=_address(memory[gemm.c]),
+        ldc=gemm.ldc,
+        stride_c=gemm.stride_c,
+        batch=gemm.batch,
+        data_type=CUDA_DATA_TYPES[gemm.dtype],
+        compute_type=CUBLAS_COMPUTE_TYPES[gemm.compute_dtype],
+    )
+
+
+def _address(storage: Storage, extra_bytes: int = 0) -> str:
+    """The C expression for where a tensor lives (names as in nnfusion_rt.cu.j2), plus
+    ``extra_bytes`` (then a byte pointer: the interface's pointers are typed)."""
+    if storage.place in (Place.INPUT, Place.OUTPUT):
+        name = f"{'in' if storage.place is Place.INPUT else 'out'}{storage.index}"
+        return f"reinterpret_cast<const unsigned char*>({name}) + {extra_bytes}" if extra_bytes else name
     base = "g_weights" if storage.place is Place.WEIGHT else "g_pool"
-    return f"{base} + {storage.offset}" if storage.offset else base
+    offset = storage.offset + extra_bytes
+    return f"{base} + {offset}" if offset else base
 
 
 def _aligned(nbytes: int) -> int:

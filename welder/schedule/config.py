@@ -58,6 +58,41 @@ class Estimate:
     latency_us: float
 
 
+@dataclass(frozen=True)
+class GemmSpec:
+    """A group that one strided batched matrix product of a vendor library computes:
+    ``C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]`` for ``b < batch``, in row-major terms.
+
+    Element ``(b, m, k)`` of A is at ``offset_a + b * stride_a + m * lda + k`` in tensor ``a``
+    (``k * lda + m`` when ``trans_a``: A is stored as K x M); element ``(b, k, n)`` of B at
+    ``offset_b + b * stride_b + k * ldb + n`` (``n * ldb + k`` when ``trans_b``); C is the
+    group's output, ``b * stride_c + m * ldc + n``.  Units are elements; a batch stride of 0
+    broadcasts that operand over the batch.  A, B and C share ``dtype``; products accumulate
+    in ``compute_dtype``.
+    """
+
+    a: str
+    b: str
+    c: str
+    batch: int
+    m: int
+    n: int
+    k: int
+    trans_a: bool
+    trans_b: bool
+    lda: int
+    ldb: int
+    ldc: int
+    stride_a: int
+    stride_b: int
+    stride_c: int
+    offset_a: int
+    offset_b: int
+    dtype: str
+    compute_dtype: str = "float32"
+    library: str = "cublas"
+
+
 @dataclass
 class GroupConfig:
     root: str
@@ -68,6 +103,7 @@ class GroupConfig:
     stages: list[StageConfig]
     smem_bytes: int
     estimate: Estimate
+    gemm: GemmSpec | None = None  # set: the group is a library call, the tiling fields are unused
 
     @property
     def num_blocks(self) -> int:
@@ -92,7 +128,8 @@ class GroupConfig:
             replace(st, node=n(st.node), staged=[replace(sd, tensor=n(sd.tensor)) for sd in st.staged])
             for st in self.stages
         ]
-        return replace(self, root=n(self.root), stages=stages)
+        gemm = self.gemm and replace(self.gemm, a=n(self.gemm.a), b=n(self.gemm.b), c=n(self.gemm.c))
+        return replace(self, root=n(self.root), stages=stages, gemm=gemm)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> GroupConfig:
@@ -100,8 +137,14 @@ class GroupConfig:
         for s in d["stages"]:
             staged = [StagedInput(**{**x, "extents": tuple(x["extents"])}) for x in s["staged"]]
             stages.append(StageConfig(**{**_tuples(s, StageConfig), "staged": staged}))
+        gemm = GemmSpec(**d["gemm"]) if d.get("gemm") else None
         return GroupConfig(
-            **{**_tuples(d, GroupConfig), "stages": stages, "estimate": Estimate(**d["estimate"])}
+            **{
+                **_tuples(d, GroupConfig),
+                "stages": stages,
+                "estimate": Estimate(**d["estimate"]),
+                "gemm": gemm,
+            }
         )
 
 

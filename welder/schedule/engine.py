@@ -19,6 +19,7 @@ from welder.graph import Graph
 from welder.ir.expr import format_expr, rename_tensors
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
+from welder.schedule.library import LibraryGroup
 from welder.schedule.policy import Options, schedule_group
 
 MAX_GROUP_MEMBERS = 48
@@ -103,12 +104,17 @@ def fuse(
     measure: LatencyMeasure,
     nofusion: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    library: Sequence[LibraryGroup] = (),
 ) -> FusionResult:
-    """Partition the graph into groups, in execution order."""
+    """Partition the graph into groups, in execution order.
+
+    ``library`` lists groups a vendor library computes (``--skip-dot``: see
+    ``welder.schedule.library``).  They are fixed before the search, nothing fuses with them
+    and they are not measured: their latency is the library's estimate."""
     order = [n.name for n in graph.topo_order()]
     rank = {n: k for k, n in enumerate(order)}
-    scheduled: set[str] = set()
-    found: list[tuple[Group, float]] = []
+    scheduled: set[str] = {m for lg in library for m in lg.group.members}
+    found: list[tuple[Group, float]] = [(lg.group, lg.latency_us) for lg in library]
     log: list[str] = []
     for k, name in enumerate(order):
         if progress:

@@ -12,6 +12,7 @@ from welder.graph import Graph
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, fuse, group_signature
 from welder.schedule.group import Group, make_group
+from welder.schedule.library import LibraryGroup, find_gemm_groups
 from welder.schedule.policy import Options
 
 
@@ -30,6 +31,18 @@ class PlannedGroup:
     def traffic_bytes(self) -> int:
         return traffic_of(self.configs[0])
 
+    @property
+    def library(self) -> str | None:
+        """The vendor library that computes this group ("cublas"), None for a generated kernel."""
+        gemm = self.configs[0].gemm
+        return gemm.library if gemm is not None else None
+
+
+def library_planned(lg: LibraryGroup) -> PlannedGroup:
+    """A library group in a plan: its one marker config; it has no unfused alternative, so
+    its unfused baseline is itself."""
+    return PlannedGroup(lg.group, [lg.config], lg.latency_us, traffic_of(lg.config))
+
 
 @dataclass
 class Plan:
@@ -41,6 +54,16 @@ class Plan:
     groups: list[PlannedGroup]
     seconds: float
     log: list[str] = field(default_factory=list)
+    skip_dot: bool = False
+
+    @property
+    def library_calls(self) -> int:
+        return sum(1 for g in self.groups if g.library is not None)
+
+    @property
+    def kernels(self) -> int:
+        """Groups that are generated kernels (views included)."""
+        return len(self.groups) - self.library_calls
 
     @property
     def latency_us(self) -> float:
@@ -70,13 +93,19 @@ def plan_model(
     nofusion: bool = False,
     model: str = "",
     progress: Callable[[int, int], None] | None = None,
+    skip_dot: bool = False,
 ) -> Plan:
-    """Fuse ``graph`` and pick configs with the cost model."""
+    """Fuse ``graph`` and pick configs with the cost model; with ``skip_dot`` every matrix
+    product the library can compute is a cuBLAS call instead of a kernel."""
     start = time.perf_counter()
     cost = CostModel(graph, arch, Options(topk=topk))
-    result = fuse(graph, cost, nofusion=nofusion, progress=progress)
+    library = {lg.group.root: lg for lg in find_gemm_groups(graph, arch)} if skip_dot else {}
+    result = fuse(graph, cost, nofusion=nofusion, progress=progress, library=list(library.values()))
     groups = []
     for group in result.groups:
+        if group.root in library:
+            groups.append(library_planned(library[group.root]))
+            continue
         singles = [cost.configs(make_group(graph, [m]))[0] for m in group.members]
         groups.append(
             PlannedGroup(
@@ -95,6 +124,7 @@ def plan_model(
         groups,
         time.perf_counter() - start,
         result.log,
+        skip_dot,
     )
 
 
@@ -126,6 +156,7 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
                 "latency_us": g.latency_us,
                 "unfused_latency_us": round(g.unfused_us, 4),
                 "gain_us": round(g.unfused_us - g.latency_us, 4),
+                "library": g.library,
                 "configs": [c.to_json() for c in g.configs],
                 **measured,
             }
@@ -137,9 +168,11 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
         "measure": plan.measure,
         "topk": plan.topk,
         "nofusion": plan.nofusion,
+        "skip_dot": plan.skip_dot,
         "groups": groups,
         "totals": {
-            "kernels": len(plan.groups),
+            "kernels": plan.kernels,
+            "library_calls": plan.library_calls,
             "estimated_latency_us": round(plan.latency_us, 3),
             "traffic_bytes": plan.traffic_bytes,
             "unfused_kernels": plan.unfused_kernels,
@@ -170,7 +203,7 @@ def format_summary(plan: Plan, graph: Graph, width: int = 44) -> str:
         grp = g.group
         cfg = g.configs[0]
         root = grp.root if len(grp.root) <= width else "..." + grp.root[-(width - 3) :]
-        tile = "x".join(map(str, cfg.block_tile)) or "1"
+        tile = "cuBLAS" if g.library == "cublas" else "x".join(map(str, cfg.block_tile)) or "1"
         rows.append(
             f"{k:>3}  {root:<{width}} {len(grp.members):>4} {len(grp.stages):>6} {tile:<16} "
             f"{cfg.smem_bytes / 1024:>7.1f} {g.traffic_bytes / 1e6:>10.3f} {g.latency_us:>8.2f} "
@@ -184,8 +217,9 @@ def format_summary(plan: Plan, graph: Graph, width: int = 44) -> str:
         if measured
         else f"estimated latency {plan.latency_us:.1f} us"
     )
+    calls = f" + {plan.library_calls} cuBLAS calls" if plan.library_calls else ""
     rows.append(
-        f"{len(plan.groups)} kernels (unfused: {plan.unfused_kernels}); {latency} "
+        f"{plan.kernels} kernels{calls} (unfused: {plan.unfused_kernels}); {latency} "
         f"(unfused: {plan.unfused_latency_us:.1f} us); compulsory DRAM traffic "
         f"{plan.traffic_bytes / mb:.2f} MB (unfused: {plan.unfused_traffic_bytes / mb:.2f} MB); "
         f"arch {plan.arch.name}, {plan.measure}, {plan.seconds:.1f} s"

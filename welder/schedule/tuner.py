@@ -49,7 +49,8 @@ from welder.schedule.cache import CacheKey, TuningCache
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
 from welder.schedule.group import Group, InvalidGroup, make_group
-from welder.schedule.plan import Plan, PlannedGroup, traffic_of
+from welder.schedule.library import LibraryGroup, find_gemm_groups
+from welder.schedule.plan import Plan, PlannedGroup, library_planned, traffic_of
 from welder.schedule.policy import Options
 
 log = logging.getLogger("welder.tune")
@@ -555,8 +556,10 @@ class _ModelTuner:
         seed: int,
         workers: int | None,
         stream: TextIO | None,
+        library: Sequence[LibraryGroup] = (),
     ) -> None:
         self.graph = graph
+        self.library = {lg.group.root: lg for lg in library}
         self.arch = arch
         self.topk = topk
         self.cache = cache
@@ -574,7 +577,7 @@ class _ModelTuner:
             bar.update(k + 1, f"nodes, {self.measure.tunes} groups tuned")
 
         try:
-            result = fuse(self.graph, self.measure, nofusion=nofusion, progress=progress)
+            result = fuse(self.graph, self.measure, nofusion=nofusion, progress=progress, library=self.fixed)
         except InvalidGroup as e:
             raise TuneError(
                 f"{e} on {self.device.name}; see the welder.tune log for why candidates failed"
@@ -585,10 +588,15 @@ class _ModelTuner:
         return result.groups
 
     def fuse_by_cost_model(self, nofusion: bool) -> list[Group]:
-        result = fuse(self.graph, self.cost, nofusion=nofusion)
+        result = fuse(self.graph, self.cost, nofusion=nofusion, library=self.fixed)
         self.log += result.log
-        self.tune_all(result.groups)
+        self.tune_all([g for g in result.groups if g.root not in self.library])
         return result.groups
+
+    @property
+    def fixed(self) -> list[LibraryGroup]:
+        """The groups a library computes: never searched, tuned or measured here."""
+        return list(self.library.values())
 
     def tune_all(self, groups: Sequence[Group]) -> None:
         """Tune each distinct group: compiles run in a thread pool (nvcc on every core), while
@@ -629,12 +637,16 @@ class _ModelTuner:
         """Code generation and nvcc for one group (runs in the compile pool)."""
         return compile_candidates(self.device, prepare_candidates(self.graph, group, configs))
 
-    def plan(self, groups: Sequence[Group]) -> tuple[list[TunedGroup], bool]:
+    def plan(self, groups: Sequence[Group]) -> tuple[list[PlannedGroup], bool]:
         """The tuned groups in execution order (a group without any valid candidate is split
-        into one kernel per node), and whether every unfused baseline was measured."""
-        planned: list[TunedGroup] = []
+        into one kernel per node; a library group keeps its estimate), and whether every
+        unfused baseline was measured."""
+        planned: list[PlannedGroup] = []
         all_measured = True
         for g in groups:
+            if g.root in self.library:
+                planned.append(library_planned(self.library[g.root]))
+                continue
             result = self.measure.tuned(g)
             if result is None:
                 planned += self.split(g)
@@ -702,6 +714,7 @@ def tune_model(
     seed: int = 0,
     workers: int | None = None,
     progress_stream: TextIO | None = None,
+    skip_dot: bool = False,
 ) -> Plan:
     """Fuse ``graph`` and tune every group on ``device`` (default: the local GPU).
 
@@ -709,7 +722,9 @@ def tune_model(
     way: slower, every candidate group is compiled and timed); otherwise the cost model
     fuses and only the resulting groups are tuned, their compiles spread over ``workers``
     threads.  The result is a :class:`Plan` of :class:`TunedGroup` (measured latencies);
-    ``Plan.measure`` says on which GPU and how fusion and the unfused baseline were rated."""
+    ``Plan.measure`` says on which GPU and how fusion and the unfused baseline were rated.
+    With ``skip_dot`` the matrix products go to cuBLAS: they are fixed groups that are
+    neither tuned nor measured (their latency is the library estimate)."""
     if topk < 1:
         raise WelderError("topk must be at least 1")
     if device is None:
@@ -726,9 +741,11 @@ def tune_model(
                 seed=seed,
                 workers=workers,
                 progress_stream=progress_stream,
+                skip_dot=skip_dot,
             )
     start = time.perf_counter()
-    tuner = _ModelTuner(graph, arch, topk, cache, device, seed, workers, progress_stream)
+    library = find_gemm_groups(graph, arch) if skip_dot else []
+    tuner = _ModelTuner(graph, arch, topk, cache, device, seed, workers, progress_stream, library)
     note = target_note(arch, device)
     if note:
         log.warning(note)
@@ -752,4 +769,5 @@ def tune_model(
         list(planned),
         time.perf_counter() - start,
         tuner.log,
+        skip_dot,
     )

@@ -1,0 +1,443 @@
+"""Matrix products that a vendor library computes instead of a generated kernel (``--skip-dot``).
+
+A product is recognised in the IR, not by operator name: a ``sum`` reduction of fp32 or fp16
+whose body is the product of two loads, ``C[...] = sum_r A[...] * B[...]``, where the flat
+row-major offset of every operand is affine in the axes -- so MatMul (batched, broadcast,
+1-D), Gemm with transposes and Einsum contractions like ``bhid,bhjd->bhij`` all qualify.
+:func:`match_gemm` proves the affinity exactly (per independent group of axes, as
+``welder.runtime.views`` does for reshapes) and describes the product as a
+:class:`~welder.schedule.config.GemmSpec`: batch, M, N, K, transposes, leading dimensions,
+batch strides (0 for a broadcast operand) and offsets.
+
+Operands that are *movement* computes -- a transpose, reshape, squeeze, slice or expand,
+whose body is one plain load -- are read through: the product's group absorbs the chain of
+such producers that feed only it, and the GEMM addresses the tensor underneath with strides.
+If that addressing is not a strided batched matrix, the moved operand is read as a tensor of
+its own instead -- but only where the movement starts from a computing node (a bias add),
+whose kernel then writes the moved layout at no extra cost.  Otherwise (a transpose of a
+GEMM's output that interleaves the reduction axis, say) the product stays a generated
+kernel, where the movement costs nothing.  Any other producer (a bias add, a normalisation)
+is an ordinary tensor the GEMM reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from welder.arch import Arch
+from welder.graph import Graph
+from welder.ir.compute import Axis, Compute
+from welder.ir.expr import INDEX, Binary, Expr, Load, free_vars, walk
+from welder.ir.interpret import evaluate, np_dtype
+from welder.schedule.config import Estimate, GemmSpec, GroupConfig
+from welder.schedule.group import Group, make_group
+from welder.schedule.policy import LAUNCH_OVERHEAD_US
+
+#: Element types the library computes (inputs and output alike; products accumulate in fp32).
+GEMM_DTYPES = frozenset({"float32", "float16"})
+#: Largest box of axes evaluated to prove an operand's addressing affine; beyond it the
+#: product stays a generated kernel rather than costing a long proof.
+MAX_PROOF_POINTS = 1 << 22
+
+ShapeOf = Callable[[str], tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class LibraryGroup:
+    """A group run by one library call: the product, the movement nodes it reads through,
+    and its marker config (no tiling, the GEMM description, the library's estimated time)."""
+
+    group: Group
+    config: GroupConfig
+
+    @property
+    def gemm(self) -> GemmSpec:
+        assert self.config.gemm is not None
+        return self.config.gemm
+
+    @property
+    def latency_us(self) -> float:
+        return self.config.estimate.latency_us
+
+
+def find_gemm_groups(graph: Graph, arch: Arch) -> list[LibraryGroup]:
+    """Every matrix product of ``graph`` that the library can compute, as its own group, in
+    topological order.  The groups are disjoint: an absorbed movement node feeds one product."""
+    found = []
+    for node in graph.topo_order():
+        matched = product_group(graph, node.name)
+        if matched is not None:
+            found.append(LibraryGroup(matched[0], library_config(matched[0], matched[1], arch)))
+    return found
+
+
+def product_group(graph: Graph, name: str) -> tuple[Group, GemmSpec] | None:
+    """The group that computes node ``name`` as one GEMM (the node and the movement nodes it
+    reads through) and that GEMM, or None if the library cannot compute the node."""
+    if not _is_product(graph.nodes[name].compute):
+        return None
+    for members in _member_choices(graph, name):
+        group = make_group(graph, members)
+        gemm = match_gemm(group.computes[name], lambda t: graph.tensor(t).shape)
+        if group.stages == (name,) and gemm is not None:
+            return group, gemm
+    return None
+
+
+def _member_choices(graph: Graph, name: str) -> list[set[str]]:
+    """The product with the movement it reads through; failing that, the product alone when
+    every moved operand starts from a computing node, whose kernel can write the moved layout
+    at no cost (BERT at batch > 1: the heads of [B, S, H] are no single batch stride, but the
+    bias add can write them as [B, heads, S, d]).  A movement starting from a GEMM, an input or a
+    weight would need a copy kernel: that product stays generated."""
+    absorbed = absorbed_movement(graph, name)
+    if absorbed == {name} or not all(_moved_cheaply(graph, t) for t in graph.nodes[name].inputs):
+        return [absorbed]
+    return [absorbed, {name}]
+
+
+def _moved_cheaply(graph: Graph, tensor: str) -> bool:
+    """``tensor`` is no movement, or a movement of a computing (injective, non-movement) node."""
+    if tensor not in graph.nodes or not is_movement(graph.nodes[tensor].compute):
+        return True
+    while tensor in graph.nodes and is_movement(graph.nodes[tensor].compute):
+        tensor = graph.nodes[tensor].inputs[0]
+    node = graph.nodes.get(tensor)
+    return node is not None and node.compute.is_injective
+
+
+def absorbed_movement(graph: Graph, product: str) -> set[str]:
+    """``product`` plus the movement nodes it reads through: each feeds only nodes already
+    absorbed and is not a graph output, so inlining it into the product frees its buffer."""
+    members = {product}
+    grown = True
+    while grown:
+        grown = False
+        candidates = {t for m in members for t in graph.nodes[m].inputs if t in graph.nodes} - members
+        for t in sorted(candidates):
+            if not is_movement(graph.nodes[t].compute) or t in graph.outputs:
+                continue
+            if all(c.name in members for c in graph.consumers(t)):
+                members.add(t)
+                grown = True
+    return members
+
+
+def is_movement(c: Compute) -> bool:
+    """An injective compute that only moves data: one plain load of a tensor of its own
+    dtype at data-independent indices (transpose, reshape, squeeze, slice, expand)."""
+    body = c.body
+    return (
+        c.is_injective
+        and isinstance(body, Load)
+        and body.dtype == c.dtype
+        and not any(isinstance(e, Load) for i in body.indices for e in walk(i))
+    )
+
+
+def _is_product(c: Compute) -> bool:
+    """A sum of products of two different loads (a sum of squares is a norm, not a GEMM)."""
+    body = c.body
+    return (
+        c.reduce_op == "sum"
+        and c.dtype in GEMM_DTYPES
+        and isinstance(body, Binary)
+        and body.op == "mul"
+        and isinstance(body.a, Load)
+        and isinstance(body.b, Load)
+        and body.a != body.b
+    )
+
+
+# -- matching ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Dim:
+    """One GEMM dimension: its extent and its stride in A, B and C (elements, 0 if absent)."""
+
+    extent: int
+    a: int
+    b: int
+    c: int
+
+
+def match_gemm(c: Compute, shape_of: ShapeOf) -> GemmSpec | None:
+    """``c`` as one strided batched GEMM, or None.  ``c`` must read its operands directly
+    (movement producers already inlined); ``shape_of`` gives the shapes of the tensors it
+    loads.  The output is ``c`` itself, row-major."""
+    if not _is_product(c) or 0 in c.shape or any(a.extent == 0 for a in c.reduce_axes):
+        return None
+    assert isinstance(c.body, Binary) and isinstance(c.body.a, Load) and isinstance(c.body.b, Load)
+    axes = (*c.axes, *c.reduce_axes)
+    first = _affine_layout(c.body.a, shape_of(c.body.a.tensor), axes)
+    second = _affine_layout(c.body.b, shape_of(c.body.b.tensor), axes)
+    if first is None or second is None:
+        return None
+    out_strides = _row_major_strides(c.shape)
+    spatial = [
+        _Dim(a.extent, first[1][a.name], second[1][a.name], out_strides[k])
+        for k, a in enumerate(c.axes)
+        if a.extent > 1
+    ]
+    reduce = [_Dim(a.extent, first[1][a.name], second[1][a.name], 0) for a in c.reduce_axes if a.extent > 1]
+    if any(d.a == 0 or d.b == 0 for d in reduce):
+        return None  # a broadcast along the reduction is not a matrix product
+    # The operand carrying the output's innermost axis is B (its N); C = A.B then needs no
+    # transposed output.  Swapping the loads is exact: the product commutes.
+    loads, layouts = (c.body.a, c.body.b), (first, second)
+    if spatial and spatial[-1].a != 0 and spatial[-1].b == 0:
+        loads, layouts = loads[::-1], layouts[::-1]
+        spatial = [_Dim(d.extent, d.b, d.a, d.c) for d in spatial]
+        reduce = [_Dim(d.extent, d.b, d.a, d.c) for d in reduce]
+    dims = _gemm_dims(spatial, reduce)
+    if dims is None or dims[1].extent == dims[2].extent == 1:
+        return None  # dot products reuse nothing: a reduction kernel that fuses serves them better
+    return _describe(c.name, loads, (layouts[0][0], layouts[1][0]), *dims, c.dtype)
+
+
+def _gemm_dims(spatial: list[_Dim], reduce: list[_Dim]) -> tuple[_Dim, _Dim, _Dim, _Dim] | None:
+    """(batch, M, N, K): N from the B-only axes ending at the output's innermost axis, M from
+    the A-only axes, each merged outwards while they stay one strided dimension; every other
+    output axis is batch (broadcast where one operand lacks it)."""
+    n_axes = _merge_run(spatial, lambda d: d.b != 0 and d.a == 0, start=len(spatial) - 1)
+    rest = [d for k, d in enumerate(spatial) if k not in n_axes[1]]
+    a_only = [k for k, d in enumerate(rest) if d.a != 0 and d.b == 0]
+    m_axes = _merge_run(rest, lambda d: d.a != 0 and d.b == 0, start=a_only[-1] if a_only else -1)
+    batch = [d for k, d in enumerate(rest) if k not in m_axes[1]]
+    merged_batch = _merge(batch)
+    merged_k = _merge(reduce)
+    if merged_batch is None or merged_k is None:
+        return None
+    return merged_batch, m_axes[0], n_axes[0], merged_k
+
+
+def _merge_run(dims: list[_Dim], belongs: Callable[[_Dim], bool], start: int) -> tuple[_Dim, set[int]]:
+    """The dimension ``dims[start]`` merged with the axes just outside it that also belong
+    and keep one stride in every operand; (extent 1, no axes) when ``start`` does not belong."""
+    if start < 0 or not belongs(dims[start]):
+        return _Dim(1, 0, 0, 0), set()
+    merged, used = dims[start], {start}
+    for k in range(start - 1, -1, -1):
+        joined = _join(dims[k], merged)
+        if not belongs(dims[k]) or joined is None:
+            break
+        merged = joined
+        used.add(k)
+    return merged, used
+
+
+def _merge(dims: list[_Dim]) -> _Dim | None:
+    """All of ``dims`` (outermost first) as one strided dimension, or None."""
+    merged = _Dim(1, 0, 0, 0)
+    for d in reversed(dims):
+        joined = _join(d, merged) if merged.extent > 1 else d
+        if joined is None:
+            return None
+        merged = joined
+    return merged
+
+
+def _join(outer: _Dim, inner: _Dim) -> _Dim | None:
+    """``outer`` and ``inner`` as one dimension: in each operand the outer stride must step
+    over the whole inner extent (or both be 0: broadcast)."""
+    for so, si in ((outer.a, inner.a), (outer.b, inner.b), (outer.c, inner.c)):
+        if so != si * inner.extent:
+            return None
+    return _Dim(outer.extent * inner.extent, inner.a, inner.b, inner.c)
+
+
+def _describe(
+    out: str,
+    loads: tuple[Load, Load],
+    offsets: tuple[int, int],
+    batch: _Dim,
+    m: _Dim,
+    n: _Dim,
+    k: _Dim,
+    dtype: str,
+) -> GemmSpec | None:
+    """The GemmSpec, if every matrix is row-major or transposed with unit stride inside."""
+    a = _matrix(m.extent, m.a, k.extent, k.a)
+    b = _matrix(k.extent, k.b, n.extent, n.b)
+    out_ld = _row_major_ld(m.extent, m.c, n.extent, n.c)
+    single = batch.extent == 1
+    if a is None or b is None or out_ld is None or (not single and batch.c < m.extent * out_ld):
+        return None  # (the output matrices of a batch must not interleave)
+    return GemmSpec(
+        a=loads[0].tensor,
+        b=loads[1].tensor,
+        c=out,
+        batch=batch.extent,
+        m=m.extent,
+        n=n.extent,
+        k=k.extent,
+        trans_a=a[0],
+        trans_b=b[0],
+        lda=a[1],
+        ldb=b[1],
+        ldc=out_ld,
+        stride_a=0 if single else batch.a,
+        stride_b=0 if single else batch.b,
+        stride_c=m.extent * out_ld if single else batch.c,
+        offset_a=offsets[0],
+        offset_b=offsets[1],
+        dtype=dtype,
+    )
+
+
+def _matrix(rows: int, row_stride: int, cols: int, col_stride: int) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) of a rows x cols matrix, or None if it is neither
+    row-major nor column-major with unit stride inside."""
+    ld = _row_major_ld(rows, row_stride, cols, col_stride)
+    if ld is not None:
+        return False, ld
+    ld = _row_major_ld(cols, col_stride, rows, row_stride)
+    return None if ld is None else (True, ld)
+
+
+def _row_major_ld(rows: int, row_stride: int, cols: int, col_stride: int) -> int | None:
+    """The leading dimension if elements ``(r, c)`` sit at ``r * ld + c`` with ``ld >= cols``
+    (what BLAS requires); a dimension of extent 1 takes any stride."""
+    if cols > 1 and col_stride != 1:
+        return None
+    if rows == 1:
+        return max(1, cols)
+    return row_stride if row_stride >= max(1, cols) else None
+
+
+# -- affine addressing --------------------------------------------------------------------------
+
+
+def _affine_layout(
+    load: Load, shape: Sequence[int], axes: Sequence[Axis]
+) -> tuple[int, dict[str, int]] | None:
+    """(offset, stride per axis) with ``flat(load) = offset + sum(stride[a] * a)`` at every
+    point of the axes, every index inside its dimension; None if the load is not that.
+
+    Each index expression uses the axes of one component (axes that appear together); the
+    flat offset is then a sum of one function per component, affine exactly when each is,
+    so evaluating every component over its own box proves it."""
+    if any(isinstance(e, Load) for i in load.indices for e in walk(i)):
+        return None
+    components = _components(axes, load.indices)
+    if any(math.prod(a.extent for a in comp) > MAX_PROOF_POINTS for comp in components):
+        return None
+    values = [_index_values(index, components) for index in load.indices]
+    if any(np.any(v < 0) or np.any(v >= extent) for v, extent in zip(values, shape)):
+        return None
+    strides = _row_major_strides(shape)
+    at_origin = [int(v.reshape(-1)[0]) for v in values]
+    offset = sum(s * v for s, v in zip(strides, at_origin))
+    per_axis: dict[str, int] = {a.name: 0 for a in axes}
+    for comp in components:
+        names = {a.name for a in comp}
+        flat = offset + sum(
+            s * (v - o)
+            for s, v, o, index in zip(strides, values, at_origin, load.indices)
+            if free_vars(index) & names
+        )
+        found = _affine_strides(np.asarray(flat), comp, offset)
+        if found is None:
+            return None
+        per_axis.update(found)
+    return offset, per_axis
+
+
+def _components(axes: Sequence[Axis], indices: Sequence[Expr]) -> list[tuple[Axis, ...]]:
+    """The axes grouped so that no index expression uses axes of two groups."""
+    group = {a.name: k for k, a in enumerate(axes)}
+    for index in indices:
+        used = sorted({group[n] for n in free_vars(index)})
+        for g in used[1:]:
+            group = {n: used[0] if k == g else k for n, k in group.items()}
+    by_group: dict[int, list[Axis]] = {}
+    for a in axes:
+        by_group.setdefault(group[a.name], []).append(a)
+    return [tuple(g) for g in by_group.values()]
+
+
+def _index_values(index: Expr, components: Sequence[tuple[Axis, ...]]) -> np.ndarray:
+    """``index`` over the box of the component whose axes it uses (a scalar if none)."""
+    used = free_vars(index)
+    comp = next((c for c in components if used & {a.name for a in c}), ())
+    return np.asarray(evaluate(Compute("gemm_layout", tuple(comp), index, INDEX), {}), dtype=np.int64)
+
+
+def _affine_strides(flat: np.ndarray, comp: tuple[Axis, ...], offset: int) -> dict[str, int] | None:
+    """Stride per axis of ``comp`` if ``flat`` (over the component's box) is
+    ``offset + sum(stride * axis)``."""
+    if flat.ndim == 0:
+        flat = np.broadcast_to(flat, tuple(a.extent for a in comp))
+    strides = {}
+    predicted = np.full(flat.shape, offset, dtype=np.int64)
+    for k, a in enumerate(comp):
+        unit = tuple(1 if j == k and a.extent > 1 else 0 for j in range(len(comp)))
+        stride = int(flat[unit]) - offset
+        strides[a.name] = stride
+        shape = [1] * len(comp)
+        shape[k] = a.extent
+        predicted = predicted + stride * np.arange(a.extent, dtype=np.int64).reshape(shape)
+    return strides if np.array_equal(flat, predicted) else None
+
+
+def _row_major_strides(shape: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return strides[::-1]
+
+
+# -- the marker config ------------------------------------------------------------------------
+
+
+def library_config(group: Group, gemm: GemmSpec, arch: Arch) -> GroupConfig:
+    """The config of a library group: no tiling, the GEMM, and an estimate of its time as the
+    roofline of its arithmetic and its compulsory traffic (the library picks its own tiles)."""
+    return GroupConfig(
+        root=group.root,
+        block_tile=(),
+        grid=(),
+        block_order=(),
+        threads=0,
+        stages=[],
+        smem_bytes=0,
+        estimate=gemm_estimate(gemm, arch),
+        gemm=gemm,
+    )
+
+
+def gemm_estimate(gemm: GemmSpec, arch: Arch) -> Estimate:
+    """Roofline time of one GEMM call: max(flops / peak, bytes / DRAM bandwidth) plus a launch."""
+    size = np_dtype(gemm.dtype).itemsize
+    read = size * (
+        _batches(gemm.stride_a, gemm.batch) * gemm.m * gemm.k
+        + _batches(gemm.stride_b, gemm.batch) * gemm.k * gemm.n
+    )
+    write = size * gemm.batch * gemm.m * gemm.n
+    flops = 2 * gemm.batch * gemm.m * gemm.n * gemm.k
+    peak_tflops = arch.fp16_tc_tflops if gemm.dtype == "float16" else arch.fp32_tflops
+    compute_us = flops / (peak_tflops * 1e6)
+    memory_us = (read + write) / (arch.global_bw_gbs * 1e3)
+    return Estimate(
+        blocks=0,
+        blocks_per_sm=0,
+        waves=0,
+        read_bytes=read,
+        write_bytes=write,
+        compulsory_bytes=read + write,
+        flops=flops,
+        smem_bytes=0,
+        regs_per_thread=0,
+        latency_us=max(compute_us, memory_us) + LAUNCH_OVERHEAD_US,
+    )
+
+
+def _batches(stride: int, batch: int) -> int:
+    """How many distinct matrices an operand holds: one when broadcast over the batch."""
+    return batch if stride else 1
