@@ -457,9 +457,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the markdown table here (it is printed either way)")
     p.add_argument("--json", help="rows as JSON; rows of other configs already there are kept")
     p.add_argument("--topk", type=int, default=20, help="welder tune --topk (default 20)")
-    p.add_argument("--tune-args", default="", help="more welder tune flags, e.g. '--cost-model'")
     p.add_argument(
-        "--build-args", default="", help="more welder build flags, e.g. '--emulate' (CPU smoke test)"
+        "--tune-args",
+        default="",
+        help="more welder tune flags, joined with '=' since they start with a dash: --tune-args=--skip-dot",
+    )
+    p.add_argument(
+        "--build-args",
+        default="",
+        help="more welder build flags, joined with '=': --build-args=--emulate (CPU smoke test)",
     )
     p.add_argument("--tune-timeout-s", type=float, default=3600.0, help="cap on one welder step")
     p.add_argument("--no-cuda-graph", action="store_true", help="time welder's runtime without CUDA graphs")
