@@ -50,8 +50,9 @@ dropped: list[str] = []
 
 class Dropped(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
-        if "dropped" in record.getMessage() or "no valid" in record.getMessage():
-            dropped.append(record.getMessage())
+        message = record.getMessage()  # "candidate N dropped (reason)", not the "(k dropped)" tallies
+        if " dropped (" in message or "no valid" in message:
+            dropped.append(message)
 
 
 logger = logging.getLogger("welder.tune")
