@@ -17,10 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
 from onnx import TensorProto
-from onnx.reference import ReferenceEvaluator
-from onnx_util import assert_matches_ort, single_op
+from onnx_util import assert_matches_onnx_reference, assert_matches_ort, single_op
 
-from welder.check import compare
 from welder.errors import ModelError, UnsupportedError
 from welder.frontend.onnx import import_onnx
 
@@ -77,12 +75,7 @@ def assert_matches(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> N
     except ModelError as e:
         if "NOT_IMPLEMENTED" not in str(e):
             raise
-    ours = import_onnx(model).run(feeds)
-    names = [o.name for o in model.graph.output]
-    reference = dict(zip(names, ReferenceEvaluator(model).run(None, dict(feeds))))
-    for result in compare(ours, reference):
-        assert ours[result.name].dtype == reference[result.name].dtype, result.name
-        assert result.passed, f"{result.name}: error {result.metric:.3e} > {result.threshold:.1e}"
+    assert_matches_onnx_reference(model, feeds)
 
 
 def check_unary(op: str, x: np.ndarray, opset: int = 17, **attrs) -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import helper
-from onnx_util import assert_matches_ort, make_model
+from onnx_util import assert_matches_onnx_reference, assert_matches_ort, make_model
 
 from welder.errors import ModelError, UnsupportedError
 from welder.frontend.onnx import import_onnx
@@ -170,6 +170,23 @@ def test_dtypes(mode, dtype):
     _check(_x((1, 2, 4, 5), dtype), {"mode": mode}, scales=[1.0, 1.0, 1.5, 0.6])
 
 
+def _check_unchanged_shape(x, attrs, factors):
+    """A scale other than 1 whose output keeps the input's shape (width 2 at 1.25 gives 2):
+    onnxruntime copies the input through, while the spec -- and onnx's reference evaluator,
+    and torch's interpolate -- still map coordinates with the given scale. We follow the
+    spec, so these cases are checked against the reference evaluator."""
+    assert_matches_onnx_reference(_resize(x, attrs, scales=[1.0, 1.0, *factors], opset=19), {"x": x})
+
+
+@pytest.mark.parametrize("mode", ["linear", "nearest"])
+@pytest.mark.parametrize(
+    ("h", "w", "factors"), [(1, 2, (1.0, 1.25)), (3, 2, (1.25, 1.0)), (2, 3, (1.25, 1.25))]
+)
+def test_scale_that_keeps_the_shape_still_interpolates(mode, h, w, factors):
+    attrs = {"mode": mode, "coordinate_transformation_mode": "half_pixel"}
+    _check_unchanged_shape(_x((1, 2, h, w)), attrs, factors)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     h=st.integers(1, 9),
@@ -184,8 +201,12 @@ def test_random(h, w, mode, transform, nearest_mode, factors, sizes):
     x = _x((1, 2, h, w))
     attrs = {"mode": mode, "coordinate_transformation_mode": transform, "nearest_mode": nearest_mode}
     if sizes is None:
-        assume(int(np.float32(factors[0]) * h) > 0 and int(np.float32(factors[1]) * w) > 0)
-        _check(x, attrs, scales=[1.0, 1.0, *factors], opset=19)
+        out_hw = (int(np.float32(factors[0]) * h), int(np.float32(factors[1]) * w))
+        assume(min(out_hw) > 0)
+        if out_hw == (h, w):
+            _check_unchanged_shape(x, attrs, factors)
+        else:
+            _check(x, attrs, scales=[1.0, 1.0, *factors], opset=19)
     else:
         _check(x, attrs, sizes=[1, 2, *sizes], opset=19)
 
