@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -419,6 +419,16 @@ def in_range(x: Expr, lo: int, hi: int) -> Expr:
 
 # ---------------------------------------------------------------------------------------
 # Traversal
+
+
+def row_major_offset(indices: Sequence[Expr], shape: Sequence[int]) -> Expr:
+    """Flat offset of ``indices`` in a row-major tensor of ``shape``, as an index expression."""
+    flat: Expr = Const(0)
+    stride = 1
+    for index, extent in zip(reversed(indices), reversed(shape)):
+        flat = flat + index * stride
+        stride *= extent
+    return flat
 
 
 def walk(e: Expr) -> Iterator[Expr]:

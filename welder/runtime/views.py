@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from welder.ir.compute import Axis, Compute
-from welder.ir.expr import INDEX, Const, Expr, Load, free_vars, substitute, walk
+from welder.ir.expr import INDEX, Const, Expr, Load, free_vars, row_major_offset, substitute, walk
 from welder.ir.interpret import evaluate
 
 
@@ -44,7 +44,8 @@ def is_view(compute: Compute, input_shape: Sequence[int]) -> bool:
         return True
     if any(isinstance(e, Load) for index in body.indices for e in walk(index)):
         return False
-    diff = _flat(body.indices, shape) - _flat([a.var for a in compute.axes], compute.shape)
+    output_offset = row_major_offset([a.var for a in compute.axes], compute.shape)
+    diff = row_major_offset(body.indices, shape) - output_offset
     components = _components(compute.axes, body.indices)
     origin = {a.name: Const(0) for a in compute.axes}
     if int(_evaluate(substitute(diff, origin), ())) != 0:
@@ -55,16 +56,6 @@ def is_view(compute: Compute, input_shape: Sequence[int]) -> bool:
         if np.any(values != 0):
             return False
     return _indices_in_range(body.indices, shape, components, origin)
-
-
-def _flat(indices: Sequence[Expr], shape: Sequence[int]) -> Expr:
-    """Row-major offset of ``indices`` in a tensor of ``shape``, as an index expression."""
-    flat: Expr = Const(0)
-    stride = 1
-    for index, extent in zip(reversed(indices), reversed(shape)):
-        flat = flat + index * stride
-        stride *= extent
-    return flat
 
 
 def _components(axes: Sequence[Axis], indices: Sequence[Expr]) -> list[tuple[Axis, ...]]:

@@ -18,6 +18,13 @@ whose kernel then writes the moved layout at no extra cost.  Otherwise (a transp
 GEMM's output that interleaves the reduction axis, say) the product stays a generated
 kernel, where the movement costs nothing.  Any other producer (a bias add, a normalisation)
 is an ordinary tensor the GEMM reads.
+
+Movement *after* a product is written through the same way: when the product's only
+consumer is a chain of movement computes (attention's ``ctx [B, heads, S, d] -> [B, S,
+heads * d]`` before the output projection), the group absorbs the chain and the GEMM writes
+the moved layout directly, through its output's leading dimension and batch stride -- the
+batch's matrices may then sit side by side inside each row.  That spares the consumer both
+the copy kernel and the unaddressable read.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import numpy as np
 from welder.arch import Arch
 from welder.graph import Graph
 from welder.ir.compute import Axis, Compute
-from welder.ir.expr import INDEX, Binary, Expr, Load, free_vars, walk
+from welder.ir.expr import INDEX, Binary, Expr, Load, free_vars, row_major_offset, walk
 from welder.ir.interpret import evaluate, np_dtype
 from welder.schedule.config import Estimate, GemmSpec, GroupConfig
 from welder.schedule.group import Group, make_group
@@ -66,51 +73,118 @@ class LibraryGroup:
 
 def find_gemm_groups(graph: Graph, arch: Arch) -> list[LibraryGroup]:
     """Every matrix product of ``graph`` that the library can compute, as its own group, in
-    topological order.  The groups are disjoint: an absorbed movement node feeds one product."""
-    found = []
+    topological order.  The groups are disjoint: an absorbed movement node feeds one product
+    (before it or after it), and a node one group took is a plain tensor to the later ones."""
+    found: list[LibraryGroup] = []
+    taken: set[str] = set()
     for node in graph.topo_order():
-        matched = product_group(graph, node.name)
+        matched = None if node.name in taken else product_group(graph, node.name, frozenset(taken))
         if matched is not None:
             found.append(LibraryGroup(matched[0], library_config(matched[0], matched[1], arch)))
+            taken.update(matched[0].members)
     return found
 
 
-def product_group(graph: Graph, name: str) -> tuple[Group, GemmSpec] | None:
-    """The group that computes node ``name`` as one GEMM (the node and the movement nodes it
-    reads through) and that GEMM, or None if the library cannot compute the node."""
+def product_group(
+    graph: Graph, name: str, taken: frozenset[str] = frozenset()
+) -> tuple[Group, GemmSpec] | None:
+    """The group that computes node ``name`` as one GEMM (the node, the movement nodes it
+    reads through and those it writes through) and that GEMM, or None if the library cannot
+    compute the node.  Nodes in ``taken`` belong to other groups and are never absorbed."""
     if not _is_product(graph.nodes[name].compute):
         return None
-    for members in _member_choices(graph, name):
-        group = make_group(graph, members)
-        gemm = match_gemm(group.computes[name], lambda t: graph.tensor(t).shape)
-        if group.stages == (name,) and gemm is not None:
-            return group, gemm
+    for members in _member_choices(graph, name, taken):
+        for chain in _written_through(graph, name, taken):
+            out = chain[-1] if chain else name
+            group = make_group(graph, members | set(chain))
+            if group.stages != tuple(dict.fromkeys((name, out))):
+                continue
+            layout = _output_strides(group, name, out)
+            gemm = None if layout is None else match_gemm(group.computes[name], _shapes(graph), out, layout)
+            if gemm is not None:
+                return group, gemm
     return None
 
 
-def _member_choices(graph: Graph, name: str) -> list[set[str]]:
+def _shapes(graph: Graph) -> ShapeOf:
+    return lambda t: graph.tensor(t).shape
+
+
+def _member_choices(graph: Graph, name: str, taken: frozenset[str]) -> list[set[str]]:
     """The product with the movement it reads through; failing that, the product alone when
     every moved operand starts from a computing node, whose kernel can write the moved layout
     at no cost (BERT at batch > 1: the heads of [B, S, H] are no single batch stride, but the
     bias add can write them as [B, heads, S, d]).  A movement starting from a GEMM, an input or a
-    weight would need a copy kernel: that product stays generated."""
-    absorbed = absorbed_movement(graph, name)
-    if absorbed == {name} or not all(_moved_cheaply(graph, t) for t in graph.nodes[name].inputs):
+    weight would need a copy kernel: that product stays generated -- unless the GEMM before
+    already wrote the moved layout (``taken``), which makes it a plain tensor here."""
+    absorbed = absorbed_movement(graph, name, taken)
+    if absorbed == {name} or not all(_moved_cheaply(graph, t, taken) for t in graph.nodes[name].inputs):
         return [absorbed]
     return [absorbed, {name}]
 
 
-def _moved_cheaply(graph: Graph, tensor: str) -> bool:
-    """``tensor`` is no movement, or a movement of a computing (injective, non-movement) node."""
-    if tensor not in graph.nodes or not is_movement(graph.nodes[tensor].compute):
+def _moved_cheaply(graph: Graph, tensor: str, taken: frozenset[str]) -> bool:
+    """``tensor`` is no movement (or one another group writes), or a movement of a computing
+    (injective, non-movement) node."""
+    if not _is_free_movement(graph, tensor, taken):
         return True
-    while tensor in graph.nodes and is_movement(graph.nodes[tensor].compute):
+    while _is_free_movement(graph, tensor, taken):
         tensor = graph.nodes[tensor].inputs[0]
     node = graph.nodes.get(tensor)
     return node is not None and node.compute.is_injective
 
 
-def absorbed_movement(graph: Graph, product: str) -> set[str]:
+def _is_free_movement(graph: Graph, tensor: str, taken: frozenset[str]) -> bool:
+    return tensor in graph.nodes and tensor not in taken and is_movement(graph.nodes[tensor].compute)
+
+
+def _written_through(graph: Graph, product: str, taken: frozenset[str]) -> list[list[str]]:
+    """The chains of movement nodes ``product`` could write through, longest first and ending
+    with the empty chain: each link is the only consumer of the tensor before it, which is
+    no graph output (the chain's last tensor may be one)."""
+    chain: list[str] = []
+    tensor = product
+    while tensor not in graph.outputs:
+        consumers = graph.consumers(tensor)
+        if len(consumers) != 1:
+            break
+        node = consumers[0]
+        if node.name in taken or tuple(node.inputs) != (tensor,) or not is_movement(node.compute):
+            break
+        chain.append(node.name)
+        tensor = node.name
+    return [chain[:k] for k in range(len(chain), -1, -1)]
+
+
+def _output_strides(group: Group, product: str, out: str) -> list[int] | None:
+    """Where each element of ``product`` lands in the group's output ``out``, as one stride
+    per axis of ``product`` (row-major strides when ``out`` is the product itself); None
+    unless the written-through movement is a permutation of the elements, affine in the
+    product's axes and starting at offset 0.
+
+    The stage ``out`` has the chain inlined: one load of ``product`` at composed indices, whose
+    flat offset over the output's points gives, inverted, each product element's place."""
+    compute = group.computes[product]
+    if out == product:
+        return _row_major_strides(compute.shape)
+    stage = group.computes[out]
+    size = math.prod(compute.shape)
+    if not isinstance(stage.body, Load) or stage.body.tensor != product or math.prod(stage.shape) != size:
+        return None
+    if size > MAX_PROOF_POINTS:
+        return None
+    flat = row_major_offset(stage.body.indices, compute.shape)
+    landed = np.asarray(evaluate(Compute("gemm_output", stage.axes, flat, INDEX), {}), dtype=np.int64)
+    landed = np.broadcast_to(landed, stage.shape).reshape(-1)
+    if not np.array_equal(np.sort(landed), np.arange(size)):
+        return None
+    where = np.empty(size, dtype=np.int64)
+    where[landed] = np.arange(size)
+    found = _affine_strides(where.reshape(compute.shape), compute.axes, 0)
+    return None if found is None else [found[a.name] for a in compute.axes]
+
+
+def absorbed_movement(graph: Graph, product: str, taken: frozenset[str] = frozenset()) -> set[str]:
     """``product`` plus the movement nodes it reads through: each feeds only nodes already
     absorbed and is not a graph output, so inlining it into the product frees its buffer."""
     members = {product}
@@ -119,7 +193,7 @@ def absorbed_movement(graph: Graph, product: str) -> set[str]:
         grown = False
         candidates = {t for m in members for t in graph.nodes[m].inputs if t in graph.nodes} - members
         for t in sorted(candidates):
-            if not is_movement(graph.nodes[t].compute) or t in graph.outputs:
+            if t in taken or not is_movement(graph.nodes[t].compute) or t in graph.outputs:
                 continue
             if all(c.name in members for c in graph.consumers(t)):
                 members.add(t)
@@ -166,10 +240,13 @@ class _Dim:
     c: int
 
 
-def match_gemm(c: Compute, shape_of: ShapeOf) -> GemmSpec | None:
+def match_gemm(
+    c: Compute, shape_of: ShapeOf, out: str | None = None, out_strides: Sequence[int] | None = None
+) -> GemmSpec | None:
     """``c`` as one strided batched GEMM, or None.  ``c`` must read its operands directly
     (movement producers already inlined); ``shape_of`` gives the shapes of the tensors it
-    loads.  The output is ``c`` itself, row-major."""
+    loads.  The output is tensor ``out`` (default ``c`` itself), where element ``i`` of ``c``
+    sits at ``sum(i * out_strides)`` (default row-major)."""
     if not _is_product(c) or 0 in c.shape or any(a.extent == 0 for a in c.reduce_axes):
         return None
     assert isinstance(c.body, Binary) and isinstance(c.body.a, Load) and isinstance(c.body.b, Load)
@@ -178,7 +255,7 @@ def match_gemm(c: Compute, shape_of: ShapeOf) -> GemmSpec | None:
     second = _affine_layout(c.body.b, shape_of(c.body.b.tensor), axes)
     if first is None or second is None:
         return None
-    out_strides = _row_major_strides(c.shape)
+    out_strides = _row_major_strides(c.shape) if out_strides is None else out_strides
     spatial = [
         _Dim(a.extent, first[1][a.name], second[1][a.name], out_strides[k])
         for k, a in enumerate(c.axes)
@@ -197,7 +274,7 @@ def match_gemm(c: Compute, shape_of: ShapeOf) -> GemmSpec | None:
     dims = _gemm_dims(spatial, reduce)
     if dims is None or dims[1].extent == dims[2].extent == 1:
         return None  # dot products reuse nothing: a reduction kernel that fuses serves them better
-    return _describe(c.name, loads, (layouts[0][0], layouts[1][0]), *dims, c.dtype)
+    return _describe(out or c.name, loads, (layouts[0][0], layouts[1][0]), *dims, c.dtype)
 
 
 def _gemm_dims(spatial: list[_Dim], reduce: list[_Dim]) -> tuple[_Dim, _Dim, _Dim, _Dim] | None:
@@ -266,8 +343,8 @@ def _describe(
     b = _matrix(k.extent, k.b, n.extent, n.b)
     out_ld = _row_major_ld(m.extent, m.c, n.extent, n.c)
     single = batch.extent == 1
-    if a is None or b is None or out_ld is None or (not single and batch.c < m.extent * out_ld):
-        return None  # (the output matrices of a batch must not interleave)
+    if a is None or b is None or out_ld is None or not _disjoint_outputs(batch, m.extent, n.extent, out_ld):
+        return None
     return GemmSpec(
         a=loads[0].tensor,
         b=loads[1].tensor,
@@ -288,6 +365,14 @@ def _describe(
         offset_b=offsets[1],
         dtype=dtype,
     )
+
+
+def _disjoint_outputs(batch: _Dim, rows: int, cols: int, ld: int) -> bool:
+    """The batch's output matrices share no element: stacked one after another, or side by
+    side within each row (the heads of attention written as ``[S, heads * d]``)."""
+    if batch.extent == 1 or batch.c >= rows * ld:
+        return True
+    return batch.c >= cols and (batch.extent - 1) * batch.c + cols <= ld
 
 
 def _matrix(rows: int, row_stride: int, cols: int, col_stride: int) -> tuple[bool, int] | None:

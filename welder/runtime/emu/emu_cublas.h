@@ -175,7 +175,11 @@ inline cublasStatus_t check_operands(const Gemm& g) {
     if (const cublasStatus_t s = check_memory(*x, g.batch); s != CUBLAS_STATUS_SUCCESS) return s;
   if (overlaps(c, a, g.batch) || overlaps(c, b, g.batch))
     return fail(CUBLAS_STATUS_INVALID_VALUE, "the output C overlaps an input");
-  if (g.batch > 1 && g.m > 0 && g.n > 0 && g.stride_c < (g.n - 1) * g.ldc + g.m)
+  // The batch's output matrices must share no element: one after another, or side by side
+  // within each column's leading dimension (an output written in an interleaved layout).
+  const bool stacked = g.stride_c >= (g.n - 1) * g.ldc + g.m;
+  const bool side_by_side = g.stride_c >= g.m && (g.batch - 1) * g.stride_c + g.m <= g.ldc;
+  if (g.batch > 1 && g.m > 0 && g.n > 0 && !stacked && !side_by_side)
     return fail(CUBLAS_STATUS_INVALID_VALUE, "the batch's output matrices overlap (stride_c too small)");
   return CUBLAS_STATUS_SUCCESS;
 }
