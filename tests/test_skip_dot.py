@@ -61,15 +61,26 @@ def fp16_scores() -> tuple[onnx.ModelProto, Feeds]:
     return make_model(nodes, {"x": x}, ["scores", "h"], weights), {"x": x}
 
 
+def broadcast_batches() -> tuple[onnx.ModelProto, Feeds]:
+    """Batch axes broadcast from both sides, [2, 1, 3, 4] . [5, 4, 6]: no single batch stride,
+    so one call per outer index, each at an offset into the graph's inputs and output."""
+    rng = np.random.default_rng(6)
+    feeds = {"a": rng.standard_normal((2, 1, 3, 4)).astype(np.float32)}
+    feeds["b"] = rng.standard_normal((5, 4, 6)).astype(np.float32)
+    return make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], feeds, ["y"]), feeds
+
+
 #: Models and how many of their products cuBLAS computes.  BERT at batch 1 reads its heads
 #: through strides and writes its attention context with the heads side by side; at batch 2
-#: it reads the heads as the bias adds write them; the window attention reads q, k, v at
-#: offsets into one tensor; fp16 reads a transposed operand in place.
+#: it reads the heads as the bias adds write them and writes the context in two calls, one
+#: per sequence; the window attention reads q, k, v at offsets into one tensor and writes its
+#: context in one call per head; fp16 reads a transposed operand in place.
 CASES: dict[str, tuple[Callable[[], tuple[onnx.ModelProto, Feeds]], int]] = {
     "bert_layer": (bert_encoder_layer, 8),
-    "bert_batch2": (partial(bert_encoder_layer, batch=2), 7),
-    "window_attention": (swin_window_attention_block, 5),
+    "bert_batch2": (partial(bert_encoder_layer, batch=2), 8),
+    "window_attention": (swin_window_attention_block, 6),
     "fp16": (fp16_scores, 2),
+    "broadcast_batches": (broadcast_batches, 1),
 }
 
 
@@ -164,19 +175,20 @@ def test_skip_dot_runtime_matches_onnxruntime(built: Callable[[str], Built], nam
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_generated_kernels_drop_by_the_products(tuned: Callable[[str], Built], name: str) -> None:
-    """Every matched product is one cuBLAS call and no kernel: the runtime launches one
-    kernel per remaining group (views excepted), and its source holds nothing else."""
+    """Every matched product is cuBLAS calls (one per outer index) and no kernel: the runtime
+    launches one kernel per remaining group (views excepted), and its source holds nothing else."""
     b = tuned(name)
-    products = len(find_gemm_groups(b.graph, ARCH))
+    library = find_gemm_groups(b.graph, ARCH)
+    products, calls = len(library), sum(lg.gemm.outer for lg in library)
     assert products == CASES[name][1]
     plan = plan_model(b.graph, ARCH, topk=1, skip_dot=True)
     views = find_views(b.graph, [g.group for g in plan.groups])
     groups = [g for g in plan.groups if g.group.root not in views]
-    assert len(b.spec.gemms) == products
+    assert len(b.spec.gemms) == calls
     assert len(b.spec.launches) == len(groups) - products
     source = (runtime_dir(b.prefix) / "nnfusion_rt.cu").read_text()
     assert source.count("__global__") == len(b.spec.launches)
-    assert source.count("cublasGemmStridedBatchedEx(g_cublas") == products
+    assert source.count("cublasGemmStridedBatchedEx(g_cublas") == calls
     assert f"+ {products} cuBLAS calls" in b.tune_output and b.tune_output.count(" cuBLAS ") >= products
 
 
@@ -231,8 +243,8 @@ BREAKAGES = [
         "interleaved_output",  # the context's heads, side by side in each row, made to collide
         r"(&beta, reinterpret_cast<void\*>\([^)]*\), CUDA_R_32F, 64, )16LL",
         r"\g<1>8LL",
-        r"cublasGemmStridedBatchedEx for .*attention/self/Reshape.* failed: an invalid numeric value was used as an "
-        r"argument \(emulator: the batch's output matrices overlap \(stride_c too small\)\)",
+        r"cublasGemmStridedBatchedEx for .*attention/self/Reshape.* failed: an invalid numeric value was "
+        r"used as an argument \(emulator: the batch's output matrices overlap \(stride_c too small\)\)",
     ),
 ]
 

@@ -226,7 +226,7 @@ def runtime_spec(
         inputs=inputs,
         outputs=outputs,
         shapes=shapes,
-        steps=[_launch(r, memory) if isinstance(r, Kernel) else _gemm_call(r, memory) for r in runs],
+        steps=[step for r in runs for step in _steps(r, memory)],
         copies=[CopySpec(c.output, _address(c.source), c.nbytes) for c in memory.copies if c.nbytes > 0],
         weights=[_weight(k, name, offset, graph) for k, (name, offset) in enumerate(memory.weights.items())],
         memory=memory,
@@ -316,8 +316,21 @@ def _launch(kernel: Kernel, memory: MemoryPlan) -> LaunchSpec:
     )
 
 
-def _gemm_call(gemm: GemmSpec, memory: MemoryPlan) -> GemmCallSpec:
-    """The cuBLAS call for ``gemm``: row-major operands swapped into column-major ones."""
+def _steps(run: Kernel | GemmSpec, memory: MemoryPlan) -> list[LaunchSpec | GemmCallSpec]:
+    return [_launch(run, memory)] if isinstance(run, Kernel) else _gemm_calls(run, memory)
+
+
+def _gemm_calls(gemm: GemmSpec, memory: MemoryPlan) -> list[GemmCallSpec]:
+    """The cuBLAS calls for ``gemm``, one per outer index: row-major operands swapped into
+    column-major ones."""
+    size = np_dtype(gemm.dtype).itemsize
+    return [
+        _gemm_call(gemm, memory, o * gemm.outer_a * size, o * gemm.outer_b * size, o * gemm.outer_c * size)
+        for o in range(gemm.outer)
+    ]
+
+
+def _gemm_call(gemm: GemmSpec, memory: MemoryPlan, at_a: int, at_b: int, at_c: int) -> GemmCallSpec:
     size = np_dtype(gemm.dtype).itemsize
     return GemmCallSpec(
         comment=sanitize_comment(gemm.c),
@@ -326,13 +339,13 @@ def _gemm_call(gemm: GemmSpec, memory: MemoryPlan) -> GemmCallSpec:
         m=gemm.n,
         n=gemm.m,
         k=gemm.k,
-        a=_address(memory[gemm.b], gemm.offset_b * size),
+        a=_address(memory[gemm.b], gemm.offset_b * size + at_b),
         lda=gemm.ldb,
         stride_a=gemm.stride_b,
-        b=_address(memory[gemm.a], gemm.offset_a * size),
+        b=_address(memory[gemm.a], gemm.offset_a * size + at_a),
         ldb=gemm.lda,
         stride_b=gemm.stride_a,
-        c=_address(memory[gemm.c]),
+        c=_address(memory[gemm.c], at_c),
         ldc=gemm.ldc,
         stride_c=gemm.stride_c,
         batch=gemm.batch,
@@ -346,7 +359,8 @@ def _address(storage: Storage, extra_bytes: int = 0) -> str:
     ``extra_bytes`` (then a byte pointer: the interface's pointers are typed)."""
     if storage.place in (Place.INPUT, Place.OUTPUT):
         name = f"{'in' if storage.place is Place.INPUT else 'out'}{storage.index}"
-        return f"reinterpret_cast<const unsigned char*>({name}) + {extra_bytes}" if extra_bytes else name
+        qualifier = "const " if storage.place is Place.INPUT else ""
+        return f"reinterpret_cast<{qualifier}unsigned char*>({name}) + {extra_bytes}" if extra_bytes else name
     base = "g_weights" if storage.place is Place.WEIGHT else "g_pool"
     offset = storage.offset + extra_bytes
     return f"{base} + {offset}" if offset else base

@@ -69,6 +69,9 @@ class GemmSpec:
     group's output, ``b * stride_c + m * ldc + n``.  Units are elements; a batch stride of 0
     broadcasts that operand over the batch.  A, B and C share ``dtype``; products accumulate
     in ``compute_dtype``.
+
+    A batch that no single stride spans (windows x heads) takes ``outer`` such calls, call
+    ``o`` with every address moved by ``o * outer_a``, ``o * outer_b``, ``o * outer_c``.
     """
 
     a: str
@@ -91,6 +94,10 @@ class GemmSpec:
     dtype: str
     compute_dtype: str = "float32"
     library: str = "cublas"
+    outer: int = 1
+    outer_a: int = 0
+    outer_b: int = 0
+    outer_c: int = 0
 
 
 @dataclass

@@ -29,6 +29,7 @@ the copy kernel and the unaddressable read.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,9 @@ GEMM_DTYPES = frozenset({"float32", "float16"})
 #: Largest box of axes evaluated to prove an operand's addressing affine; beyond it the
 #: product stays a generated kernel rather than costing a long proof.
 MAX_PROOF_POINTS = 1 << 22
+#: Most library calls one product may take when its batch is two axes no single stride spans
+#: (windows x heads): one strided batched call per index of the outer axis.
+MAX_OUTER_CALLS = 16
 
 ShapeOf = Callable[[str], tuple[int, ...]]
 
@@ -93,14 +97,19 @@ def product_group(
     compute the node.  Nodes in ``taken`` belong to other groups and are never absorbed."""
     if not _is_product(graph.nodes[name].compute):
         return None
-    for members in _member_choices(graph, name, taken):
-        for chain in _written_through(graph, name, taken):
+    # Writing the movement after the product through matters most (it spares a kernel and
+    # frees the next product), then one call rather than several.
+    choices = _member_choices(graph, name, taken)
+    for chain in _written_through(graph, name, taken):
+        for max_outer, members in itertools.product((1, MAX_OUTER_CALLS), choices):
             out = chain[-1] if chain else name
             group = make_group(graph, members | set(chain))
             if group.stages != tuple(dict.fromkeys((name, out))):
                 continue
             layout = _output_strides(group, name, out)
-            gemm = None if layout is None else match_gemm(group.computes[name], _shapes(graph), out, layout)
+            if layout is None:
+                continue
+            gemm = match_gemm(group.computes[name], _shapes(graph), out, layout, max_outer)
             if gemm is not None:
                 return group, gemm
     return None
@@ -241,12 +250,17 @@ class _Dim:
 
 
 def match_gemm(
-    c: Compute, shape_of: ShapeOf, out: str | None = None, out_strides: Sequence[int] | None = None
+    c: Compute,
+    shape_of: ShapeOf,
+    out: str | None = None,
+    out_strides: Sequence[int] | None = None,
+    max_outer: int = 1,
 ) -> GemmSpec | None:
-    """``c`` as one strided batched GEMM, or None.  ``c`` must read its operands directly
-    (movement producers already inlined); ``shape_of`` gives the shapes of the tensors it
-    loads.  The output is tensor ``out`` (default ``c`` itself), where element ``i`` of ``c``
-    sits at ``sum(i * out_strides)`` (default row-major)."""
+    """``c`` as one strided batched GEMM -- or up to ``max_outer`` of them at fixed strides
+    apart -- or None.  ``c`` must read its operands directly (movement producers already
+    inlined); ``shape_of`` gives the shapes of the tensors it loads.  The output is tensor
+    ``out`` (default ``c`` itself), where element ``i`` of ``c`` sits at ``sum(i * out_strides)``
+    (default row-major)."""
     if not _is_product(c) or 0 in c.shape or any(a.extent == 0 for a in c.reduce_axes):
         return None
     assert isinstance(c.body, Binary) and isinstance(c.body.a, Load) and isinstance(c.body.b, Load)
@@ -271,26 +285,46 @@ def match_gemm(
         loads, layouts = loads[::-1], layouts[::-1]
         spatial = [_Dim(d.extent, d.b, d.a, d.c) for d in spatial]
         reduce = [_Dim(d.extent, d.b, d.a, d.c) for d in reduce]
-    dims = _gemm_dims(spatial, reduce)
-    if dims is None or dims[1].extent == dims[2].extent == 1:
+    dims = _gemm_dims(spatial, reduce, max_outer)
+    if dims is None or dims[2].extent == dims[3].extent == 1:
         return None  # dot products reuse nothing: a reduction kernel that fuses serves them better
     return _describe(out or c.name, loads, (layouts[0][0], layouts[1][0]), *dims, c.dtype)
 
 
-def _gemm_dims(spatial: list[_Dim], reduce: list[_Dim]) -> tuple[_Dim, _Dim, _Dim, _Dim] | None:
-    """(batch, M, N, K): N from the B-only axes ending at the output's innermost axis, M from
-    the A-only axes, each merged outwards while they stay one strided dimension; every other
-    output axis is batch (broadcast where one operand lacks it)."""
+def _gemm_dims(
+    spatial: list[_Dim], reduce: list[_Dim], max_outer: int
+) -> tuple[_Dim, _Dim, _Dim, _Dim, _Dim] | None:
+    """(outer, batch, M, N, K): N from the B-only axes ending at the output's innermost axis,
+    M from the A-only axes, each merged outwards while they stay one strided dimension; every
+    other output axis is batch (broadcast where one operand lacks it), split into a batch and
+    an outer loop of calls when no single stride spans it."""
     n_axes = _merge_run(spatial, lambda d: d.b != 0 and d.a == 0, start=len(spatial) - 1)
     rest = [d for k, d in enumerate(spatial) if k not in n_axes[1]]
     a_only = [k for k, d in enumerate(rest) if d.a != 0 and d.b == 0]
     m_axes = _merge_run(rest, lambda d: d.a != 0 and d.b == 0, start=a_only[-1] if a_only else -1)
     batch = [d for k, d in enumerate(rest) if k not in m_axes[1]]
-    merged_batch = _merge(batch)
+    split = _split_batch(batch, max_outer)
     merged_k = _merge(reduce)
-    if merged_batch is None or merged_k is None:
+    if split is None or merged_k is None:
         return None
-    return merged_batch, m_axes[0], n_axes[0], merged_k
+    return split[0], split[1], m_axes[0], n_axes[0], merged_k
+
+
+def _split_batch(batch: list[_Dim], max_outer: int) -> tuple[_Dim, _Dim] | None:
+    """(outer, inner): the batch axes as one strided batch (outer of extent 1), or else split
+    into two that each merge, with the fewest outer calls, at most ``max_outer``."""
+    merged = _merge(batch)
+    if merged is not None:
+        return _Dim(1, 0, 0, 0), merged
+    best: tuple[_Dim, _Dim] | None = None
+    for mask in range(1, (1 << len(batch)) - 1):
+        outer = _merge([d for k, d in enumerate(batch) if mask >> k & 1])
+        inner = _merge([d for k, d in enumerate(batch) if not mask >> k & 1])
+        if outer is None or inner is None or outer.extent > max_outer:
+            continue
+        if best is None or outer.extent < best[0].extent:
+            best = (outer, inner)
+    return best
 
 
 def _merge_run(dims: list[_Dim], belongs: Callable[[_Dim], bool], start: int) -> tuple[_Dim, set[int]]:
@@ -332,6 +366,7 @@ def _describe(
     out: str,
     loads: tuple[Load, Load],
     offsets: tuple[int, int],
+    outer: _Dim,
     batch: _Dim,
     m: _Dim,
     n: _Dim,
@@ -364,6 +399,10 @@ def _describe(
         offset_a=offsets[0],
         offset_b=offsets[1],
         dtype=dtype,
+        outer=outer.extent,
+        outer_a=outer.a,
+        outer_b=outer.b,
+        outer_c=outer.c,
     )
 
 
@@ -498,14 +537,15 @@ def library_config(group: Group, gemm: GemmSpec, arch: Arch) -> GroupConfig:
 
 
 def gemm_estimate(gemm: GemmSpec, arch: Arch) -> Estimate:
-    """Roofline time of one GEMM call: max(flops / peak, bytes / DRAM bandwidth) plus a launch."""
+    """Roofline time of a product's GEMM calls: max(flops / peak, bytes / DRAM bandwidth) plus
+    a launch per call."""
     size = np_dtype(gemm.dtype).itemsize
     read = size * (
-        _batches(gemm.stride_a, gemm.batch) * gemm.m * gemm.k
-        + _batches(gemm.stride_b, gemm.batch) * gemm.k * gemm.n
+        _batches(gemm.stride_a, gemm.batch) * _batches(gemm.outer_a, gemm.outer) * gemm.m * gemm.k
+        + _batches(gemm.stride_b, gemm.batch) * _batches(gemm.outer_b, gemm.outer) * gemm.k * gemm.n
     )
-    write = size * gemm.batch * gemm.m * gemm.n
-    flops = 2 * gemm.batch * gemm.m * gemm.n * gemm.k
+    write = size * gemm.outer * gemm.batch * gemm.m * gemm.n
+    flops = 2 * gemm.outer * gemm.batch * gemm.m * gemm.n * gemm.k
     peak_tflops = arch.fp16_tc_tflops if gemm.dtype == "float16" else arch.fp32_tflops
     compute_us = flops / (peak_tflops * 1e6)
     memory_us = (read + write) / (arch.global_bw_gbs * 1e3)
@@ -519,7 +559,7 @@ def gemm_estimate(gemm: GemmSpec, arch: Arch) -> Estimate:
         flops=flops,
         smem_bytes=0,
         regs_per_thread=0,
-        latency_us=max(compute_us, memory_us) + LAUNCH_OVERHEAD_US,
+        latency_us=max(compute_us, memory_us) + gemm.outer * LAUNCH_OVERHEAD_US,
     )
 
 
