@@ -10,6 +10,8 @@ RUN python3 -m venv "$VIRTUAL_ENV"
 
 WORKDIR /opt/welder
 COPY . .
-RUN pip install --no-cache-dir -e ".[gpu,test]"
+# pycuda links against libcuda, which the devel image has only as a stub; the driver's
+# real library is mounted when a container runs on a GPU host.
+RUN LIBRARY_PATH=/usr/local/cuda/lib64/stubs pip install --no-cache-dir -e ".[gpu,test]"
 
 CMD ["welder", "--help"]

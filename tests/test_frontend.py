@@ -1,6 +1,7 @@
 """The importer's behaviour around the lowerings: loading, shapes, checks, folding."""
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -9,6 +10,7 @@ from onnx import helper
 from onnx_util import assert_matches_ort, make_model
 
 import welder
+from welder.cli import parse_input_shape
 from welder.errors import ModelError, ShapeError, UnsupportedError
 from welder.frontend.onnx import import_onnx, load_model
 from welder.ir.expr import Const
@@ -83,9 +85,21 @@ def test_symbolic_dims_need_input_shape():
     with_symbolic_input(model, ["batch", 3])
     with pytest.raises(ShapeError) as e:
         import_onnx(model)
-    assert "x: [batch, 3]" in str(e.value) and "--input-shape x=Nx3" in str(e.value)
+    assert "x: [batch, 3]" in str(e.value)
+    # The suggested flag can be pasted as it is: parse it the way the command line does.
+    flag = re.search(r"--input-shape (\S+)", str(e.value)).group(1)
+    name, dims = parse_input_shape(flag)
+    assert (name, dims) == ("x", (1, 3))
+    assert import_onnx(model, {name: dims}).inputs[0].shape == (1, 3)
     graph = import_onnx(model, {"x": (5, 3)})
     assert graph.inputs[0].shape == (5, 3)
+
+
+def test_symbolic_example_guesses_batch_and_sequence():
+    model, _x = small_model()
+    with_symbolic_input(model, ["n", "len"])
+    with pytest.raises(ShapeError, match=r"--input-shape x=1x128\n"):
+        import_onnx(model)
 
 
 @pytest.mark.parametrize(
@@ -123,6 +137,28 @@ def test_every_unsupported_op_is_listed_once():
     assert "NonZero (opset 17), first at node 'first_nz'" in text
     assert "com.microsoft.FancyOp (opset 1), first at node 'ms'" in text
     assert "second_nz" not in text and "Relu" not in text
+
+
+def test_every_refused_node_is_listed_and_its_readers_are_skipped():
+    """Attribute values a lowering refuses are collected over the whole model, like
+    unsupported op types, so a user fixes them in one pass."""
+    x = RNG.standard_normal((1, 1, 4, 4)).astype(np.float32)
+    scales = np.asarray([1.0, 1.0, 2.0, 2.0], np.float32)
+    nodes = [
+        helper.make_node("Resize", ["x", "", "scales"], ["r1"], name="r1", mode="cubic", antialias=1),
+        helper.make_node("Relu", ["r1"], ["after_r1"], name="after_r1"),
+        helper.make_node(
+            "Resize", ["x", "", "scales"], ["r2"], name="r2", mode="nearest", nearest_mode="banker"
+        ),
+        helper.make_node("Relu", ["x"], ["ok"], name="ok"),
+    ]
+    model = make_model(nodes, {"x": x}, ["after_r1", "r2", "ok"], {"scales": scales}, opset=18)
+    with pytest.raises(UnsupportedError) as e:
+        import_onnx(model)
+    text = str(e.value)
+    assert text.startswith("2 node(s) use features welder does not support")
+    assert "'r1'" in text and "'r2'" in text and "nearest_mode" in text
+    assert "after_r1" not in text
 
 
 def test_nodes_out_of_order_and_cycles():

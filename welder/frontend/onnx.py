@@ -141,14 +141,15 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
     if symbolic:
         lines = [f"  {vi.name}: {_fmt_dims(vi.type.tensor_type.shape.dim)}" for vi in symbolic]
         example = " ".join(
-            f"--input-shape {vi.name}={'x'.join(_guess_dim(d) for d in vi.type.tensor_type.shape.dim)}"
+            f"--input-shape {vi.name}="
+            + "x".join(_example_dim(d, k) for k, d in enumerate(vi.type.tensor_type.shape.dim))
             for vi in symbolic
         )
         raise ShapeError(
             "these model inputs have symbolic or unknown dimensions:\n"
             + "\n".join(lines)
             + f"\nfix them on the command line, e.g. {example}\n"
-            "(Python: input_shapes={'name': (1, 128)})"
+            "(with your sizes; Python: input_shapes={'name': (1, 128)})"
         )
     return model
 
@@ -161,8 +162,11 @@ def _fmt_dims(dims) -> str:
     )
 
 
-def _guess_dim(d) -> str:
-    return str(d.dim_value) if d.HasField("dim_value") else "N"
+def _example_dim(d, axis: int) -> str:
+    """A size to paste: the fixed one, 1 for a batch, 128 for anything else symbolic."""
+    if d.HasField("dim_value"):
+        return str(d.dim_value)
+    return "1" if axis == 0 or "batch" in d.dim_param.lower() else "128"
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -299,7 +303,23 @@ def lower(model: onnx.ModelProto, name: str = "model") -> Graph:
         b.used.add(vi.name)
         env[vi.name] = vi.name
 
-    lowered = [(node, _lower_node(node, opset, env, b)) for node in _topo_sort(g)]
+    lowered = []
+    refused: list[str] = []  # every node whose attributes or inputs a lowering rejects
+    blocked: set[str] = set()  # outputs of refused nodes: their readers cannot be lowered
+    for node in _topo_sort(g):
+        if blocked.intersection(node.input):
+            blocked.update(node.output)
+            continue
+        try:
+            lowered.append((node, _lower_node(node, opset, env, b)))
+        except UnsupportedError as e:
+            refused.append(str(e))
+            blocked.update(node.output)
+    if refused:
+        raise UnsupportedError(
+            f"{len(refused)} node(s) use features welder does not support:\n"
+            + "\n".join(f"  {line}" for line in refused)
+        )
     # Only now, when every node has passed its own validation: ONNX shape inference can
     # loop forever on some malformed attributes (Einsum equations) that a lowering rejects.
     inferred = _inferred_types(model)
