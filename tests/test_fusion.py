@@ -3,14 +3,21 @@ groups on whole models."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pytest
 from onnx import helper
 from onnx_util import make_model
 
 from welder.arch import get_arch
+from welder.check import compare
+from welder.codegen import generate_model
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
+from welder.runtime.emu import available as emulator_available
+from welder.runtime.emulate import EmulatedModel
+from welder.runtime.spec import find_views
 from welder.schedule.engine import CostModel, fuse
 from welder.schedule.group import Group, InvalidGroup, make_group
 from welder.schedule.plan import plan_model
@@ -117,13 +124,18 @@ def _check_invariants(graph: Graph, groups: list[Group]) -> None:
     assert seen == set(graph.nodes)
 
 
-def test_tensor_used_by_two_groups_is_always_written():
+def shared_exp() -> Graph:
+    """exp(x) read by two matmuls: two sinks, so two kernels at least."""
     nodes = [
         helper.make_node("Exp", ["x"], ["t"]),
         helper.make_node("MatMul", ["t", "w1"], ["a"]),
         helper.make_node("MatMul", ["t", "w2"], ["b"]),
     ]
-    g = import_onnx(make_model(nodes, {"x": _w(8, 16)}, ["a", "b"], {"w1": _w(16, 4), "w2": _w(16, 4)}))
+    return import_onnx(make_model(nodes, {"x": _w(8, 16)}, ["a", "b"], {"w1": _w(16, 4), "w2": _w(16, 4)}))
+
+
+def test_tensor_used_by_two_groups_is_always_written():
+    g = shared_exp()
     result = fuse(g, launch_bound(g))
     _check_invariants(g, result.groups)
     assert len(result.groups) == 2  # two sinks cannot share a kernel
@@ -144,10 +156,137 @@ def test_groups_must_be_convex_and_single_sink():
         make_group(g, members)
 
 
-def test_nofusion_is_one_group_per_node():
+# -- --nofusion: one group per reduction ----------------------------------------------------------
+
+
+def _reductions(graph: Graph, names: Iterable[str]) -> int:
+    return sum(1 for n in names if graph.nodes[n].compute.is_reduction)
+
+
+def unavoidable_leftovers(graph: Graph) -> int:
+    """Groups without a reduction that ``--nofusion`` cannot avoid, counted from the graph.
+
+    An injective node is written by a kernel when it is a graph output or the nodes that
+    read it do not all end up in one kernel (else it is inlined there).  With no reduction
+    upstream of it, no reduction's kernel can take it as an epilogue either, so its kernel
+    computes no reduction.  Every other written injective node of the test models is the
+    epilogue of a reduction's kernel."""
+    read_by: dict[str, frozenset[str]] = {}  # the written nodes whose kernels compute a node
+    for n in reversed(graph.topo_order()):
+        into = frozenset().union(*(read_by[c.name] for c in graph.consumers(n.name)))
+        inlined = not n.compute.is_reduction and n.name not in graph.outputs and len(into) == 1
+        read_by[n.name] = into if inlined else frozenset({n.name})
+    upstream: dict[str, bool] = {}  # a reduction upstream
+    for n in graph.topo_order():
+        producers = [t for t in n.inputs if t in graph.nodes]
+        upstream[n.name] = any(graph.nodes[t].compute.is_reduction or upstream[t] for t in producers)
+    return sum(
+        1
+        for n in graph.nodes.values()
+        if read_by[n.name] == {n.name} and not n.compute.is_reduction and not upstream[n.name]
+    )
+
+
+def _check_nofusion(graph: Graph, groups: list[Group]) -> None:
+    _check_invariants(graph, groups)
+    assert all(_reductions(graph, grp.members) <= 1 for grp in groups), "two reductions in one kernel"
+    assert all(_reductions(graph, grp.stages) == _reductions(graph, grp.members) for grp in groups)
+    reductions = _reductions(graph, graph.nodes)
+    assert len(groups) == reductions + unavoidable_leftovers(graph)
+
+
+def test_nofusion_is_one_group_per_reduction():
     g = attention()
     result = fuse(g, launch_bound(g), nofusion=True)
-    assert len(result.groups) == len(g.nodes)
+    _check_nofusion(g, result.groups)
+    assert len(result.groups) == 7 and unavoidable_leftovers(g) == 0
+    # Head splits inline into the matmuls that read them; the scaling is the scores' epilogue.
+    scores = _group_of(result, "scores")
+    assert {"q4", "qt", "k4", "kt", "scaled"} <= set(scores.members) and scores.root == "scaled"
+    assert {"v4", "vt", "probs"} <= set(_group_of(result, "ctx").members)
+    # The softmax's two reductions are two kernels; exp is the epilogue of the max.
+    assert _group_of(result, "probs:max") is _group_of(result, "probs:exp")
+    assert _group_of(result, "probs:sum") is not _group_of(result, "probs:max")
+
+
+def test_nofusion_leaves_an_injective_node_read_by_two_kernels_alone():
+    g = shared_exp()
+    result = fuse(g, launch_bound(g), nofusion=True)
+    _check_nofusion(g, result.groups)
+    assert unavoidable_leftovers(g) == 1 and _group_of(result, "t").members == ("t",)
+
+
+def test_nofusion_writes_an_injective_graph_output_from_its_producers_kernel():
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    g = import_onnx(make_model(nodes, {"x": _w(8, 16)}, ["r", "y"], {"w1": _w(16, 8), "w2": _w(8, 4)}))
+    result = fuse(g, launch_bound(g), nofusion=True)
+    _check_nofusion(g, result.groups)
+    assert [grp.members for grp in result.groups] == [("a", "r"), ("y",)]
+    assert result.groups[0].outputs == ("r",)
+
+
+def test_nofusion_leaves_a_view_alone_for_a_computed_epilogue():
+    """y feeds a reshape and a ReLU -> transpose; only one of them can be y's epilogue.  The
+    reshape on its own is a view that launches nothing, so the ReLU and transpose take it."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+        helper.make_node("Reshape", ["y", "shape"], ["z"]),
+        helper.make_node("Relu", ["y"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["t"], perm=[1, 0]),
+    ]
+    inits = {"w": _w(16, 6), "shape": np.array([2, 3, 6], np.int64)}
+    g = import_onnx(make_model(nodes, {"x": _w(6, 16)}, ["z", "t"], inits))
+    result = fuse(g, launch_bound(g), nofusion=True)
+    _check_invariants(g, result.groups)
+    assert [grp.members for grp in result.groups] == [("y", "r", "t"), ("z",)]
+    assert find_views(g, result.groups) == {"z": "y"}
+    # The reshape as y's only reader is its epilogue: the kernel writes z, not y.
+    g2 = import_onnx(make_model(nodes[:2], {"x": _w(6, 16)}, ["z"], inits))
+    assert [grp.members for grp in fuse(g2, launch_bound(g2), nofusion=True).groups] == [("y", "z")]
+
+
+NOFUSION_MODELS = {
+    "bert_2_layers_embeddings": (dict(seq=8, embeddings=True, layers=2), "bert_encoder_layer", 2),
+    "bert_sdpa": (dict(seq=8, sdpa=True), "bert_encoder_layer", 0),
+    "mobilenetv2": ({}, "mobilenetv2_block", 0),
+    "vit": ({}, "vit_block", 0),
+    "gpt2": ({}, "gpt2_model", 1),
+}
+
+
+@pytest.mark.parametrize("name", list(NOFUSION_MODELS))
+def test_nofusion_on_whole_models(name):
+    """The mask and the embedding sum of a two-layer BERT, and GPT-2's token + position sum,
+    read by several kernels with nothing upstream, are the only kernels without a reduction."""
+    models = pytest.importorskip("models")
+    kwargs, builder, leftovers = NOFUSION_MODELS[name]
+    model, _ = getattr(models, builder)(**kwargs)
+    g = import_onnx(model)
+    plan = plan_model(g, get_arch("H100"), topk=1, nofusion=True)
+    groups = [p.group for p in plan.groups]
+    _check_nofusion(g, groups)
+    assert unavoidable_leftovers(g) == leftovers
+    assert plan.kernels == _reductions(g, g.nodes) + leftovers < len(g.nodes)
+    assert len(plan_model(g, get_arch("H100"), topk=1).groups) <= plan.kernels
+
+
+@pytest.mark.skipif(not emulator_available(), reason="needs g++")
+def test_nofusion_kernels_compute_the_model():
+    """A two-layer BERT with embeddings scheduled with ``nofusion``, its generated kernels run
+    by the CPU emulator, against the reference interpreter."""
+    models = pytest.importorskip("models")
+    model, feeds = models.bert_encoder_layer(seq=8, embeddings=True, layers=2)
+    g = import_onnx(model)
+    plan = plan_model(g, get_arch("H100"), topk=1, nofusion=True)
+    kernels = generate_model(g, [(p.group, p.configs[0]) for p in plan.groups])
+    ours = EmulatedModel(g, kernels).run(feeds)
+    reference = g.run(feeds)
+    for result in compare(ours, reference):
+        assert result.passed, f"{result.name}: error {result.metric:.3e} > {result.threshold:.1e}"
 
 
 @pytest.mark.parametrize("builder", ["bert_encoder_layer", "mobilenetv2_block", "vit_block"])

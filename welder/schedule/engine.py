@@ -5,18 +5,23 @@ yet in a group, the search tries each consumer of the group's outputs, together 
 consumer's other producers that are not scheduled yet, and keeps the bigger group only if
 its latency is no worse than the latencies of its parts run separately.  Latency comes
 from a pluggable *measure*: the cost model here, the GPU profiler when tuning on a GPU.
+
+``nofusion`` is Welder's "welder-base" ablation: no tile-graph fusion across reductions,
+but injective operators still travel with the reduction next to them (see
+:func:`nofusion_partition`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from welder.arch import Arch
 from welder.graph import Graph
-from welder.ir.expr import format_expr, rename_tensors
+from welder.ir.expr import Load, format_expr, rename_tensors
+from welder.runtime.views import is_view
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
 from welder.schedule.library import LibraryGroup
@@ -110,18 +115,22 @@ def fuse(
 
     ``library`` lists groups a vendor library computes (``--skip-dot``: see
     ``welder.schedule.library``).  They are fixed before the search, nothing fuses with them
-    and they are not measured: their latency is the library's estimate."""
+    and they are not measured: their latency is the library's estimate.  With ``nofusion``
+    the groups are :func:`nofusion_partition`'s."""
     order = [n.name for n in graph.topo_order()]
     rank = {n: k for k, n in enumerate(order)}
     scheduled: set[str] = {m for lg in library for m in lg.group.members}
     found: list[tuple[Group, float]] = [(lg.group, lg.latency_us) for lg in library]
     log: list[str] = []
+    part_of: dict[str, set[str]] = {}
+    if nofusion:
+        part_of = {m: part for part in nofusion_partition(graph, measure, scheduled, log) for m in part}
     for k, name in enumerate(order):
         if progress:
             progress(k, len(order))
         if name in scheduled:
             continue
-        members = {name} if nofusion else _grow(graph, {name}, scheduled, measure, rank, log)
+        members = part_of[name] if nofusion else _grow(graph, {name}, scheduled, measure, rank, log)
         group = make_group(graph, members)
         latency = measure(group)
         if latency is None:
@@ -132,6 +141,83 @@ def fuse(
     found.sort(key=lambda gl: rank[gl[0].root])
     order = execution_order([g for g, _ in found])
     return FusionResult([found[k][0] for k in order], [found[k][1] for k in order], log)
+
+
+def nofusion_partition(
+    graph: Graph, measure: LatencyMeasure, fixed: Collection[str] = (), log: list[str] | None = None
+) -> list[set[str]]:
+    """The groups of ``--nofusion``: at most one reduction each, and one group per reduction
+    wherever the graph allows, because an injective node is never a kernel of its own when
+    a reduction's kernel can compute it.  ``fixed`` nodes (library calls) take no part.
+
+    1. Prologues, walking backwards: an injective node whose readers all lie in one group
+       joins that group, where ``make_group`` inlines it (chains of reshapes, transposes,
+       bias adds and activations in front of a matmul).  A graph output does not: it must
+       be written whole, which a consumer's tiles need not cover.  Every other node anchors
+       a group: each reduction, and each injective node read by several groups or none.
+    2. Epilogues, walking forwards: a group anchored at an injective node joins a group
+       holding a reduction whose sink it reads, becoming that group's sink, if the union is
+       still one convex kernel the measure can schedule.  The latest such sink is tried
+       first: joining an earlier one fails when the later one depends on it (a path would
+       leave the group and come back).  A lone view
+       (a reshape that moves no data) joins only if it is its producer's only reader: left
+       alone it is an alias that launches nothing, and the producer's sink stays free for a
+       computation that would otherwise be a kernel of its own.
+    3. The groups left anchored at an injective node (nothing upstream to join, or the sink
+       taken) are kernels of their own; a group that cannot be scheduled as one kernel
+       falls back to one group per node.
+    """
+    order = [n.name for n in graph.topo_order() if n.name not in fixed]
+    rank = {n: k for k, n in enumerate(order)}
+    home: dict[str, int] = {}
+    parts: list[set[str]] = []
+    for name in reversed(order):
+        readers = {home.get(c.name, -1) for c in graph.consumers(name)}  # -1: a fixed node
+        inlined = not graph.nodes[name].compute.is_reduction and name not in graph.outputs
+        if inlined and len(readers) == 1 and -1 not in readers:
+            part = readers.pop()
+        else:
+            part = len(parts)
+            parts.append(set())
+        parts[part].add(name)
+        home[name] = part
+    root = {k: max(part, key=rank.__getitem__) for k, part in enumerate(parts)}
+    reducing = {k for k, part in enumerate(parts) if any(graph.nodes[m].compute.is_reduction for m in part)}
+    for k in sorted(set(range(len(parts))) - reducing, key=lambda k: rank[root[k]]):
+        part = parts[k]
+        read = {t for m in part for t in graph.nodes[m].inputs if t in home and t not in part}
+        sinks = sorted((t for t in read if home[t] in reducing and root[home[t]] == t), key=rank.__getitem__)
+        for t in reversed(sinks):
+            if len(part) == 1 and _is_view(graph, root[k]) and len(graph.consumers(t)) > 1:
+                continue
+            target = home[t]
+            try:
+                group = make_group(graph, parts[target] | part)
+            except InvalidGroup:
+                continue
+            if measure(group) is None:
+                continue
+            parts[target] |= part
+            root[target] = root[k]
+            home.update(dict.fromkeys(part, target))
+            parts[k] = set()
+            break
+    found = []
+    for part in filter(None, parts):
+        if len(part) > 1 and measure(make_group(graph, part)) is None:
+            if log is not None:
+                log.append(f"nofusion: {sorted(part)} cannot be one kernel; one group per node")
+            found.extend({m} for m in part)
+        else:
+            found.append(part)
+    return found
+
+
+def _is_view(graph: Graph, name: str) -> bool:
+    """Whether the node only reinterprets its input's memory (the runtime launches nothing)."""
+    compute = graph.nodes[name].compute
+    body = compute.body
+    return isinstance(body, Load) and is_view(compute, graph.tensor(body.tensor).shape)
 
 
 def _grow(
