@@ -1,20 +1,23 @@
 """Check the runtime built under PREFIX against onnxruntime (CPU) on the same seeded inputs.
 
-    python artifacts/test_acc.py runs/bert_b1 [--seed 0] [--precision fp32]
+    python artifacts/test_acc.py runs/bert_b1 [--seed 0] [--precision fp32] [--json report.json]
 
 PREFIX is the folder ``welder tune`` wrote: it holds model.onnx and the built
 nnfusion_rt/cuda_codegen/build/libnnfusion_naive_rt.so.  Inputs come from
 ``welder.check.random_inputs`` (normal floats, valid indices, ones for masks) on the model
 imported with the shapes the runtime was built for.  Prints per output
 ``max(|a - b| / max(|b|, 1))`` with its limit and PASS/FAIL; the exit code is 0 when every
-output passes, 1 when one fails and 2 when the check cannot run.
+output passes, 1 when one fails and 2 when the check cannot run.  ``--json`` also writes the
+report for programs (scripts/benchmark.py), so they need not parse the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 from welder.check import THRESHOLDS, CheckReport, compare, onnxruntime_outputs, random_inputs
@@ -46,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="fp32",
         help="arithmetic of the kernels, which sets the fp32 outputs' limit (default: fp32)",
     )
+    parser.add_argument("--json", type=Path, help="also write the report here as JSON")
     args = parser.parse_args(argv)
     try:
         report = check_runtime(args.prefix, args.seed, args.precision)
@@ -53,7 +57,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"test_acc: error: {e}", file=sys.stderr)
         return 2
     print(report.format())
+    if args.json is not None:
+        write_report(report, args.json)
     return 0 if report.passed else 1
+
+
+def write_report(report: CheckReport, path: Path) -> None:
+    """``passed``, ``max_error`` (the worst metric; Infinity for a non-finite output) and
+    every output's metric, limit and verdict."""
+    outputs = [{**asdict(o), "passed": o.passed} for o in report.outputs]
+    worst = max((o.metric for o in report.outputs), default=0.0)
+    doc = {"prefix": report.model, "seed": report.seed, "passed": report.passed, "max_error": worst}
+    path.write_text(json.dumps({**doc, "outputs": outputs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

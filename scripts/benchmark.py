@@ -23,6 +23,7 @@ import datetime as dt
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -79,12 +80,17 @@ def reference_configs() -> list[Config]:
 
 @dataclass
 class Cell:
-    """One system's figure for one config: latency, or the error instead."""
+    """One system's figure for one config: latency, or the error instead.  welder's cell
+    also holds what its standalone runtime says of itself: main_test's mean, and
+    test_acc's verdict with the worst error over the outputs."""
 
     ms: float | None = None
     build_s: float | None = None  # welder tune / torch.compile wall time
     error: str | None = None
     detail: str = ""
+    main_test_ms: float | None = None  # main_test's Summary mean: single runs, no CUDA graph
+    accuracy: str | None = None  # test_acc: PASS, FAIL, or "error: why it could not run"
+    max_error: float | None = None  # test_acc's max(|a-b|/max(|b|,1)) over every output
 
 
 @dataclass
@@ -142,67 +148,141 @@ with RuntimeLibrary(prefix) as lib:
 """
 
 
+def welder_tune_command(prefix: Path, options: WelderOptions) -> list[str]:
+    """The ``welder tune`` arguments: ``--arch auto`` and ``--topk`` from --topk unless
+    --tune-args names its own (``--tune-args="--arch V100 --topk 20"`` runs the command as
+    the issue spells it), then the rest of --tune-args."""
+    extra = list(options.tune_args)
+    command = ["tune", str(prefix)]
+    if not _has_flag(extra, "--arch"):
+        command += ["--arch", "auto"]
+    if not _has_flag(extra, "--topk"):
+        command += ["--topk", str(options.topk)]
+    return command + extra
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(f"{flag}=") for a in args)
+
+
 def run_welder(prefix: Path, options: WelderOptions) -> Cell:
-    """Tune and build PREFIX with the welder command line, then time the runtime.  The one
-    place that knows how welder is driven: change it here when the commands move.
+    """Tune and build PREFIX with the welder command line, then time the runtime, run its
+    main_test and check it with test_acc.  The one place that knows how welder is driven:
+    change it here when the commands move.
 
     Every step runs in a child process, so a kernel that faults cannot poison the CUDA
     context the peers are timed in afterwards; the tuning cache is the run's own
     (``options.cache_dir``), so tune times are cold, as Welder's published ones are."""
     env = {"WELDER_CACHE_DIR": str(options.cache_dir)} if options.cache_dir else {}
-    tune = ["tune", str(prefix), "--arch", "auto", "--topk", str(options.topk), *options.tune_args]
     start = time.perf_counter()
-    _python(["-m", "welder.cli", *tune], options.timeout_s, env)
+    _python(["-m", "welder.cli", *welder_tune_command(prefix, options)], options.timeout_s, env)
     tuned = time.perf_counter()
     _python(["-m", "welder.cli", "build", str(prefix), *options.build_args], options.timeout_s, env)
     built = time.perf_counter()
-    accuracy = _accuracy(prefix, env)
+    accuracy = check_accuracy(prefix, env)
+    main_test_ms, main_test_error = run_main_test(prefix)
     budget_ms = str(1e3 * options.budget_s)
     out = _python(["-c", WELDER_TIMING, str(prefix), "1" if options.cuda_graph else "0", budget_ms], 600, env)
+    notes = [f"tune {tuned - start:.0f} s + build {built - tuned:.0f} s", f"topk {options.topk}"]
+    notes += [accuracy.describe()] + ([f"main_test: {main_test_error}"] if main_test_error else [])
     return Cell(
         ms=float(out.split()[-1]),
         build_s=built - start,
-        detail=f"tune {tuned - start:.0f} s + build {built - tuned:.0f} s, topk {options.topk}, {accuracy}"
-        + (", CUDA graph" if options.cuda_graph else ""),
+        detail=", ".join(notes) + (", CUDA graph" if options.cuda_graph else ""),
+        main_test_ms=main_test_ms,
+        accuracy=accuracy.verdict,
+        max_error=accuracy.max_error,
     )
 
 
-def _accuracy(prefix: Path, env: dict[str, str]) -> str:
-    """test_acc's verdict and worst metric, so every timing is next to its correctness."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "artifacts" / "test_acc.py"), str(prefix)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=dict(os.environ, **env),
-        cwd=ROOT,
-    )
-    verdict = "PASS" if proc.returncode == 0 else "FAIL"
-    # Rows of the report end "<max rel err> <limit> PASS|FAIL".
-    errors = [
-        float(line.split()[-3])
-        for line in proc.stdout.splitlines()
-        if line.split()[-1:] in (["PASS"], ["FAIL"]) and len(line.split()) >= 4
-    ]
-    worst = f" (max err {max(errors):.1e})" if errors else ""
-    return f"test_acc {verdict}{worst}"
+@dataclass(frozen=True)
+class Accuracy:
+    """test_acc's answer for a built runtime."""
+
+    verdict: str  # PASS, FAIL, or "error: ..." when the check could not run
+    max_error: float | None = None
+
+    def describe(self) -> str:
+        worst = f" (max err {self.max_error:.1e})" if self.max_error is not None else ""
+        return f"test_acc {self.verdict}{worst}"
+
+
+def check_accuracy(prefix: Path, env: dict[str, str] | None = None, timeout_s: float = 900.0) -> Accuracy:
+    """test_acc's verdict and worst metric, read from its JSON report, so every timing is
+    next to its correctness; a check that cannot run or finish says why instead."""
+    with tempfile.TemporaryDirectory(prefix="welder-acc-") as work:
+        report = Path(work) / "test_acc.json"
+        command = [
+            sys.executable,
+            str(ROOT / "artifacts" / "test_acc.py"),
+            str(prefix),
+            "--json",
+            str(report),
+        ]
+        try:
+            proc = _run_child(command, timeout_s, env)
+        except StepTimeout as e:
+            return Accuracy(f"error: test_acc {e}")
+        if not report.is_file():
+            return Accuracy(f"error: test_acc exit {proc.returncode}: {_tail(proc, 2)}")
+        doc = json.loads(report.read_text())
+    return Accuracy("PASS" if doc["passed"] else "FAIL", float(doc["max_error"]))
+
+
+MAIN_TEST_SUMMARY = re.compile(r"^Summary: \[min, max, mean\] = \[(\S+), (\S+), (\S+)\] ms$", re.M)
+
+
+def run_main_test(
+    prefix: Path, args: Sequence[str] = (), timeout_s: float = 600.0
+) -> tuple[float | None, str | None]:
+    """(mean ms, None) from the generated main_test's ``Summary: [min, max, mean]`` line
+    (by default its own settings: 100 single runs, no CUDA graph), or (None, why it gave
+    none)."""
+    from welder.runtime.layout import main_test_path
+
+    binary = main_test_path(prefix)
+    if not binary.is_file():
+        return None, f"no {binary}"
+    try:
+        proc = _run_child([str(binary), *args], timeout_s)
+    except StepTimeout as e:
+        return None, str(e)
+    summary = MAIN_TEST_SUMMARY.search(proc.stdout)
+    if proc.returncode != 0 or summary is None:
+        return None, f"exit {proc.returncode}: {_tail(proc, 2)}"
+    return float(summary.group(3)), None
 
 
 def _python(args: Sequence[str], timeout_s: float, extra_env: dict[str, str] | None = None) -> str:
     """Run this Python with the project importable; stdout, or an error with the tail of
     stderr (where welder explains itself)."""
+    proc = _run_child([sys.executable, *args], timeout_s, extra_env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"exit {proc.returncode}: {_tail(proc, 3)}")
+    return proc.stdout
+
+
+class StepTimeout(RuntimeError):
+    """A child step ran past its limit (and was killed)."""
+
+
+def _run_child(
+    command: Sequence[str], timeout_s: float, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One child step in the project root, this checkout's welder first on the path."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, **(extra_env or {}))
     try:
-        proc = subprocess.run(
-            [sys.executable, *args], capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT
+        return subprocess.run(
+            list(command), capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT
         )
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"timed out after {timeout_s:.0f} s") from None
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"exit {proc.returncode}: {' / '.join(tail)}")
-    return proc.stdout
+        raise StepTimeout(f"timed out after {timeout_s:.0f} s") from None
+
+
+def _tail(proc: subprocess.CompletedProcess[str], lines: int) -> str:
+    """The last lines a failed step wrote (stderr, where welder explains itself)."""
+    return " / ".join((proc.stderr or proc.stdout).strip().splitlines()[-lines:])
 
 
 # -- the peers -----------------------------------------------------------------------------
@@ -354,6 +434,7 @@ def render_markdown(rows: Sequence[Row], meta: dict[str, str]) -> str:
             f"| {_speedup(w, c.get('compile'))} | {_speedup(w, c.get('onnxruntime'))} | {_seconds(w)} "
             f"| {_seconds(c.get('compile'))} |"
         )
+    lines += _runtime_table(rows)
     devices = sorted({r.device for r in rows if r.device})
     if len(devices) > 1:
         lines += [
@@ -368,6 +449,30 @@ def render_markdown(rows: Sequence[Row], meta: dict[str, str]) -> str:
         "Speedups are peer latency / welder latency (above 1: welder is faster), per row from one run."
     )
     return "\n".join(lines) + "\n"
+
+
+def _runtime_table(rows: Sequence[Row]) -> list[str]:
+    """welder's runtime on its own: main_test's mean (single runs, no CUDA graph) and
+    test_acc's verdict with its worst error, for every row welder ran in."""
+    welder_rows = [r for r in rows if "welder" in r.cells]
+    if not welder_rows:
+        return []
+    lines = [
+        "",
+        "welder's runtime: `main_test` mean (single runs, no CUDA graph) and `test_acc` against onnxruntime.",
+        "",
+        "| model | bs | dtype | main_test ms | test_acc | max error |",
+        "|" + "---|" * 6,
+    ]
+    for r in welder_rows:
+        w = r.cells["welder"]
+        main_test = f"{w.main_test_ms:.3f}" if w.main_test_ms is not None else "-"
+        verdict = (w.accuracy or "-").replace("|", "/").replace("\n", " ")
+        worst = f"{w.max_error:.1e}" if w.max_error is not None else "-"
+        lines.append(
+            f"| {r.config.model} | {r.config.batch} | {r.config.dtype} | {main_test} | {verdict} | {worst} |"
+        )
+    return lines
 
 
 def _error_lines(rows: Sequence[Row]) -> list[str]:
@@ -404,7 +509,7 @@ def machine_meta(args: argparse.Namespace) -> dict[str, str]:
     meta["welder"] = f"{welder.__version__} {_git_commit()}".strip()
     meta["protocol"] = "inputs/outputs on the device, warm-up, median of repeats (ms per inference)"
     w = args.welder
-    meta["welder"] += f"; tune --arch auto --topk {w.topk} {' '.join(w.tune_args)}".rstrip()
+    meta["welder"] += f"; {' '.join(['welder', *welder_tune_command(Path('PREFIX'), w)])}"
     meta["welder"] += ", runtime replayed as a CUDA graph" if w.cuda_graph else ""
     return meta
 
@@ -460,7 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tune-args",
         default="",
-        help="more welder tune flags, joined with '=' since they start with a dash: --tune-args=--skip-dot",
+        help="more welder tune flags, joined with '=' since they start with a dash: --tune-args=--skip-dot; "
+        "--arch or --topk here replace the defaults: --tune-args='--arch V100 --topk 20'",
     )
     p.add_argument(
         "--build-args",
@@ -492,15 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"benchmark: unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
     cache = Path(args.cache_dir) if args.cache_dir else Path(tempfile.mkdtemp(prefix="welder-bench-cache-"))
-    args.welder = WelderOptions(
-        topk=args.topk,
-        tune_args=tuple(args.tune_args.split()),
-        build_args=tuple(args.build_args.split()),
-        timeout_s=args.tune_timeout_s,
-        budget_s=args.budget_s,
-        cuda_graph=not args.no_cuda_graph,
-        cache_dir=cache,
-    )
+    args.welder = welder_options(args, cache)
     if args.device is None:
         args.device = _default_device()
     configs = args.configs or reference_configs()
@@ -515,6 +613,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         save(rows, meta, args)
     print(save(rows, meta, args))
     return 0
+
+
+def welder_options(args: argparse.Namespace, cache: Path | None) -> WelderOptions:
+    """How welder runs, from the command line (--tune-args and --build-args are split on
+    whitespace: ``--tune-args="--arch V100 --topk 20"``)."""
+    return WelderOptions(
+        topk=args.topk,
+        tune_args=tuple(args.tune_args.split()),
+        build_args=tuple(args.build_args.split()),
+        timeout_s=args.tune_timeout_s,
+        budget_s=args.budget_s,
+        cuda_graph=not args.no_cuda_graph,
+        cache_dir=cache,
+    )
 
 
 def _default_device() -> str:
