@@ -31,6 +31,8 @@ PY
 grep -ci "cache" "$prefix/tune_warm.log" | sed 's/^/warm-log lines mentioning the cache: /'
 tail -3 "$prefix/tune_warm.log"
 grep -E "^[0-9]+ kernels" "$prefix/tune_cold.log"
+grep -E "^(model latency|time): " "$prefix/tune_cold.log"
+python -c "import json,sys; t=json.load(open(sys.argv[1]))['totals']; print('tuned.json totals:', {k: t.get(k) for k in ('predicted_latency_us', 'measured_kernels_us', 'measured_runtime_us', 'tuning_seconds', 'build_seconds', 'total_seconds')})" "$prefix/tuned.json"
 echo "== main_test"
 "$prefix/nnfusion_rt/cuda_codegen/build/main_test" | tail -2
 echo "== test_acc"

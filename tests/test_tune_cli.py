@@ -1,20 +1,35 @@
 """``welder tune`` end to end without a GPU: plan by the cost model, generate, emit and
-build the runtime (nvcc), and check the built runtime through the emulator."""
+build the runtime (nvcc), and run the built runtime through the emulator -- test_acc,
+``welder check --backend gpu``, ``welder.InferenceSession`` and ``welder run``; and on a
+fake GPU: tuning with another GPU's cost model, the report and tuned.json."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 import subprocess
 import sys
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from models import bert_encoder_layer, mobilenetv2_block
 
+import welder
+from welder.check import compare, onnxruntime_outputs, random_inputs
 from welder.cli import main
+from welder.errors import WelderError
+from welder.pipeline import RuntimeTiming, time_runtime
+from welder.runtime.emu import available as emulator_available
 from welder.runtime.layout import library_path, main_test_path
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 
 HAS_TOOLCHAIN = shutil.which("cmake") is not None and (
     shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").exists()
@@ -64,38 +79,92 @@ def test_tune_without_gpu_asks_for_the_cost_model(bert_prefix: Path, capsys) -> 
     assert "--cost-model" in capsys.readouterr().err
 
 
+@dataclass(frozen=True)
+class Tuned:
+    prefix: Path
+    nvcc_built: bool  # `welder tune` built main_test and the library with nvcc
+
+
+@pytest.fixture(scope="module")
+def emulated_bert(tmp_path_factory: pytest.TempPathFactory) -> Tuned:
+    """The CI path of the design, once per module: `welder tune --cost-model --topk 1`
+    generates the runtime and builds it with nvcc (where nvcc is), then `welder build
+    --emulate` rebuilds the same sources for the CPU emulator so they can run here."""
+    if not (emulator_available() and shutil.which("cmake")):
+        pytest.skip("needs g++ and cmake")
+    prefix = tmp_path_factory.mktemp("tuned") / "bert"
+    prefix.mkdir()
+    onnx.save(bert_encoder_layer()[0], prefix / "model.onnx")
+    build = ["--cuda-arch", "90"] if HAS_TOOLCHAIN else ["--no-build"]
+    assert main(["tune", str(prefix), "--arch", "H100", "--cost-model", "--topk", "1", *build]) == 0
+    nvcc_built = library_path(prefix).is_file() and main_test_path(prefix).is_file()
+    assert main(["build", str(prefix), "--emulate"]) == 0
+    return Tuned(prefix, nvcc_built)
+
+
 @pytest.mark.skipif(not HAS_TOOLCHAIN, reason="needs cmake and nvcc")
-def test_tune_builds_the_runtime_with_nvcc_and_it_checks_out_emulated(bert_prefix: Path, capsys) -> None:
-    """The CI path of the design: `--cost-model --topk 1` generates and builds the whole
-    runtime for a small model; the same sources then run on the CPU through the emulator
-    and test_acc compares them with onnxruntime."""
-    code = main(
-        ["tune", str(bert_prefix), "--arch", "H100", "--cost-model", "--topk", "1", "--cuda-arch", "90"]
-    )
-    assert code == 0, capsys.readouterr().err
-    assert library_path(bert_prefix).is_file() and main_test_path(bert_prefix).is_file()
-    assert main(["build", str(bert_prefix), "--emulate"]) == 0
+def test_tune_builds_the_runtime_with_nvcc_and_it_checks_out_emulated(emulated_bert: Tuned) -> None:
+    """The whole runtime builds with nvcc; the same sources, run through the emulator, pass
+    test_acc against onnxruntime."""
+    assert emulated_bert.nvcc_built
     acc = subprocess.run(
-        [sys.executable, "artifacts/test_acc.py", str(bert_prefix)],
+        [sys.executable, "artifacts/test_acc.py", str(emulated_bert.prefix)],
         capture_output=True,
         text=True,
         timeout=600,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=ROOT,
     )
     assert acc.returncode == 0, acc.stdout + acc.stderr
     assert "PASS" in acc.stdout
 
 
-class _FakeGpu:
-    """The fake device of the tuner tests, behind the context-manager face of GpuDevice."""
+def test_check_with_the_gpu_backend_runs_the_built_runtime(emulated_bert: Tuned, capsys) -> None:
+    assert main(["check", str(emulated_bert.prefix), "--backend", "gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "backend=gpu" in out and out.strip().splitlines()[-1] == "PASS"
+    assert "last_hidden_state" in out
 
-    def __init__(self, graph_holder: dict) -> None:
+
+def test_inference_session_of_a_prefix_picks_the_built_runtime(
+    emulated_bert: Tuned, tmp_path: Path, monkeypatch
+) -> None:
+    """On a machine with a driver (an nvidia-smi on PATH stands in for one), a PREFIX folder
+    opens on the gpu back end: numpy in, numpy out, the same as onnxruntime."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    smi = fake_bin / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: Fake GPU'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ.get('PATH', '')}")
+    sess = welder.InferenceSession(emulated_bert.prefix)
+    assert sess.get_providers() == ["gpu"]
+    feeds = random_inputs(sess.graph, seed=2)
+    names = [o.name for o in sess.get_outputs()]
+    ours = dict(zip(names, sess.run(None, feeds)))
+    assert all(isinstance(v, np.ndarray) for v in ours.values())
+    reference = onnxruntime_outputs(emulated_bert.prefix / "model.onnx", feeds, names)
+    assert all(r.passed for r in compare(ours, reference)), compare(ours, reference)
+
+
+def test_time_runtime_times_the_build_in_a_child(emulated_bert: Tuned, tmp_path: Path) -> None:
+    timing = time_runtime(emulated_bert.prefix, iters=2, warmup=0)
+    assert timing.median_us > 0 and timing.mean_us > 0 and timing.iters == 2
+    with pytest.raises(WelderError, match=r"welder run .* failed \(exit 2\).*welder build"):
+        time_runtime(tmp_path, iters=1, warmup=0)
+
+
+class _FakeGpu:
+    """The fake device of the tuner tests, behind the context-manager face of GpuDevice;
+    ``name`` is the GPU as its driver would name it."""
+
+    def __init__(self, graph_holder: dict, name: str = "NVIDIA H100 80GB HBM3") -> None:
         self.holder = graph_holder
+        self.name = name
 
     def __call__(self, *args, **kwargs):
         from test_tuner import ScriptedDevice
 
-        self.device = ScriptedDevice(self.holder["graph"])
+        self.device = ScriptedDevice(self.holder["graph"], name=self.name)
         return self
 
     def __enter__(self):
@@ -115,7 +184,6 @@ def test_second_tune_takes_every_group_from_the_cache(bert_prefix: Path, tmp_pat
     monkeypatch.setenv("WELDER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(pipeline, "gpu_available", lambda: True)
     monkeypatch.setattr(pipeline, "GpuDevice", fake)
-    monkeypatch.setattr(pipeline, "match_gpu_name", lambda name: pipeline.get_arch("H100"))
     argv = ["tune", str(bert_prefix), "--arch", "H100", "--topk", "2", "--no-build"]
     assert main(argv) == 0
     first = json.loads((bert_prefix / "tuned.json").read_text())["groups"]
@@ -124,3 +192,170 @@ def test_second_tune_takes_every_group_from_the_cache(bert_prefix: Path, tmp_pat
     second = json.loads((bert_prefix / "tuned.json").read_text())["groups"]
     assert all(g["from_cache"] for g in second), [g["from_cache"] for g in second]
     assert fake.device.timed == [] and fake.device.compiles == []
+
+
+def _fake_gpu(prefix: Path, tmp_path: Path, monkeypatch, name: str) -> _FakeGpu:
+    import welder.pipeline as pipeline
+    from welder.frontend.onnx import import_onnx
+
+    fake = _FakeGpu({"graph": import_onnx(prefix / "model.onnx")}, name)
+    monkeypatch.setenv("WELDER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(pipeline, "gpu_available", lambda: True)
+    monkeypatch.setattr(pipeline, "GpuDevice", fake)
+    return fake
+
+
+def _said(text: str, capsys, caplog) -> int:
+    """How often ``text`` reached the user: printed, or logged (pytest's log capture takes
+    the welder.tune messages that would go to stderr)."""
+    captured = capsys.readouterr()
+    logged = sum(text in r.getMessage() for r in caplog.records)
+    return captured.out.count(text) + captured.err.count(text) + logged
+
+
+def test_explicit_arch_tunes_on_a_gpu_welder_does_not_describe(
+    bert_prefix: Path, tmp_path: Path, monkeypatch, capsys, caplog
+) -> None:
+    _fake_gpu(bert_prefix, tmp_path, monkeypatch, "NVIDIA L4")
+    with caplog.at_level(logging.INFO, logger="welder.tune"):
+        code = main(["tune", str(bert_prefix), "--arch", "V100", "--topk", "2", "--no-build"])
+    assert code == 0
+    assert _said("NVIDIA L4 has no description in welder.arch", capsys, caplog) == 1
+    doc = json.loads((bert_prefix / "tuned.json").read_text())
+    assert doc["arch"] == "V100" and "NVIDIA L4" in doc["measure"]
+
+
+_ISSUE_COMMAND = """
+import sys
+sys.path[:0] = [{tests!r}, {root!r}]
+import test_tune_cli
+import welder.pipeline as pipeline
+from welder.cli import main
+from welder.frontend.onnx import import_onnx
+
+pipeline.gpu_available = lambda: True
+pipeline.GpuDevice = test_tune_cli._FakeGpu({{"graph": import_onnx({model!r})}})
+sys.exit(main(["tune", {prefix!r}, "--arch", "V100", "--topk", "20", "--no-build"]))
+"""
+
+
+def test_the_issue_command_on_an_h100_says_once_that_it_is_no_v100(bert_prefix: Path, tmp_path: Path) -> None:
+    """`welder tune PREFIX --arch V100 --topk 20` on an H100 (a fake one) tunes, and says once
+    -- in a plain process, where welder sets up its own logging -- that the ranking comes
+    from the V100's cost model."""
+    code = textwrap.dedent(_ISSUE_COMMAND).format(
+        tests=str(TESTS), root=str(ROOT), model=str(bert_prefix / "model.onnx"), prefix=str(bert_prefix)
+    )
+    env = dict(os.environ, WELDER_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert said.count("this GPU is not a V100") == 1, said
+    assert "ranked by the V100 cost model but compiled for and timed on NVIDIA H100 80GB HBM3" in said
+    doc = json.loads((bert_prefix / "tuned.json").read_text())
+    assert doc["arch"] == "V100" and doc["topk"] == 20
+
+
+def test_tune_reports_prediction_kernel_sum_and_end_to_end_latency(
+    bert_prefix: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """After a build on a GPU the runtime is timed end to end: tuned.json and the report
+    keep the cost model's prediction, the sum of kernels timed one by one and the whole
+    model's latency apart; the report's times are tuned.json's.  A runtime that cannot be
+    timed is a note, not a failed tune."""
+    import welder.pipeline as pipeline
+
+    _fake_gpu(bert_prefix, tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(pipeline, "_build", lambda out, options, notes: out / "build")
+    monkeypatch.setattr(pipeline, "time_runtime", lambda prefix: RuntimeTiming(123.0, 125.5, 50, 10))
+    assert main(["tune", str(bert_prefix), "--arch", "H100", "--topk", "2"]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads((bert_prefix / "tuned.json").read_text())
+    totals = doc["totals"]
+    assert totals["measured_runtime_us"] == 123.0 and totals["measured_runtime_mean_us"] == 125.5
+    assert "median of 50 runs" in totals["runtime_timing"]
+    kernels_us = sum(g["measured_latency_us"] for g in doc["groups"])
+    assert totals["measured_kernels_us"] == pytest.approx(kernels_us, abs=1e-2)
+    assert totals["predicted_latency_us"] == pytest.approx(
+        sum(g["predicted_latency_us"] for g in doc["groups"]), abs=1e-2
+    )
+    assert all(g["gain_basis"] == "predicted unfused - measured fused" for g in doc["groups"])
+    assert (
+        f"model latency: predicted {totals['predicted_latency_us']:.1f} us, measured 123.0 us end to end; "
+        f"kernels timed one by one: {totals['measured_kernels_us']:.1f} us"
+    ) in out
+    times = next(line for line in out.splitlines() if line.startswith("time: "))
+    tuning, build, total = (float(w) for w in times.replace(",", " ").split() if w.replace(".", "").isdigit())
+    assert tuning == pytest.approx(totals["tuning_seconds"], abs=0.051)
+    assert build == pytest.approx(totals["build_seconds"], abs=0.051)
+    assert total == pytest.approx(totals["total_seconds"], abs=0.051)
+    assert totals["tuning_seconds"] <= totals["total_seconds"]
+
+    def broken(prefix: Path) -> RuntimeTiming:
+        raise WelderError("`welder run` failed (exit 2): no GPU")
+
+    monkeypatch.setattr(pipeline, "time_runtime", broken)
+    assert main(["tune", str(bert_prefix), "--arch", "H100", "--topk", "2"]) == 0
+    assert "note: runtime not timed: `welder run` failed" in capsys.readouterr().out
+    assert json.loads((bert_prefix / "tuned.json").read_text())["totals"]["measured_runtime_us"] is None
+
+
+# -- scripts/benchmark.py's welder steps ---------------------------------------------------------
+
+
+def _benchmark():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import benchmark
+
+    return benchmark
+
+
+def test_benchmark_records_main_test_and_test_acc(emulated_bert: Tuned, tmp_path: Path) -> None:
+    """Each welder row carries main_test's mean and test_acc's verdict and worst error,
+    also when the check cannot run; the markdown has them in a table of their own."""
+    benchmark = _benchmark()
+    mean_ms, problem = benchmark.run_main_test(emulated_bert.prefix, ["--iters", "2", "--warmup", "0"])
+    assert problem is None and mean_ms > 0
+    accuracy = benchmark.check_accuracy(emulated_bert.prefix)
+    assert accuracy.verdict == "PASS" and 0 <= accuracy.max_error <= 1e-4
+    missing = benchmark.check_accuracy(tmp_path)
+    assert missing.verdict.startswith("error: test_acc exit 2") and missing.max_error is None
+    assert benchmark.run_main_test(tmp_path)[0] is None
+
+    config = benchmark.Config("bert", 1, "fp32")
+    cell = benchmark.Cell(
+        ms=1.0, main_test_ms=mean_ms, accuracy=accuracy.verdict, max_error=accuracy.max_error
+    )
+    row = benchmark.Row(config, {"welder": cell, "eager": benchmark.Cell(ms=2.0)})
+    table = benchmark.render_markdown([row], {"device": "test"})
+    assert f"| bert | 1 | fp32 | {mean_ms:.3f} | PASS | {accuracy.max_error:.1e} |" in table
+    again = benchmark.Row.from_dict(json.loads(json.dumps(row.to_dict())))
+    assert again.cells["welder"] == cell
+
+
+def test_benchmark_tune_args_replace_arch_and_topk(
+    bert_prefix: Path, tmp_path: Path, monkeypatch, capsys, caplog
+) -> None:
+    """`--tune-args="--arch V100 --topk 20"` gives the issue's command, which then tunes on
+    an H100 (a fake one) and says it is no V100."""
+    benchmark = _benchmark()
+    parser = benchmark.build_parser()
+    options = benchmark.welder_options(parser.parse_args(["--tune-args=--arch V100 --topk 20"]), None)
+    command = benchmark.welder_tune_command(bert_prefix, options)
+    assert command == ["tune", str(bert_prefix), "--arch", "V100", "--topk", "20"]
+    default = benchmark.welder_options(parser.parse_args(["--topk", "8", "--tune-args=--skip-dot"]), None)
+    assert benchmark.welder_tune_command(bert_prefix, default) == [
+        "tune",
+        str(bert_prefix),
+        "--arch",
+        "auto",
+        "--topk",
+        "8",
+        "--skip-dot",
+    ]
+    _fake_gpu(bert_prefix, tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3")
+    with caplog.at_level(logging.INFO, logger="welder.tune"):
+        assert main([*command, "--no-build"]) == 0
+    assert _said("this GPU is not a V100", capsys, caplog) == 1
+    doc = json.loads((bert_prefix / "tuned.json").read_text())
+    assert (doc["arch"], doc["topk"]) == ("V100", 20)

@@ -53,7 +53,7 @@ from welder.runtime.emu import EmulationError, compile_kernels
 from welder.schedule.cache import TuningCache
 from welder.schedule.engine import CostModel, fuse, group_signature
 from welder.schedule.group import make_group
-from welder.schedule.plan import tuned_json
+from welder.schedule.plan import abbreviate_ops, format_summary, plan_model, tuned_json
 from welder.schedule.policy import Options
 from welder.schedule.tuner import (
     ProgressBar,
@@ -61,6 +61,8 @@ from welder.schedule.tuner import (
     TuneError,
     candidate_index,
     candidate_name,
+    compile_timeout_s,
+    target_note,
     tune_group,
     tune_model,
 )
@@ -101,20 +103,31 @@ def stages_of(kernel) -> int:
 
 class ScriptedDevice:
     """A Device whose kernels compute through the interpreter.  ``behaviour`` (by candidate
-    index, or a function of the kernel) is one of ok | compile | crash | timeout | wrong;
-    ``latency`` likewise gives microseconds (default 10 + candidate index).  With
-    ``kill_at=n`` the process SIGKILLs itself when it starts timing its n-th distinct group."""
+    index, or a function of the kernel) is one of ok | compile | hang (nvcc runs out of
+    time) | crash | timeout | wrong; ``latency`` likewise gives microseconds (default 10 +
+    candidate index).  With ``kill_at=n`` the process SIGKILLs itself when it starts timing
+    its n-th distinct group.  ``name`` is what the driver would call the GPU."""
 
     name = "Fake GPU"
     arch = "sm_90"
     compiler = "fake nvcc 1.0"
 
-    def __init__(self, graph: Graph, behaviour=None, latency=None, kill_at: int | None = None) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        behaviour=None,
+        latency=None,
+        kill_at: int | None = None,
+        name: str | None = None,
+    ) -> None:
         self.graph = graph
         self.behaviour = behaviour or {}
         self.latency = latency or {}
         self.kill_at = kill_at
+        if name is not None:
+            self.name = name
         self.compiles: list[list[str]] = []
+        self.compile_limits: list[float | None] = []
         self.timed: list[str] = []
         self.ran: list[str] = []
         self.roots: list[str] = []
@@ -124,9 +137,12 @@ class ScriptedDevice:
         b = self.behaviour
         return b(kernel) if callable(b) else b.get(candidate_index(kernel.name), "ok")
 
-    def compile(self, kernels):
+    def compile(self, kernels, timeout_s: float | None = None):
         with self._lock:
             self.compiles.append([k.name for k in kernels])
+            self.compile_limits.append(timeout_s)
+        if any(self.what(k) == "hang" for k in kernels):
+            raise CompileError(f"nvcc did not finish within {timeout_s:.0f} s")
         bad = [k.name for k in kernels if self.what(k) == "compile"]
         if bad:
             raise CompileError(f"kernels.cu(12): error: fake diagnostic in {bad[0]}")
@@ -305,6 +321,49 @@ def test_one_bad_candidate_costs_a_few_compiles_not_one_each():
     assert compiled_ok == set(range(n)) - {6}
 
 
+def test_compile_time_limit_grows_with_the_kernels_and_is_capped():
+    assert compile_timeout_s(1) < compile_timeout_s(8) < compile_timeout_s(20) <= 300.0
+    assert compile_timeout_s(1000) == 300.0
+
+
+def test_a_hanging_compile_is_halved_once_then_dropped(caplog):
+    """nvcc hanging on one candidate: the whole set times out, each half is compiled once
+    more under its own (smaller) limit, and the half that times out again is dropped whole
+    rather than halved down to the culprit, one time limit per level."""
+    graph = matmul_graph()
+    group, configs = matmul_configs(graph)
+    n = len(configs)
+    device = ScriptedDevice(graph, behaviour={n - 1: "hang"})
+    with caplog.at_level(logging.WARNING, logger="welder.tune"):
+        result = tune_group(graph, group, ARCH, 8, None, device, configs=configs)
+    assert result is not None and result.config is configs[0]
+    half = n // 2
+    assert [len(c) for c in device.compiles] == [n, half, n - half]
+    assert device.compile_limits == [compile_timeout_s(k) for k in (n, half, n - half)]
+    assert {d.candidate: d.reason for d in result.dropped} == dict.fromkeys(range(half, n), "timeout")
+    halving = [r for r in caplog.records if "compiling each half once more" in r.getMessage()]
+    assert len(halving) == 1 and f"{n} candidates" in halving[0].getMessage()
+
+
+def test_a_compile_slower_than_the_limit_counts_as_a_timeout(monkeypatch):
+    """A device that applies its own, longer limit (no ``timeout_s``) and fails after the
+    tuner's has passed is treated as timed out: no halving past the first."""
+    import welder.schedule.tuner as tuner
+
+    class OwnLimit(ScriptedDevice):
+        def compile(self, kernels):
+            return super().compile(kernels)
+
+    graph = matmul_graph()
+    group, configs = matmul_configs(graph)
+    device = OwnLimit(graph, behaviour={0: "compile"})
+    monkeypatch.setattr(tuner, "compile_timeout_s", lambda n: 0.0)
+    result = tune_group(graph, group, ARCH, 8, None, device, configs=configs)
+    assert len(device.compiles) == 3 and device.compile_limits == [None] * 3
+    assert {d.reason for d in result.dropped} == {"timeout"}
+    assert [d.candidate for d in result.dropped] == list(range(len(configs) // 2))
+
+
 def test_no_valid_candidate_is_a_cached_negative_entry(tmp_path):
     graph = matmul_graph()
     group = whole_group(graph)
@@ -368,7 +427,7 @@ def test_twelve_bert_layers_are_tuned_once(tmp_path):
     assert len(device.compiles) == len(set(signatures))  # one compile per distinct group
     assert all(isinstance(g, TunedGroup) and g.latency_us == 10.0 for g in plan.groups)
     assert "Fake GPU" in plan.measure
-    assert tuned_json(plan, graph)["groups"][3]["latency_us"] == 10.0
+    assert tuned_json(plan, graph)["groups"][3]["measured_latency_us"] == 10.0
     # A second tune of the same model: every group is a cache hit.
     again = ScriptedDevice(graph)
     for g in plan.groups:
@@ -384,7 +443,56 @@ def test_tune_model_plan_covers_every_node_and_reports_measurements():
     assert sorted(members) == sorted(graph.nodes)
     assert plan.latency_us == pytest.approx(7.0 * len(plan.groups))
     assert "fusion by cost model" in plan.measure and "unfused baseline by cost model" in plan.measure
-    assert any("not in welder.arch" in line for line in plan.log)
+    assert any("Fake GPU has no description in welder.arch" in line for line in plan.log)
+
+
+def test_tuned_json_says_which_latencies_are_measured():
+    """A plan tuned with fusion by the cost model: each group has the cost model's
+    prediction and the GPU's measurement side by side, its gain says it subtracts a
+    measured fused kernel from a predicted unfused baseline, and the totals keep the
+    prediction and the per-kernel sum apart."""
+    graph = layernorm_gelu()
+    plan = tune_model(graph, ARCH, 2, None, ScriptedDevice(graph, latency=lambda k: 7.0))
+    doc = tuned_json(plan, graph)
+    for entry, g in zip(doc["groups"], plan.groups):
+        assert entry["measured_latency_us"] == 7.0
+        assert entry["predicted_latency_us"] == pytest.approx(g.configs[0].estimate.latency_us, abs=1e-3)
+        assert entry["unfused_basis"] == "predicted"
+        assert entry["gain_basis"] == "predicted unfused - measured fused"
+        assert entry["gain_us"] == pytest.approx(entry["unfused_latency_us"] - 7.0, abs=1e-3)
+    totals = doc["totals"]
+    assert totals["measured_kernels_us"] == pytest.approx(7.0 * len(plan.groups))
+    assert totals["predicted_latency_us"] == pytest.approx(plan.predicted_latency_us, abs=1e-2)
+    assert totals["measured_runtime_us"] is None and totals["unmeasured_groups"] == 0
+    summary = format_summary(plan, graph)
+    header, *rows, last = summary.splitlines()
+    assert "pred us" in header and "meas us" in header and "thr" in header
+    assert all("7.00" in row for row in rows)
+    assert "measured kernels" in last and "gain = predicted unfused - measured fused" in last
+
+
+def test_summary_rows_show_ops_and_config():
+    graph = layernorm_gelu()
+    plan = plan_model(graph, ARCH, topk=1, nofusion=True)
+    _, *rows, last = format_summary(plan, graph).splitlines()
+    for row, g in zip(rows, plan.groups):
+        cfg = g.configs[0]
+        tile = "x".join(map(str, cfg.block_tile))
+        assert f" {tile} " in row and f" {cfg.threads} " in row
+    assert any("MatMul" in row for row in rows) and "meas us" not in format_summary(plan, graph)
+    assert "predicted latency" in last and "measured" not in last
+    assert abbreviate_ops(["MatMul", "Add", "Add", "Relu"]) == "MatMul+Add+Relu"
+    long = abbreviate_ops(["LayerNormalization"] * 6 + ["MatMul", "Softmax", "Transpose", "Reshape"] * 3, 24)
+    assert long.startswith("LayerNorm MatMul") and long.endswith("...") and len(long) <= 24
+
+
+def test_the_note_on_another_gpu_names_both():
+    graph = matmul_graph()
+    assert target_note(ARCH, ScriptedDevice(graph, name="NVIDIA H100 80GB HBM3")) is None
+    other = target_note(get_arch("V100"), ScriptedDevice(graph, name="NVIDIA H100 80GB HBM3"))
+    assert other.startswith("this GPU is not a V100") and "NVIDIA H100 80GB HBM3 (sm_90)" in other
+    unknown = target_note(get_arch("V100"), ScriptedDevice(graph, name="NVIDIA L4"))
+    assert unknown.startswith("NVIDIA L4 has no description in welder.arch") and "V100 cost model" in unknown
 
 
 def test_measured_latencies_decide_fusion():

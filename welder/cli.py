@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--arch",
         default="auto",
-        help="GPU whose cost model drives the search: "
-        "V100, A100, RTX3090, RTX4090, H100, H200 or auto (default: auto)",
+        help="GPU whose cost model drives the search: V100, A100, RTX3090, RTX4090, H100, H200 "
+        "or auto (default: auto); configs are measured on the GPU present, whichever it is",
     )
     p.add_argument("--topk", type=int, default=20, help="configs tried per group (default: 20)")
     p.add_argument("--cost-model", action="store_true", help="rank configs by the cost model only (no GPU)")
@@ -165,13 +165,25 @@ def cmd_tune(args: argparse.Namespace) -> int:
     result = tune(args.prefix, out, options, progress=progress)
     progress.done()
     print(format_summary(result.plan, result.graph))
+    if result.runtime is not None:
+        plan = result.plan
+        kernels = plan.measured_kernels_us
+        one_by_one = f"; kernels timed one by one: {kernels:.1f} us" if kernels is not None else ""
+        print(
+            f"model latency: predicted {plan.predicted_latency_us:.1f} us, measured "
+            f"{result.runtime.median_us:.1f} us end to end{one_by_one}"
+        )
     for note in result.notes:
         print(f"note: {note}")
     print(
         f"wrote {out / 'model.json'}, {out / 'tuned.json'} and the runtime sources in {out / 'nnfusion_rt'}"
     )
     if result.built is not None:
-        print(f"built {result.built} (main_test and the library) in {result.seconds:.1f} s in all")
+        print(f"built {result.built} (main_test and the library)")
+    print(
+        f"time: tuning {result.tuning_seconds:.1f} s, build {result.build_seconds:.1f} s, "
+        f"{result.seconds:.1f} s in all"
+    )
     return 0
 
 

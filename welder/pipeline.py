@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import onnx
 
-from welder.arch import Arch, get_arch, match_gpu_name
+import welder
+from welder.arch import Arch, get_arch
 from welder.codegen import Kernel, generate_model
 from welder.errors import WelderError
 from welder.frontend.onnx import import_onnx, load_model
@@ -41,6 +44,25 @@ class TuneOptions:
     cuda_arch: str | None = None  # e.g. "90"; default: the GPU present
     build: bool = True
     input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    time_runtime: bool = True  # time the built runtime end to end when a GPU is here
+
+
+@dataclass(frozen=True)
+class RuntimeTiming:
+    """The built runtime timed end to end through its library, as ``welder run`` does: whole
+    inferences, launch gaps included -- what a user gets, unlike the sum of kernels timed
+    one by one during tuning."""
+
+    median_us: float
+    mean_us: float
+    iters: int
+    warmup: int
+
+    def describe(self) -> str:
+        return (
+            f"welder run: median of {self.iters} runs after {self.warmup} warm-up, CUDA events, "
+            "inputs on the GPU, no CUDA graph"
+        )
 
 
 @dataclass
@@ -50,8 +72,15 @@ class TuneResult:
     plan: Plan
     kernels: list[Kernel]
     built: Path | None
-    seconds: float
+    seconds: float  # everything, import to timing (tuned.json: totals.total_seconds)
     notes: list[str]
+    build_seconds: float = 0.0
+    runtime: RuntimeTiming | None = None
+
+    @property
+    def tuning_seconds(self) -> float:
+        """Fusion and config search (tuned.json: totals.tuning_seconds)."""
+        return self.plan.seconds
 
 
 def output_folder(model: str | os.PathLike, output: str | os.PathLike | None) -> Path:
@@ -91,11 +120,14 @@ def tune(
             skip_dot=options.skip_dot,
         )
     else:
-        plan = _tune_on_gpu(graph, arch, options, str(model), notes)
+        plan = _tune_on_gpu(graph, arch, options, str(model))
     groups = [(g.group, g.configs[0]) for g in plan.groups]
     kernels = generate_model(graph, groups)
     emit_runtime(out, graph, groups, kernels, options.cuda_arch)
+    build_start = time.perf_counter()
     built = _build(out, options, notes)
+    build_seconds = time.perf_counter() - build_start
+    runtime = _time_built(out, options, notes) if built is not None else None
     doc = tuned_json(plan, graph)
     generated = iter(kernels)
     for entry in doc["groups"]:
@@ -108,9 +140,16 @@ def tune(
                 "smem_bytes": kernel.smem_bytes,
                 "source": kernel.source,
             }
-    doc["totals"]["tuning_seconds"] = round(time.perf_counter() - start, 2)
+    seconds = time.perf_counter() - start
+    totals = doc["totals"]
+    if runtime is not None:
+        totals["measured_runtime_us"] = round(runtime.median_us, 3)
+        totals["measured_runtime_mean_us"] = round(runtime.mean_us, 3)
+        totals["runtime_timing"] = runtime.describe()
+    totals["build_seconds"] = round(build_seconds, 2)
+    totals["total_seconds"] = round(seconds, 2)
     write_json(doc, str(out / "tuned.json"))
-    return TuneResult(out, graph, plan, kernels, built, time.perf_counter() - start, notes)
+    return TuneResult(out, graph, plan, kernels, built, seconds, notes, build_seconds, runtime)
 
 
 def _place_model(model: Path, out: Path) -> None:
@@ -130,24 +169,17 @@ def _place_model(model: Path, out: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def _tune_on_gpu(graph: Graph, arch: Arch, options: TuneOptions, model: str, notes: list[str]) -> Plan:
-
+def _tune_on_gpu(graph: Graph, arch: Arch, options: TuneOptions, model: str) -> Plan:
+    """Tune on the GPU present with ``arch``'s cost model ranking the candidates.  The GPU need
+    not be ``arch``, nor even described in welder.arch: configs are compiled for and measured
+    on it all the same, and the tuner says once that the ranking comes from another GPU."""
     if not gpu_available():
         raise WelderError(
             "tuning measures kernels on a GPU and none is usable here (needs pycuda and a "
             "driver); pass --cost-model to choose configs by the cost model instead"
         )
-    logger = logging.getLogger("welder.tune")
-    if not logger.handlers:
-        logger.addHandler(logging.StreamHandler(sys.stderr))
-        logger.setLevel(logging.INFO)
+    _log_tuning_to_stderr()
     with GpuDevice() as device:
-        present = match_gpu_name(device.name)
-        if present.name != arch.name:
-            notes.append(
-                f"tuning with the {arch.name} cost model on a {device.name}: configs are "
-                f"ranked for {arch.name}, measured and compiled for the GPU present ({device.arch})"
-            )
         return tune_model(
             graph,
             arch,
@@ -160,6 +192,26 @@ def _tune_on_gpu(graph: Graph, arch: Arch, options: TuneOptions, model: str, not
             progress_stream=sys.stderr,
             skip_dot=options.skip_dot,
         )
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to ``sys.stderr`` as it is when a record comes (a StreamHandler keeps the
+    stream it was made with, which outlives a redirection or a test's capture)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+def _log_tuning_to_stderr() -> None:
+    """Show the tuner's messages on stderr, unless logging is configured already (then a
+    handler of ours would print every message a second time)."""
+    logger = logging.getLogger("welder.tune")
+    if not logger.hasHandlers():
+        logger.addHandler(_StderrHandler())
+        logger.setLevel(logging.INFO)
 
 
 def _build(out: Path, options: TuneOptions, notes: list[str]) -> Path | None:
@@ -178,3 +230,42 @@ def _build(out: Path, options: TuneOptions, notes: list[str]) -> Path | None:
         notes.append("runtime not built: no GPU here; pass --cuda-arch (e.g. 90) or run `welder build`")
         return None
     return build_runtime(out, options.cuda_arch)
+
+
+RUNTIME_ITERS = 50
+RUNTIME_WARMUP = 10
+_MEDIAN = re.compile(r"^median (\S+) ms$", re.M)
+_SUMMARY = re.compile(r"^Summary: \[min, max, mean\] = \[(\S+), (\S+), (\S+)\] ms$", re.M)
+
+
+def _time_built(out: Path, options: TuneOptions, notes: list[str]) -> RuntimeTiming | None:
+    """The built runtime's end-to-end latency, when a GPU is here to run it; a runtime that
+    fails to run is a note, not a failed tune (the build and tuned.json are still good)."""
+    if not options.time_runtime or (options.cost_model and shutil.which("nvidia-smi") is None):
+        return None
+    try:
+        return time_runtime(out)
+    except WelderError as e:
+        notes.append(f"runtime not timed: {e}")
+        return None
+
+
+def time_runtime(
+    prefix: Path, iters: int = RUNTIME_ITERS, warmup: int = RUNTIME_WARMUP, timeout_s: float = 600.0
+) -> RuntimeTiming:
+    """Time the runtime under ``prefix`` with ``welder run`` in a child process: a kernel
+    that faults or hangs there cannot take ``welder tune`` down with it, and this process's
+    CUDA state stays as tuning left it."""
+    command = [sys.executable, "-m", "welder.cli", "run", str(prefix), "--iters", str(iters)]
+    command += ["--warmup", str(warmup)]
+    root = str(Path(welder.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise WelderError(f"`welder run {prefix}` did not finish within {timeout_s:.0f} s") from None
+    median, summary = _MEDIAN.search(proc.stdout), _SUMMARY.search(proc.stdout)
+    if proc.returncode != 0 or median is None or summary is None:
+        tail = " / ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise WelderError(f"`welder run {prefix}` failed (exit {proc.returncode}): {tail}")
+    return RuntimeTiming(1e3 * float(median.group(1)), 1e3 * float(summary.group(3)), iters, warmup)

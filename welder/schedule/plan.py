@@ -22,10 +22,23 @@ class PlannedGroup:
     configs: list[GroupConfig]  # best first
     unfused_us: float  # its members as one kernel each
     unfused_bytes: int
+    unfused_measured: bool = False  # unfused_us measured on the GPU, not predicted
 
     @property
     def latency_us(self) -> float:
+        """The latency the plan works with: measured where it was, else predicted."""
         return self.configs[0].estimate.latency_us
+
+    @property
+    def predicted_us(self) -> float:
+        """The cost model's latency of the chosen config (kept even once measured, so the
+        report can put prediction next to measurement)."""
+        return self.configs[0].estimate.latency_us
+
+    @property
+    def measured_latency_us(self) -> float | None:
+        """The GPU's latency of the chosen config; None where nothing was measured."""
+        return None
 
     @property
     def traffic_bytes(self) -> int:
@@ -68,6 +81,32 @@ class Plan:
     @property
     def latency_us(self) -> float:
         return sum(g.latency_us for g in self.groups)
+
+    @property
+    def predicted_latency_us(self) -> float:
+        return sum(g.predicted_us for g in self.groups)
+
+    @property
+    def measured(self) -> bool:
+        """Whether any group's latency was measured on a GPU."""
+        return any(g.measured_latency_us is not None for g in self.groups)
+
+    @property
+    def measured_kernels_us(self) -> float | None:
+        """The sum of the measured groups' latencies (library calls have none): one kernel
+        at a time in isolation, not the model run end to end."""
+        if not self.measured:
+            return None
+        return sum(g.measured_latency_us or 0.0 for g in self.groups)
+
+    @property
+    def unmeasured_groups(self) -> int:
+        return sum(1 for g in self.groups if g.measured_latency_us is None)
+
+    @property
+    def unfused_basis(self) -> str:
+        """How the unfused baseline was obtained: measured, predicted, or mixed."""
+        return _basis([g.unfused_measured for g in self.groups])
 
     @property
     def traffic_bytes(self) -> int:
@@ -136,12 +175,18 @@ def traffic_of(cfg: GroupConfig) -> int:
 
 
 def tuned_json(plan: Plan, graph: Graph) -> dict:
-    """The plan as JSON (``tuned.json``); measured plans add, per group, whether its
-    config came from the tuning cache and how many candidates were tried."""
+    """The plan as JSON (``tuned.json``).  Every latency says what it is: the cost model's
+    ``predicted_latency_us``, the GPU's ``measured_latency_us`` (null without a GPU), and
+    ``gain_basis`` says which two numbers ``gain_us`` subtracts -- with fusion decided by the
+    cost model the unfused baseline is a prediction while the fused group is measured, and
+    the reader must be able to tell.  Measured plans add whether each config came from the
+    tuning cache and how many candidates were tried.  ``totals.measured_runtime_us`` is
+    filled by ``welder tune`` once the built runtime has been timed end to end."""
     groups = []
     for k, g in enumerate(plan.groups):
         grp = g.group
-        measured = {x: getattr(g, x) for x in ("measured_us", "candidates", "from_cache") if hasattr(g, x)}
+        measured = g.measured_latency_us
+        extra = {x: getattr(g, x) for x in ("candidates", "from_cache") if hasattr(g, x)}
         groups.append(
             {
                 "index": k,
@@ -153,16 +198,20 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
                 "inputs": list(grp.inputs),
                 "outputs": list(grp.outputs),
                 "stages": list(grp.stages),
-                "latency_us": g.latency_us,
+                "predicted_latency_us": round(g.predicted_us, 4),
+                "measured_latency_us": None if measured is None else round(measured, 4),
                 "unfused_latency_us": round(g.unfused_us, 4),
+                "unfused_basis": "measured" if g.unfused_measured else "predicted",
                 "gain_us": round(g.unfused_us - g.latency_us, 4),
+                "gain_basis": gain_basis(g.unfused_measured, measured is not None),
                 "library": g.library,
                 "configs": [c.to_json() for c in g.configs],
-                **measured,
+                **extra,
             }
         )
+    kernels_us = plan.measured_kernels_us
     return {
-        "format": "welder.tuned/1",
+        "format": "welder.tuned/2",
         "model": plan.model,
         "arch": plan.arch.name,
         "measure": plan.measure,
@@ -173,14 +222,31 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
         "totals": {
             "kernels": plan.kernels,
             "library_calls": plan.library_calls,
-            "estimated_latency_us": round(plan.latency_us, 3),
-            "traffic_bytes": plan.traffic_bytes,
             "unfused_kernels": plan.unfused_kernels,
+            "predicted_latency_us": round(plan.predicted_latency_us, 3),
+            "measured_kernels_us": None if kernels_us is None else round(kernels_us, 3),
+            "unmeasured_groups": plan.unmeasured_groups,
+            "measured_runtime_us": None,
             "unfused_latency_us": round(plan.unfused_latency_us, 3),
+            "unfused_basis": plan.unfused_basis,
+            "traffic_bytes": plan.traffic_bytes,
             "unfused_traffic_bytes": plan.unfused_traffic_bytes,
             "tuning_seconds": round(plan.seconds, 2),
         },
     }
+
+
+def gain_basis(unfused_measured: bool, fused_measured: bool) -> str:
+    """What a group's gain subtracts, e.g. ``predicted unfused - measured fused``."""
+    unfused = "measured" if unfused_measured else "predicted"
+    fused = "measured" if fused_measured else "predicted"
+    return f"{unfused} unfused - {fused} fused"
+
+
+def _basis(flags: list[bool]) -> str:
+    if flags and all(flags):
+        return "measured"
+    return "mixed" if any(flags) else "predicted"
 
 
 def write_tuned_json(plan: Plan, graph: Graph, path: str) -> None:
@@ -193,35 +259,86 @@ def write_json(doc: dict, path: str) -> None:
         f.write("\n")
 
 
-def format_summary(plan: Plan, graph: Graph, width: int = 44) -> str:
-    """The terminal table: one row per group, then totals."""
-    rows = [
-        f"{'#':>3}  {'group (root)':<{width}} {'ops':>4} {'stages':>6} {'tile':<16} {'smem KB':>7} "
-        f"{'DRAM MB':>10} {'us':>8} {'gain us':>8}"
-    ]
+# Short spellings of long op types, so a group's ops fit one column of the summary.
+_SHORT_OPS = {
+    "LayerNormalization": "LayerNorm",
+    "BatchNormalization": "BatchNorm",
+    "InstanceNormalization": "InstNorm",
+    "GroupNormalization": "GroupNorm",
+    "GlobalAveragePool": "GAvgPool",
+    "ReduceMean": "RMean",
+    "ReduceSum": "RSum",
+    "ReduceMax": "RMax",
+    "Unsqueeze": "Unsq",
+    "Transpose": "Transp",
+    "ConvTranspose": "ConvT",
+}
+
+
+def abbreviate_ops(ops: list[str], width: int = 30) -> str:
+    """A group's member op types in a column of ``width``: the sequence with repeats folded
+    (``MatMul+Add+Relu``), or, when that is too long, each op type once in order of first
+    appearance (``Unsq Cast Sub MatMul ...``): enough to recognise the group; tuned.json
+    has every member."""
+    short = [_SHORT_OPS.get(op, op) for op in ops]
+    folded = [op for k, op in enumerate(short) if k == 0 or short[k - 1] != op]
+    text = "+".join(folded)
+    if len(text) <= width:
+        return text
+    words = list(dict.fromkeys(short))
+    kept: list[str] = []
+    for word in words:
+        if len(" ".join([*kept, word])) > width - 4:
+            break
+        kept.append(word)
+    if not kept:
+        return words[0][: width - 3] + "..."
+    return " ".join(kept) + (" ..." if len(kept) < len(words) else "")
+
+
+def format_summary(plan: Plan, graph: Graph, width: int = 28) -> str:
+    """The terminal table: one row per group -- its ops, root, config (tile, threads,
+    shared memory), traffic, predicted and (when tuned on a GPU) measured latency, gain
+    over the unfused members -- then totals.  The gain column says which latencies it
+    subtracts, as tuned.json does."""
+    measured = plan.measured
+    gain = f"{plan.unfused_basis} unfused - {'measured' if measured else 'predicted'} fused"
+    header = (
+        f"{'#':>3}  {'ops':<30} {'group (root)':<{width}} {'n':>3} {'tile':<12} {'thr':>4} {'smem KB':>7} "
+        f"{'DRAM MB':>8} {'pred us':>8}" + (f" {'meas us':>8}" if measured else "") + f" {'gain us':>8}"
+    )
+    rows = [header]
     for k, g in enumerate(plan.groups):
         grp = g.group
         cfg = g.configs[0]
+        ops = abbreviate_ops([graph.nodes[m].op_type for m in grp.members])
         root = grp.root if len(grp.root) <= width else "..." + grp.root[-(width - 3) :]
-        tile = "cuBLAS" if g.library == "cublas" else "x".join(map(str, cfg.block_tile)) or "1"
+        library = g.library == "cublas"
+        tile = "cuBLAS" if library else "x".join(map(str, cfg.block_tile)) or "1"
+        threads = "-" if library else str(cfg.threads)
+        meas = g.measured_latency_us
+        meas_col = (f" {meas:>8.2f}" if meas is not None else f" {'-':>8}") if measured else ""
         rows.append(
-            f"{k:>3}  {root:<{width}} {len(grp.members):>4} {len(grp.stages):>6} {tile:<16} "
-            f"{cfg.smem_bytes / 1024:>7.1f} {g.traffic_bytes / 1e6:>10.3f} {g.latency_us:>8.2f} "
+            f"{k:>3}  {ops:<30} {root:<{width}} {len(grp.members):>3} {tile:<12} {threads:>4} "
+            f"{cfg.smem_bytes / 1024:>7.1f} {g.traffic_bytes / 1e6:>8.3f} {g.predicted_us:>8.2f}{meas_col} "
             f"{g.unfused_us - g.latency_us:>8.2f}"
         )
     mb = 1e6
-    predicted = sum(g.configs[0].estimate.latency_us for g in plan.groups)
-    measured = any(hasattr(g, "measured_us") for g in plan.groups)
-    latency = (
-        f"measured latency {plan.latency_us:.1f} us (cost model predicted {predicted:.1f} us)"
-        if measured
-        else f"estimated latency {plan.latency_us:.1f} us"
-    )
+    kernels_us = plan.measured_kernels_us
+    if kernels_us is not None:
+        skipped = plan.unmeasured_groups
+        unmeasured = f", {skipped} library calls not measured" if skipped else ""
+        latency = (
+            f"predicted latency {plan.predicted_latency_us:.1f} us, measured kernels {kernels_us:.1f} us "
+            f"(sum of per-kernel timings{unmeasured})"
+        )
+    else:
+        latency = f"predicted latency {plan.predicted_latency_us:.1f} us"
     calls = f" + {plan.library_calls} cuBLAS calls" if plan.library_calls else ""
     rows.append(
-        f"{plan.kernels} kernels{calls} (unfused: {plan.unfused_kernels}); {latency} "
-        f"(unfused: {plan.unfused_latency_us:.1f} us); compulsory DRAM traffic "
-        f"{plan.traffic_bytes / mb:.2f} MB (unfused: {plan.unfused_traffic_bytes / mb:.2f} MB); "
-        f"arch {plan.arch.name}, {plan.measure}, {plan.seconds:.1f} s"
+        f"{plan.kernels} kernels{calls} (unfused: {plan.unfused_kernels}); {latency}; "
+        f"unfused {plan.unfused_latency_us:.1f} us ({plan.unfused_basis}); gain = {gain}; compulsory DRAM "
+        f"traffic {plan.traffic_bytes / mb:.2f} MB (unfused: {plan.unfused_traffic_bytes / mb:.2f} MB); "
+        f"arch {plan.arch.name}, {plan.measure}; tuning {plan.seconds:.1f} s"
     )
     return "\n".join(rows)

@@ -8,7 +8,10 @@ For one group (:func:`tune_group`):
 2. take the policy's ``topk`` configs and render each as a kernel named ``welder_c<k>_...``;
 3. compile all of them in one call (nvcc is slow to start; one translation unit amortises
    that).  If the call fails, halve the set and retry each half, so one bad candidate costs
-   a few extra compiles instead of all of them;
+   a few extra compiles instead of all of them.  A call is limited to
+   :func:`compile_timeout_s` (a minute plus seconds per kernel, five minutes at most), and a
+   set that timed out is halved once only: a half that times out again is dropped whole,
+   so a hanging nvcc costs minutes, not one limit per level of halving;
 4. time every compiled candidate on seeded random inputs (weights: the model's own);
 5. run the candidates fastest first and compare their outputs with the reference
    interpreter (``max(|a-b| / max(|b|, 1))`` within 1e-4 for fp32, 2e-2 for fp16); the
@@ -26,6 +29,7 @@ a latency measure for the fusion search, and :func:`tune_model` tunes a whole mo
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import re
@@ -62,7 +66,8 @@ _CANDIDATE = re.compile(rf"^{CANDIDATE_PREFIX}(\d+)_")
 class Device(Protocol):
     """Where candidates are compiled, run and timed.
 
-    ``compile`` raises :class:`welder.gpu.CompileError`; ``run`` and ``time`` raise
+    ``compile`` raises :class:`welder.gpu.CompileError`; it may take a keyword ``timeout_s``
+    (the tuner's limit for that call; a device without it applies its own); ``run`` and ``time`` raise
     :class:`welder.gpu.LaunchError` (``KernelTimeout`` included) for a kernel that cannot be
     launched, faults or hangs.  ``inputs`` are the kernel's input parameters in order; ``run``
     returns its outputs in order; ``time`` returns the median microseconds of one launch."""
@@ -90,7 +95,7 @@ class TuneError(WelderError):
 @dataclass(frozen=True)
 class Dropped:
     candidate: int  # index in the cost model's ranking
-    reason: str  # codegen | compile | launch | timeout | wrong
+    reason: str  # codegen | compile | launch | timeout (nvcc or the kernel) | wrong
     detail: str
 
 
@@ -158,28 +163,72 @@ def prepare_candidates(graph: Graph, group: Group, configs: Sequence[GroupConfig
     return cands
 
 
+COMPILE_TIMEOUT_BASE_S = 60.0
+COMPILE_TIMEOUT_PER_KERNEL_S = 10.0
+COMPILE_TIMEOUT_MAX_S = 300.0
+
+
+def compile_timeout_s(kernels: int) -> float:
+    """nvcc's time limit for one call on ``kernels`` candidates.  A healthy call takes
+    seconds per kernel, even with every core busy; one that runs for minutes is stuck
+    (unrolling gone wild, a compiler bug), and waiting longer only delays the tune."""
+    return min(COMPILE_TIMEOUT_MAX_S, COMPILE_TIMEOUT_BASE_S + COMPILE_TIMEOUT_PER_KERNEL_S * kernels)
+
+
 def compile_candidates(device: Device, cands: Candidates) -> Candidates:
     """Compile every kernel, all in one call when they all compile (thread-safe: runs in the
     compile pool)."""
-    _compile_split(device, cands, sorted(cands.kernels))
+    _compile_split(device, cands, sorted(cands.kernels), may_split_timeout=True)
     return cands
 
 
-def _compile_split(device: Device, cands: Candidates, indices: list[int]) -> None:
+def _compile_split(device: Device, cands: Candidates, indices: list[int], may_split_timeout: bool) -> None:
+    """Compile ``indices`` in one call; on failure, compile each half.  A timed-out set is
+    split only while ``may_split_timeout``, which the halves of a timed-out set lose: the
+    halving that isolates a bad candidate in a few quick compiles would otherwise cost one
+    full time limit per level."""
     if not indices:
         return
+    limit = compile_timeout_s(len(indices))
+    start = time.perf_counter()
     try:
-        program = device.compile([cands.kernels[i] for i in indices])
+        program = _device_compile(device, [cands.kernels[i] for i in indices], limit)
     except CompileError as e:
-        if len(indices) == 1:
-            cands.drop(indices[0], "compile", str(e))
+        timed_out = _is_compile_timeout(e, time.perf_counter() - start, limit)
+        if len(indices) == 1 or (timed_out and not may_split_timeout):
+            for i in indices:
+                cands.drop(i, "timeout" if timed_out else "compile", str(e))
             return
+        if timed_out:
+            log.warning(
+                "group %s: nvcc did not finish %d candidates within %.0f s; compiling each half once "
+                "more, and dropping a half that times out too",
+                cands.group.root,
+                len(indices),
+                limit,
+            )
         half = len(indices) // 2
-        _compile_split(device, cands, indices[:half])
-        _compile_split(device, cands, indices[half:])
+        keep_splitting = may_split_timeout and not timed_out
+        _compile_split(device, cands, indices[:half], keep_splitting)
+        _compile_split(device, cands, indices[half:], keep_splitting)
         return
     for i in indices:
         cands.programs[i] = program
+
+
+def _device_compile(device: Device, kernels: list[Any], timeout_s: float) -> Any:
+    """``device.compile`` under ``timeout_s`` where the device takes a limit."""
+    try:
+        takes_limit = "timeout_s" in inspect.signature(device.compile).parameters
+    except (TypeError, ValueError):
+        takes_limit = False
+    return device.compile(kernels, timeout_s=timeout_s) if takes_limit else device.compile(kernels)
+
+
+def _is_compile_timeout(error: CompileError, elapsed_s: float, limit_s: float) -> bool:
+    """nvcc was stopped for time, or (on a device with its own, longer limit) failed only
+    after the tuner's limit had passed: either way the set is too slow to halve again."""
+    return "did not finish" in str(error) or elapsed_s >= limit_s
 
 
 # -- measuring and checking ------------------------------------------------------------------------
@@ -497,6 +546,10 @@ class TunedGroup(PlannedGroup):
     def latency_us(self) -> float:
         return self.measured_us
 
+    @property
+    def measured_latency_us(self) -> float | None:
+        return self.measured_us
+
 
 class ProgressBar:
     """One self-redrawing status line on a terminal; silent when the stream is not one (a
@@ -530,15 +583,20 @@ class ProgressBar:
 
 
 def target_note(arch: Arch, device: Device) -> str | None:
-    """A warning when the cost model's arch is not the GPU the kernels are timed on."""
+    """A warning when the cost model's arch is not the GPU the kernels are timed on (a GPU
+    welder.arch does not describe included): the ranking may then miss that GPU's best
+    configs, though every kept config is measured and checked on it."""
     try:
         local = match_gpu_name(device.name)
     except WelderError:
-        return f"{device.name} is not in welder.arch; candidates come from the {arch.name} cost model"
+        return (
+            f"{device.name} has no description in welder.arch: candidates are ranked by the "
+            f"{arch.name} cost model and compiled for and timed on {device.name} ({device.arch})"
+        )
     if local.name != arch.name:
         return (
-            f"candidates are ranked by the {arch.name} cost model but compiled for and timed on "
-            f"{device.name} ({device.arch})"
+            f"this GPU is not a {arch.name}: candidates are ranked by the {arch.name} cost model "
+            f"but compiled for and timed on {device.name} ({device.arch})"
         )
     return None
 
@@ -653,7 +711,7 @@ class _ModelTuner:
                 continue
             unfused_us, unfused_bytes, measured = self.unfused(g)
             all_measured &= measured
-            planned.append(_tuned_group(g, result, unfused_us, unfused_bytes))
+            planned.append(_tuned_group(g, result, unfused_us, unfused_bytes, measured))
         return planned, all_measured
 
     def split(self, g: Group) -> list[TunedGroup]:
@@ -670,8 +728,8 @@ class _ModelTuner:
                     f"no candidate for node {m!r} ({node.op_type} from {node.source!r}) compiled, ran and "
                     f"matched the reference on {self.device.name}; see the welder.tune log"
                 )
-            us, nbytes, _ = self.unfused(single)
-            out.append(_tuned_group(single, result, us, nbytes))
+            us, nbytes, measured = self.unfused(single)
+            out.append(_tuned_group(single, result, us, nbytes, measured))
         return out
 
     def unfused(self, g: Group) -> tuple[float, int, bool]:
@@ -688,12 +746,15 @@ class _ModelTuner:
         return sum(c[0].estimate.latency_us for c in estimates if c), traffic, False
 
 
-def _tuned_group(g: Group, result: TunedConfig, unfused_us: float, unfused_bytes: int) -> TunedGroup:
+def _tuned_group(
+    g: Group, result: TunedConfig, unfused_us: float, unfused_bytes: int, unfused_measured: bool
+) -> TunedGroup:
     return TunedGroup(
         g,
         [result.config],
         unfused_us,
         unfused_bytes,
+        unfused_measured,
         measured_us=result.latency_us,
         candidates=result.candidates,
         from_cache=result.from_cache,
