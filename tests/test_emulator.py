@@ -149,6 +149,30 @@ __global__ void half_row_dot(const __half* __restrict__ x, const __half* __restr
   if (threadIdx.x == 0) out[blockIdx.x] = acc;
 }
 
+// Stages n halves (n % 8 == 0) in shared memory the way generated kernels do -- as 16-, 8- and
+// 4-byte vectors of raw half bits (uint4, uint2, __half2), zero vectors past n -- and reads them
+// back one __half at a time, each thread elements another thread wrote:
+// y[i] = 7 * x[255 - i] (0 past n).
+__global__ void __launch_bounds__(64) half_stage_vectors(const __half* __restrict__ x, float* __restrict__ y,
+                                                         int n) {
+  WELDER_SMEM_BEGIN;
+  WELDER_SHARED(__half, s8, 0, 256);
+  WELDER_SHARED(__half, s4, 512, 256);
+  WELDER_SHARED(__half, s2, 1024, 256);
+  const int t = threadIdx.x;
+  for (int e = t; e < 32; e += blockDim.x)
+    welder_vstore(s8, e * 8, (e * 8 < n) ? welder_vload<uint4>(x, e * 8) : make_uint4(0u, 0u, 0u, 0u));
+  for (int e = t; e < 64; e += blockDim.x)
+    welder_vstore(s4, e * 4, (e * 4 < n) ? welder_vload<uint2>(x, e * 4) : make_uint2(0u, 0u));
+  for (int e = t; e < 128; e += blockDim.x)
+    welder_vstore(s2, e * 2, (e * 2 < n) ? welder_vload<__half2>(x, e * 2) : __float2half2_rn(0.0f));
+  __syncthreads();
+  for (int i = t; i < 256; i += blockDim.x) {
+    const int j = 255 - i;
+    y[i] = __half2float(s8[j]) + 2.0f * __half2float(s4[j]) + 4.0f * __half2float(s2[j]);
+  }
+}
+
 // Half arithmetic through cuda_fp16's operators and intrinsics, four results per element.
 __global__ void half_arith(const __half* __restrict__ a, const __half* __restrict__ b,
                            __half* __restrict__ out, int n) {
@@ -331,6 +355,7 @@ GOOD_KERNELS = [
     "softmax_rows",
     "half_scale_add",
     "half_row_dot",
+    "half_stage_vectors",
     "half_arith",
     "half_convert",
     "histogram",
@@ -444,6 +469,16 @@ __global__ void misaligned_vector(const float* x, float* y) {
   y[threadIdx.x] = v.x;
 }
 
+// A 16-byte load from a half view at an element that is only 8-byte aligned.
+__global__ void misaligned_half_vector(const __half* x, float* y) {
+  WELDER_SMEM_BEGIN;
+  WELDER_SHARED(__half, h, 0, 16);
+  if (threadIdx.x == 0) welder_vstore(h, 0, welder_vload<uint4>(x, 0));
+  __syncthreads();
+  const uint4 v = welder_vload<uint4>(h, 4);
+  y[threadIdx.x] = (float)v.x;
+}
+
 // 256 KiB of locals per thread overflow a small fiber stack.
 __global__ void stack_hog(float* y, int n) {
   volatile float big[65536];
@@ -478,6 +513,7 @@ BUG_KERNELS = [
     "global_out_of_bounds",
     "write_past_end",
     "misaligned_vector",
+    "misaligned_half_vector",
     "stack_hog",
     "divide",
     "asserting",
@@ -563,6 +599,15 @@ def test_half_elementwise_with_fp32_arithmetic(good, rng, n):
     good.launch("half_scale_add", (n + 127) // 128, 64, 0, [a, b, y, 0.37, n])
     expected = (a.astype(np.float32) * np.float32(0.37) + b.astype(np.float32)).astype(np.float16)
     np.testing.assert_array_equal(y, expected)
+
+
+@pytest.mark.parametrize("n", [256, 104])
+def test_half_vectors_stage_raw_bits_in_shared_memory(good, rng, n):
+    x = rng.standard_normal(n).astype(np.float16)
+    y = np.full(256, np.nan, dtype=np.float32)
+    good.launch("half_stage_vectors", 1, 64, 3 * 512, [x, y, n])
+    padded = np.concatenate([x.astype(np.float32), np.zeros(256 - n, np.float32)])
+    np.testing.assert_array_equal(y, 7 * padded[::-1])
 
 
 def test_half_dot_accumulates_in_fp32(good, rng):
@@ -875,6 +920,12 @@ def test_misaligned_vector_load(bugs):
         bugs, "misaligned_vector", 1, 1, 0, [np.zeros(8, np.float32), np.zeros(1, np.float32)]
     )
     assert "misaligned 16-byte vector load from global address" in message
+
+
+def test_misaligned_half_vector_load_from_shared_memory(bugs):
+    x, y = np.ones(16, np.float16), np.zeros(4, np.float32)
+    message = launch_error(bugs, "misaligned_half_vector", 1, 4, 32, [x, y])
+    assert "misaligned 16-byte vector load from shared view 'h' index 4 (byte 8)" in message
 
 
 def test_fiber_stack_overflow(bugs):

@@ -20,15 +20,28 @@ import jinja2
 from welder.graph import Graph
 from welder.ir.compute import Compute, reduce_identity
 from welder.ir.expr import Expr, Load
+from welder.ir.interpret import np_dtype
 from welder.schedule.config import GroupConfig, StageConfig, StagedInput
 from welder.schedule.group import Group
-from welder.tile.propagate import propagate_group, read_regions
+from welder.tile.propagate import Region, propagate_group, read_regions
 from welder.tile.region import Affine, Interval
 
 from .cprint import COMPUTE_TYPES, STORAGE_TYPES, CPrinter, literal
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "codegen_templates"
-_FLOAT_VECTORS = {2: "float2", 4: "float4"}
+#: Vector types for staged loads, by (storage dtype, elements): the type one load moves and
+#: its all-zero value (the fill of out-of-bounds elements; zero bits are +0.0 in both
+#: formats).  Half data moves as __half2 or as raw 8- and 16-byte words: the bits land in
+#: shared memory unchanged and are read back one __half at a time.
+VECTOR_TYPES: dict[tuple[str, int], tuple[str, str]] = {
+    ("float32", 2): ("float2", "make_float2(0.0f, 0.0f)"),
+    ("float32", 4): ("float4", "make_float4(0.0f, 0.0f, 0.0f, 0.0f)"),
+    ("float16", 2): ("__half2", "__float2half2_rn(0.0f)"),
+    ("float16", 4): ("uint2", "make_uint2(0u, 0u)"),
+    ("float16", 8): ("uint4", "make_uint4(0u, 0u, 0u, 0u)"),
+}
+#: The widest load a thread issues (LDG.128).
+MAX_VECTOR_BYTES = 16
 
 
 @dataclass
@@ -130,6 +143,11 @@ class _Staged:
 
 @dataclass
 class _ReduceDim:
+    """One reduce axis.  ``stride`` is its place value when the reduction points are
+    enumerated as one flat range split across threads: over the whole reduction, or for a
+    staged stage over one step (``step`` points of it; ``partial`` when the last step runs
+    past ``extent``)."""
+
     axis: int
     extent: int
     stride: int = 1
@@ -164,6 +182,7 @@ class StageCtx:
     step_axes: list[dict] = field(default_factory=list)
     reduce_dims: list[_ReduceDim] = field(default_factory=list)
     reduce_total: int = 1
+    step_total: int = 1  # reduction points per step (staged stages)
     shuffle_start: int = 0
     warps_per_output: int = 1
     red_view: str = ""
@@ -331,16 +350,23 @@ class _KernelBuilder:
             ctx.step_axes = [
                 {"axis": r, "steps": -(-e // s)} for r, (e, s) in enumerate(zip(extents, st.rstep)) if s < e
             ]
-            ctx.reduce_dims = [
-                _ReduceDim(
-                    r,
-                    e,
-                    step=s,
-                    value=f"k{r} * {s} + rr{r}" if s < e else f"rr{r}",
-                    partial=s < e and e % s != 0,
+            stride = 1
+            dims = []
+            for r in reversed(range(len(extents))):
+                e, s = extents[r], st.rstep[r]
+                dims.append(
+                    _ReduceDim(
+                        r,
+                        e,
+                        stride=stride,
+                        step=s,
+                        value=f"k{r} * {s} + rr{r}" if s < e else f"rr{r}",
+                        partial=s < e and e % s != 0,
+                    )
                 )
-                for r, (e, s) in enumerate(zip(extents, st.rstep))
-            ]
+                stride *= s
+            ctx.reduce_dims = list(reversed(dims))
+            ctx.step_total = stride
             ctx.staged = [self.staged(k, st, c, sd, staged_names[sd.tensor]) for sd in st.staged]
         else:
             stride = 1
@@ -380,7 +406,7 @@ class _KernelBuilder:
             for d, (e, iv) in enumerate(zip(sd.extents, region.dims))
         ]
         xs = [f"({d.origin_name} + c{d.axis})" for d in dims]
-        vector = sd.vector if info.dtype == "float32" and sd.vector in _FLOAT_VECTORS else 1
+        vector = _load_vector(sd.vector, region, info.shape, sd.extents, info.dtype)
         bounds = []
         for d, x, size in zip(dims, xs, info.shape):
             hi = size - vector + 1 if d.axis == len(dims) - 1 else size
@@ -397,8 +423,7 @@ class _KernelBuilder:
             zero,
         )
         if vector > 1:
-            staged.vector_t = _FLOAT_VECTORS[vector]
-            staged.vector_zero = f"make_{staged.vector_t}({', '.join(['0.0f'] * vector)})"
+            staged.vector_t, staged.vector_zero = VECTOR_TYPES[info.dtype, vector]
         return staged
 
     # -- expressions ---------------------------------------------------------------------------
@@ -433,6 +458,37 @@ class _KernelBuilder:
         param = self.params[ld.tensor]
         idx = [p(i) for i in ld.indices]
         return _read(f"{param.name}[{_flat(idx, param.shape)}]", ld.dtype)
+
+
+def _load_vector(
+    requested: int, region: Region, shape: Sequence[int], extents: Sequence[int], dtype: str
+) -> int:
+    """Elements each staged load moves.  The policy asks for vector loads (``requested`` > 1)
+    and counts elements, up to 4; the hardware's limit is bytes, 16 per load, which is 8
+    halves.  So where vectors are asked for, this takes the widest vector type of the dtype
+    whose every load stays aligned -- re-checked here, so a wrong width from the policy
+    costs speed, not a misaligned access."""
+    if requested < 2:
+        return 1
+    item = np_dtype(dtype).itemsize
+    widths = sorted((w for d, w in VECTOR_TYPES if d == dtype and w * item <= MAX_VECTOR_BYTES), reverse=True)
+    return next((w for w in widths if _aligned_vector(region, shape, extents, w)), 1)
+
+
+def _aligned_vector(region: Region, shape: Sequence[int], extents: Sequence[int], width: int) -> bool:
+    """True if loads of ``width`` elements along the innermost axis start at multiples of
+    ``width`` in every block and step: rows, the region's origin and its extent all divide,
+    so a vector is wholly inside the tensor or wholly outside it."""
+    if not shape:
+        return False
+    aff = region.dims[-1].affine
+    return (
+        shape[-1] % width == 0
+        and extents[-1] % width == 0
+        and aff is not None
+        and aff.const % width == 0
+        and aff.coefs_divisible_by(width)
+    )
 
 
 def _read(access: str, dtype: str) -> str:
