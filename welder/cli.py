@@ -71,7 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--topk", type=int, default=20, help="configs tried per group (default: 20)")
     p.add_argument("--cost-model", action="store_true", help="rank configs by the cost model only (no GPU)")
-    p.add_argument("--nofusion", action="store_true", help="one kernel per node (the unfused baseline)")
+    p.add_argument(
+        "--nofusion",
+        action="store_true",
+        help="no fusion across reductions: one kernel per reduction, injective ops inlined (welder-base)",
+    )
     p.add_argument(
         "--skip-dot", action="store_true", help="compute matrix products with cuBLAS, schedule the rest"
     )

@@ -939,9 +939,14 @@ class GpuDevice:
     def compiler(self) -> str:
         return nvcc_version()
 
-    def compile(self, kernels: Sequence[Any]) -> GpuProgram:
-        """All ``kernels`` (codegen.Kernel) in one nvcc call."""
-        image = compile_cubin([k.source for k in kernels], self.arch, options=self.compile_options)
+    def compile(self, kernels: Sequence[Any], timeout_s: float | None = None) -> GpuProgram:
+        """All ``kernels`` (codegen.Kernel) in one nvcc call, killed after ``timeout_s``."""
+        image = compile_cubin(
+            [k.source for k in kernels],
+            self.arch,
+            options=self.compile_options,
+            timeout_s=timeout_s or 1800.0,
+        )
         return GpuProgram(hashlib.sha256(image).hexdigest()[:20], image, tuple(k.name for k in kernels))
 
     def run(self, program: GpuProgram, kernel: Any, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -29,7 +29,6 @@ a latency measure for the fusion search, and :func:`tune_model` tunes a whole mo
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import re
@@ -66,8 +65,8 @@ _CANDIDATE = re.compile(rf"^{CANDIDATE_PREFIX}(\d+)_")
 class Device(Protocol):
     """Where candidates are compiled, run and timed.
 
-    ``compile`` raises :class:`welder.gpu.CompileError`; it may take a keyword ``timeout_s``
-    (the tuner's limit for that call; a device without it applies its own); ``run`` and ``time`` raise
+    ``compile`` raises :class:`welder.gpu.CompileError`, also when it outlives ``timeout_s``
+    (the tuner's limit for that call; None: the device's own); ``run`` and ``time`` raise
     :class:`welder.gpu.LaunchError` (``KernelTimeout`` included) for a kernel that cannot be
     launched, faults or hangs.  ``inputs`` are the kernel's input parameters in order; ``run``
     returns its outputs in order; ``time`` returns the median microseconds of one launch."""
@@ -81,7 +80,7 @@ class Device(Protocol):
     @property
     def compiler(self) -> str: ...  # the compiler's version line
 
-    def compile(self, kernels: Sequence[Any]) -> Any: ...
+    def compile(self, kernels: Sequence[Any], timeout_s: float | None = None) -> Any: ...
 
     def run(self, program: Any, kernel: Any, inputs: Sequence[np.ndarray]) -> list[np.ndarray]: ...
 
@@ -192,7 +191,7 @@ def _compile_split(device: Device, cands: Candidates, indices: list[int], may_sp
     limit = compile_timeout_s(len(indices))
     start = time.perf_counter()
     try:
-        program = _device_compile(device, [cands.kernels[i] for i in indices], limit)
+        program = device.compile([cands.kernels[i] for i in indices], timeout_s=limit)
     except CompileError as e:
         timed_out = _is_compile_timeout(e, time.perf_counter() - start, limit)
         if len(indices) == 1 or (timed_out and not may_split_timeout):
@@ -214,15 +213,6 @@ def _compile_split(device: Device, cands: Candidates, indices: list[int], may_sp
         return
     for i in indices:
         cands.programs[i] = program
-
-
-def _device_compile(device: Device, kernels: list[Any], timeout_s: float) -> Any:
-    """``device.compile`` under ``timeout_s`` where the device takes a limit."""
-    try:
-        takes_limit = "timeout_s" in inspect.signature(device.compile).parameters
-    except (TypeError, ValueError):
-        takes_limit = False
-    return device.compile(kernels, timeout_s=timeout_s) if takes_limit else device.compile(kernels)
 
 
 def _is_compile_timeout(error: CompileError, elapsed_s: float, limit_s: float) -> bool:
