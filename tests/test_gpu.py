@@ -5,6 +5,7 @@ containment; the tuner end to end.  Skipped without pycuda and a GPU (run them w
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -71,7 +72,7 @@ def sm() -> str:
     return sm_arch(compute_capability())
 
 
-def run_native(graph: Graph, kernels: list[Kernel], module: GpuModule, feeds: dict) -> dict[str, np.ndarray]:
+def run_native(graph: Graph, kernels: list[Kernel], module, feeds: dict) -> dict[str, np.ndarray]:
     """Launch a model's kernels in order on the GPU (outputs start as NaN bytes)."""
     import pycuda.driver as drv
 
@@ -107,66 +108,47 @@ def _kernels(graph: Graph, label: str, choice: int = 0, topk: int = 2, arch=None
     ]
 
 
-def _fp16_models() -> dict[str, object]:
-    f16 = np.float16
-    return {
-        "fp16_matmul": make_model(
-            [helper.make_node("MatMul", ["x", "w"], ["y"])],
-            {"x": _w(33, 40, dtype=f16)},
-            ["y"],
-            {"w": _w(40, 24, dtype=f16)},
-        ),
-        "fp16_softmax": make_model(
-            [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": _w(8, 70, dtype=f16)}, ["y"]
-        ),
-    }
+class ModuleSet:
+    """Kernels spread over several modules (native or emulated), launched by name."""
+
+    def __init__(self, modules: dict[str, object]) -> None:
+        self.by_kernel = modules
+
+    def launch(self, name: str, grid: int, block: int, smem: int, args: list) -> None:
+        self.by_kernel[name].launch(name, grid, block, smem, args)
 
 
-def _random_feeds(graph: Graph) -> dict[str, np.ndarray]:
-    return {t.name: _w(*t.shape, dtype=np_dtype(t.dtype)) for t in graph.inputs}
+def _chunks(kernels: list[Kernel], jobs: int) -> list[list[Kernel]]:
+    size = -(-len(kernels) // jobs)
+    return [kernels[i : i + size] for i in range(0, len(kernels), size)]
 
 
-def _corpus() -> list[tuple[str, Graph, dict, bool]]:
-    """(name, graph, feeds, also emulate?): the fused chains of test_codegen and fp16 kernels
-    (compared with the emulator too), then a sample of the ONNX node tests on their data."""
-    from node_cases import importable
-    from test_codegen import CHAINS, _chain
-
-    cases = []
-    for name in CHAINS:
-        graph = import_onnx(_chain(name))
-        cases.append((name, graph, _random_feeds(graph), True))
-    for name, model in _fp16_models().items():
-        graph = import_onnx(model)
-        cases.append((name, graph, _random_feeds(graph), True))
-    for case, graph in importable()[::9]:
-        by_name = {vi.name: np.asarray(v) for vi, v in zip(case.model.graph.input, case.data_sets[0][0])}
-        cases.append((case.name, graph, {t.name: by_name[t.name] for t in graph.inputs}, False))
-    return cases
-
-
-def _compile_modules(sources: list[list[str]], sm: str, chunk: int = 24) -> list[GpuModule]:
-    """One module per case, compiled in a few nvcc calls run side by side."""
+def compile_everywhere(kernels: list[Kernel], sm: str) -> tuple[ModuleSet, ModuleSet]:
+    """(native, emulated) modules of ``kernels``: nvcc and g++ calls of a few dozen kernels
+    each, all side by side on the machine's cores.  The cubins are loaded afterwards, in
+    this thread, which holds the CUDA context."""
     from concurrent.futures import ThreadPoolExecutor
 
-    chunks = [sources[i : i + chunk] for i in range(0, len(sources), chunk)]
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        images = list(pool.map(lambda c: compile_cubin([s for case in c for s in case], sm), chunks))
-    modules = [GpuModule(image) for image in images]
-    return [modules[i // chunk] for i in range(len(sources))]
+    from welder.codegen import model_source
+    from welder.codegen.kernel import TEMPLATE_DIR
+    from welder.runtime.emu import compile_kernels
 
+    def emulate(chunk: list[Kernel]):
+        names = [k.name for k in chunk]
+        return compile_kernels(model_source(chunk), names, extra_flags=[f"-I{TEMPLATE_DIR}"])
 
-def run_emulated(graph: Graph, kernels: list[Kernel], module, feeds: dict) -> dict[str, np.ndarray]:
-    env = {**graph.constants, **feeds}
-    for k in kernels:
-        args = []
-        for p in k.params:
-            if p.is_output:
-                env[p.tensor] = np.zeros(p.shape, np_dtype(p.dtype))
-            env[p.tensor] = np.require(env[p.tensor], np_dtype(p.dtype), "C")
-            args.append(env[p.tensor])
-        module.launch(k.name, k.grid, k.threads, k.smem_bytes, args)
-    return {o: env[o] for o in graph.outputs}
+    workers = max(2, os.cpu_count() or 2)
+    chunks = _chunks(kernels, 2 * workers)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        cubins = [pool.submit(compile_cubin, [k.source for k in c], sm) for c in chunks]
+        # The first build also compiles the emulator's runtime once; the others then share it.
+        first = emulate(chunks[0])
+        emulated = [first, *pool.map(emulate, chunks[1:])]
+        native = [GpuModule(f.result()) for f in cubins]
+    return (
+        ModuleSet({k.name: m for c, m in zip(chunks, native) for k in c}),
+        ModuleSet({k.name: m for c, m in zip(chunks, emulated) for k in c}),
+    )
 
 
 def test_device_is_described(sm):
@@ -176,37 +158,35 @@ def test_device_is_described(sm):
 
 
 def test_generated_kernels_match_the_interpreter_and_the_emulator(context, sm):
-    from welder.codegen import model_source
-    from welder.codegen.kernel import TEMPLATE_DIR
-    from welder.runtime.emu import available, compile_kernels
+    """The kernels of tests/test_codegen.py, natively: every node-test model under two
+    configs, the fused chains under four distinct configs and tiles that do not divide
+    them, reductions stepped with a short last step (fp32 and fp16, every vector width),
+    reductions split across warps, fp16 kernels and a matmul's top 12 configs.  Every
+    output is compared with the interpreter and with the emulator on the same inputs."""
+    import test_codegen
+    from test_codegen import run_emulated
 
-    batches = []
-    for i, (name, graph, feeds, emulate) in enumerate(_corpus()):
-        for choice in (0, 1) if emulate else (0,):
-            batches.append((name, graph, feeds, emulate, _kernels(graph, f"c{i}_{choice}", choice)))
-    modules = _compile_modules([[k.source for k in b[4]] for b in batches], sm)
-    emulated_kernels = [k for b in batches if b[3] for k in b[4]]
-    emu = None
-    if available():
-        emu = compile_kernels(
-            model_source(emulated_kernels),
-            [k.name for k in emulated_kernels],
-            extra_flags=[f"-I{TEMPLATE_DIR}"],
-        )
+    from welder.runtime.emu import available
+
+    assert available(), "the emulator needs g++ on this machine"
+    cases = [c for b in test_codegen.all_batches() for c in b.cases]
+    native, emulated = compile_everywhere([k for c in cases for k in c.kernels], sm)
     failures = []
-    for (name, graph, feeds, emulate, kernels), module in zip(batches, modules):
-        native = run_native(graph, kernels, module, feeds)
-        reference = graph.run(feeds)
-        emulated = run_emulated(graph, kernels, emu, feeds) if emulate and emu is not None else None
-        for o in graph.outputs:
-            limit = threshold_for(graph.tensor(o).dtype)
-            err = error_metric(native[o], reference[o])
-            if err > limit:
-                failures.append(f"{kernels[0].name} ({name}) {o}: native vs interpreter {err:.2e}")
-            if emulated is not None and error_metric(native[o], emulated[o]) > limit:
-                failures.append(f"{kernels[0].name} ({name}) {o}: native vs emulator differ")
-    assert not failures, "\n".join(failures)
-    assert len(batches) > 40 and len(emulated_kernels) >= 20
+    for case in cases:
+        try:
+            ours = run_native(case.graph, case.kernels, native, case.feeds)
+        except Exception as e:  # a fault ends the context: no later case could run
+            raise AssertionError(f"{case.kernels[0].name} ({case.label}) failed natively: {e}") from e
+        reference = case.graph.run(case.feeds)
+        emulator = run_emulated(case, emulated)
+        for o in case.graph.outputs:
+            limit = threshold_for(case.graph.tensor(o).dtype)
+            for what, other in (("interpreter", reference[o]), ("emulator", emulator[o])):
+                err = error_metric(ours[o], other)
+                if err > limit:
+                    failures.append(f"{case.kernels[0].name} ({case.label}) {o}: native vs {what} {err:.2e}")
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
+    assert len(cases) > 900
 
 
 def test_time_kernel_median_is_positive_and_scales_with_work(context, sm):
