@@ -12,6 +12,7 @@ the code generator can still evaluate at run time, with a conservative extent.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -175,6 +176,18 @@ def bound(e: Expr, env: Mapping[str, Interval]) -> Interval | None:
     return None
 
 
+def _residue_class(a: Interval, d: int) -> tuple[int, int]:
+    """``(g, r)``: every block's lower bound of ``a`` is ``r`` modulo ``g``, and ``g``
+    divides ``d``.  ``g`` is the gcd of ``d`` and the block coefficients, so the lower
+    bound modulo ``d`` is one of ``r, r + g, ..., d - g + r``; an opaque bound gives
+    ``(1, 0)`` (any residue)."""
+    aff = a.affine
+    if aff is None:
+        return 1, 0
+    g = math.gcd(d, *(c for _, c in aff.terms))
+    return g, aff.const % g
+
+
 def _floordiv(a: Interval, d: int) -> Interval:
     aff = a.affine
     if aff is not None and aff.coefs_divisible_by(d):
@@ -182,17 +195,23 @@ def _floordiv(a: Interval, d: int) -> Interval:
         hi_c = (aff.const + a.extent - 1) // d
         terms = {v: c // d for v, c in aff.terms}
         return Interval(Affine.make(terms, lo_c), hi_c - lo_c + 1)
-    # The number of distinct quotients over `extent` consecutive integers is at most this.
-    extent = (a.extent + d - 2) // d + 1
+    # `extent` consecutive integers from a lower bound at residue `lo % d` span
+    # `(lo % d + extent - 1) // d + 1` quotients; the largest residue is `d - g + r`.  A
+    # tile of 32 along a merged axis of 64 (g = 32) thus reads one quotient, not two.
+    g, r = _residue_class(a, d)
+    extent = (d - g + r + a.extent - 1) // d + 1
     return Interval(binary("floordiv", a.lo_expr(), d), extent)
 
 
 def _mod(a: Interval, d: int) -> Interval:
-    aff = a.affine
-    if aff is not None and aff.coefs_divisible_by(d):
-        lo = aff.const % d
-        if lo + a.extent <= d:
-            return Interval(Affine.make(const=lo), a.extent)
+    # The range never wraps around when even the largest residue of the lower bound,
+    # `d - g + r`, leaves room for the extent: `r + extent <= g`.
+    g, r = _residue_class(a, d)
+    if r + a.extent <= g:
+        aff = a.affine
+        if aff is not None and aff.coefs_divisible_by(d):
+            return Interval(Affine.make(const=aff.const % d), a.extent)
+        return Interval(binary("mod", a.lo_expr(), d), a.extent)
     return Interval.full(d)  # the range may wrap around: assume every residue
 
 
