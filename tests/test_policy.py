@@ -3,6 +3,7 @@ planners it relies on are right (checked against brute force)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -15,11 +16,23 @@ from welder.arch import ARCHS, get_arch, match_gpu_name
 from welder.errors import WelderError
 from welder.frontend.onnx import import_onnx
 from welder.ir.expr import free_vars
+from welder.ir.interpret import np_dtype
 from welder.schedule.group import make_group
-from welder.schedule.policy import Options, schedule_group, thread_layout
+from welder.schedule.policy import (
+    BLOCK_SIZE_TOLERANCE,
+    LINE_BYTES,
+    STEP_LINES,
+    Options,
+    base_tile,
+    make_config,
+    schedule_group,
+    thread_layout,
+    tile_configs,
+    vector_width,
+)
 from welder.tile.footprint import Buffer, _run_dims, plan_pool, transaction_bytes
-from welder.tile.propagate import propagate_group
-from welder.tile.region import Affine
+from welder.tile.propagate import Region, propagate_group, read_regions
+from welder.tile.region import Affine, Interval
 
 RNG = np.random.default_rng(3)
 
@@ -80,20 +93,87 @@ CASES = {
 }
 
 
+def _shape_dtype(graph):
+    return (lambda t: graph.tensor(t).shape), (lambda t: graph.tensor(t).dtype)
+
+
+def check_config(cfg, group, graph, a):
+    """Everything a config promises, recomputed from its own fields rather than trusted:
+    the shared-memory plan, the occupancy it claims, the thread layout and the staging."""
+    shape_of, dtype_of = _shape_dtype(graph)
+    assert cfg.threads % a.warp_size == 0 and a.warp_size <= cfg.threads <= a.max_threads_per_block
+    assert cfg.threads <= Options().max_threads
+
+    # Shared memory: rebuild every buffer and its live range (stage positions) from the
+    # stages: a tile lives until the last stage that reads it, staging buffers and
+    # cross-warp reduction slots for their own stage only.
+    position = {st.node: k for k, st in enumerate(cfg.stages)}
+    buffers = []  # (name, offset, bytes, first stage, last stage)
+    for k, st in enumerate(cfg.stages):
+        readers = [position[r] for r in position if r != st.node and st.node in group.computes[r].inputs]
+        if readers:
+            assert st.smem_offset is not None, f"{st.node} is read from shared memory but has no place"
+            elem = np_dtype(dtype_of(st.node)).itemsize
+            buffers.append((st.node, st.smem_offset, math.prod(st.tile) * elem, k, max(readers)))
+        for sd in st.staged:
+            elem = np_dtype(dtype_of(sd.tensor)).itemsize
+            buffers.append((f"{st.node}/{sd.tensor}", sd.offset, math.prod(sd.extents) * elem, k, k))
+        if st.reduce_threads > a.warp_size:
+            assert st.reduce_offset is not None
+            # kernel.py's layout: 8 value bytes per (output, warp, register), then 4 index bytes.
+            slots = math.prod(st.thread_shape) * (st.reduce_threads // a.warp_size) * math.prod(st.reg_tile)
+            buffers.append((f"{st.node}/reduce", st.reduce_offset, 12 * slots, k, k))
+    for name, offset, size, _, _ in buffers:
+        assert offset >= 0 and offset + size <= cfg.smem_bytes, name
+    for (na, oa, sa, fa, la), (nb, ob, sb, fb, lb) in itertools.combinations(buffers, 2):
+        if fa <= lb and fb <= la:  # live at the same time
+            assert oa + sa <= ob or ob + sb <= oa, f"{na} and {nb} overlap"
+    assert cfg.smem_bytes <= a.smem_per_block
+
+    # Occupancy: what blocks_per_sm claims must fit every per-SM resource.
+    e = cfg.estimate
+    assert e.blocks_per_sm >= 1 and e.blocks_per_sm <= a.max_blocks_per_sm
+    assert e.regs_per_thread <= a.max_regs_per_thread
+    assert e.regs_per_thread * cfg.threads * e.blocks_per_sm <= a.regs_per_sm
+    assert cfg.threads * e.blocks_per_sm <= a.max_threads_per_sm
+    assert cfg.smem_bytes * e.blocks_per_sm <= a.smem_per_sm
+    assert e.smem_bytes == cfg.smem_bytes and e.blocks == cfg.num_blocks
+
+    regions = propagate_group([group.computes[s] for s in group.stages], group.root, cfg.block_tile, shape_of)
+    for st in cfg.stages:
+        c = group.computes[st.node]
+        # Threads: the layout covers the tile; spare threads split the reduction in a power
+        # of two that shuffles can combine.
+        assert math.prod(st.thread_shape) * st.reduce_threads <= cfg.threads
+        assert st.reduce_threads & (st.reduce_threads - 1) == 0
+        assert st.reduce_threads == 1 or c.is_reduction
+        for ext, t, r in zip(st.tile, st.thread_shape, st.reg_tile):
+            assert t * r >= ext
+        # Staging: one step's region of each staged input, as propagation computes it.
+        assert len(st.rstep) == len(c.reduce_axes)
+        assert all(1 <= r <= ax.extent for r, ax in zip(st.rstep, c.reduce_axes))
+        if st.staged:
+            assert st.reduce_threads == 1
+            per_step = read_regions(c, regions.members[st.node].dims, shape_of, st.rstep)
+            for sd in st.staged:
+                assert sd.tensor in group.inputs
+                assert tuple(sd.extents) == per_step[sd.tensor].extents
+                shape = shape_of(sd.tensor)
+                assert sd.vector in (1, 2, 4) and sd.extents[-1] % sd.vector == 0
+                assert shape[-1] % sd.vector == 0
+
+
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_configs_obey_the_arch_and_tile_exactly(case, arch):
     graph, group = CASES[case]()
     a = get_arch(arch)
-    shape_of = lambda t: graph.tensor(t).shape  # noqa: E731
-    configs = schedule_group(group, shape_of, lambda t: graph.tensor(t).dtype, a, Options(topk=6))
+    shape_of, dtype_of = _shape_dtype(graph)
+    configs = schedule_group(group, shape_of, dtype_of, a, Options(topk=6))
     assert configs, f"no config for {case} on {arch}"
     root_shape = shape_of(group.root)
     for cfg in configs:
-        assert cfg.smem_bytes <= a.smem_per_block
-        assert cfg.threads % a.warp_size == 0 and cfg.threads <= a.max_threads_per_block
-        assert cfg.estimate.regs_per_thread <= a.max_regs_per_thread
-        assert cfg.estimate.blocks_per_sm >= 1
+        check_config(cfg, group, graph, a)
         # The grid covers the root exactly: no block is wholly outside, none missing.
         for s, t, g in zip(root_shape, cfg.block_tile, cfg.grid):
             assert 1 <= t <= s and g == math.ceil(s / t) and (g - 1) * t < s
@@ -106,35 +186,188 @@ def test_configs_obey_the_arch_and_tile_exactly(case, arch):
             for d in regions.members[st.node].dims:
                 names = set(d.lo.coefs) if isinstance(d.lo, Affine) else free_vars(d.lo)
                 assert names <= allowed
-            assert math.prod(st.thread_shape) * st.reduce_threads <= cfg.threads
-            for e, t, r in zip(st.tile, st.thread_shape, st.reg_tile):
-                assert t * r >= e
-            for sd in st.staged:
-                assert 0 <= sd.offset < cfg.smem_bytes
+
+
+def _matmul(m, k, n):
+    return whole_graph_group(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        {"x": np.zeros((m, k), np.float32)},
+        ["y"],
+        {"w": np.zeros((k, n), np.float32)},
+    )
 
 
 def test_large_matmul_on_h100_has_high_arithmetic_intensity():
     """4096^3 fp32 on H100: a block tile of M x N reads (M + N) * K floats for 2*M*N*K
     flops.  The policy must pick a tile with at least 32 flop/byte (128 x 128 gives
-    exactly 32; 32 x 32 would give 8), and stage both operands in shared memory."""
-    graph, group = whole_graph_group(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
-        {"x": np.zeros((4096, 4096), np.float32)},
-        ["y"],
-        {"w": np.zeros((4096, 4096), np.float32)},
-    )
-    [cfg] = schedule_group(
-        group,
-        lambda t: graph.tensor(t).shape,
-        lambda t: graph.tensor(t).dtype,
-        get_arch("H100"),
-        Options(topk=1),
-    )
+    exactly 32; 32 x 32 would give 8), and stage both operands in shared memory.
+
+    What it picks today: 128 x 128 on 256 threads of 8 x 8 outputs, K in steps of 64
+    (the longest that keeps the 2 blocks per SM the 96 registers per thread allow: 64 KB
+    of staging), 2 * 4096^3 = 137.4 GFLOP, estimated at about 3.5 ms -- compute bound at
+    60% of the 67 TFLOPS fp32 peak (3.42 ms) plus the last wave's imbalance."""
+    graph, group = _matmul(4096, 4096, 4096)
+    shape_of, dtype_of = _shape_dtype(graph)
+    a = get_arch("H100")
+    [cfg] = schedule_group(group, shape_of, dtype_of, a, Options(topk=1))
+    check_config(cfg, group, graph, a)
     m, n = cfg.block_tile
     intensity = (2 * m * n * 4096) / ((m + n) * 4096 * 4)
     assert intensity >= 32, cfg.block_tile
-    assert {s.tensor for s in cfg.stages[0].staged} == {"x", "w"}
-    assert math.prod(cfg.stages[0].reg_tile) >= 16  # register reuse of each staged value
+    st = cfg.stages[0]
+    assert {s.tensor for s in st.staged} == {"x", "w"}
+    assert math.prod(st.reg_tile) >= 16  # register reuse of each staged value
+    assert cfg.estimate.flops == 2 * 4096**3
+    roofline_us = 2 * 4096**3 / (a.fp32_tflops * 1e6)
+    assert roofline_us < cfg.estimate.latency_us < 2 * roofline_us
+    # The step keeps x's rows whole sectors and vectors of 4 floats.
+    [rk] = st.rstep
+    assert rk % (a.read_transaction // 4) == 0 and 4096 % rk == 0
+    assert all(sd.vector == 4 for sd in st.staged)
+
+
+def test_matmul_flops_count_the_multiply_and_the_add():
+    graph, group = _matmul(96, 72, 200)
+    shape_of, dtype_of = _shape_dtype(graph)
+    for tile in ((32, 40), (48, 100), (8, 8)):
+        cfg = make_config(group, tile, shape_of, dtype_of, get_arch("A100"))
+        assert cfg.estimate.flops == 2 * 96 * 72 * 200
+
+
+def test_base_tile_keeps_softmax_rows_whole():
+    """Softmax's max and sum are per row: splitting a row over blocks would make every
+    block recompute them, so the row is one block wide; other axes start at one."""
+    graph, group = CASES["softmax"]()
+    shape_of, _ = _shape_dtype(graph)
+    assert base_tile(group, shape_of) == (1, 1, 50)
+    graph, group = CASES["layernorm"]()
+    assert base_tile(group, _shape_dtype(graph)[0]) == (1, 768)
+    graph, group = CASES["matmul"]()  # nothing intermediate: any tile
+    assert base_tile(group, _shape_dtype(graph)[0]) == (1, 1)
+    graph, group = CASES["softmax"]()
+    for cfg in schedule_group(group, *_shape_dtype(graph), get_arch("H100"), Options(topk=6)):
+        assert cfg.block_tile[-1] == 50
+
+
+def _row_sum(rows, width):
+    return whole_graph_group(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+        {"x": _w(rows, width)},
+        ["y"],
+        {"axes": np.array([1], np.int64)},
+    )
+
+
+def test_few_rows_split_their_reduction_over_threads():
+    """A block of 2 row sums over 4096 columns has 2 outputs for 32 or more threads: the
+    idle threads split each row (a power of two per row, combined by shuffles, and through
+    shared memory across warps); with enough rows every thread owns its own."""
+    graph, group = _row_sum(64, 4096)
+    a = get_arch("H100")
+    for threads in (32, 64, 256):
+        cfg = make_config(group, (2,), *_shape_dtype(graph), a, threads=threads)
+        check_config(cfg, group, graph, a)
+        [st] = cfg.stages
+        assert st.thread_shape == (2,) and st.reduce_threads == threads // 2
+        assert (st.reduce_offset is not None) == (threads // 2 > 32)
+    cfg = make_config(group, (64,), *_shape_dtype(graph), a, threads=64)
+    assert cfg.stages[0].reduce_threads == 1
+    # Left to itself the policy splits too: 64 rows cannot fill the machine one per thread.
+    [best] = schedule_group(group, *_shape_dtype(graph), a)
+    assert best.stages[0].reduce_threads > 1
+
+
+def _region(origin, extent):
+    return Region((Interval(Affine.make(), 8), Interval(origin, extent)))
+
+
+@pytest.mark.parametrize(
+    "origin, extent, row, width",
+    [
+        (Affine.make({"b0": 64}), 64, 128, 4),  # aligned blocks, whole vectors
+        (Affine.make({"b0": 64, "k0": 32}), 32, 4096, 4),  # a reduction step of 32
+        (Affine.make({"b0": 64}, 2), 64, 128, 2),  # origin off by 2 elements
+        (Affine.make({"b0": 64}, 1), 64, 128, 1),  # off by one: scalar loads only
+        (Affine.make({"b0": 6}), 6, 120, 2),  # a 6-wide step: pairs
+        (Affine.make({"b0": 64}), 64, 130, 2),  # rows of 130: row starts only even
+        (Affine.make({"b0": 64}), 63, 128, 1),  # buffer row of 63
+        (Affine.make({"b0": 3}), 4, 128, 1),  # blocks 3 apart
+    ],
+)
+def test_vector_width_needs_alignment_and_whole_vectors(origin, extent, row, width):
+    assert vector_width(_region(origin, extent), (8, row), (8, extent)) == width
+
+
+def test_vector_width_of_an_opaque_origin_is_one():
+    from welder.ir.expr import Var, binary
+
+    opaque = binary("floordiv", Var("b0"), 3)
+    assert vector_width(Region((Interval(opaque, 8),)), (64,), (8,)) == 1
+
+
+def test_reduction_step_shrinks_to_fit_shared_memory():
+    """A 128 x 128 tile of a matmul with K = 1024 on an H100 steps K by 64: at 96
+    registers per thread two blocks fit an SM, and two 64-step stagings (64 KB each) fit
+    its 228 KB, while 128 would not.  On the same GPU with 16 KB of shared memory per
+    block (32 KB per SM) the step shrinks until the staging fits -- 16 (two 8 KB buffers),
+    still whole 32-byte sectors of x's rows; with 16 KB per SM to 8, so two blocks still
+    fit; and with 4 KB per block it goes below a sector (4) rather than give the tile up.
+    Below what a single point needs there is no config."""
+    graph, group = _matmul(256, 1024, 256)
+    shape_of, dtype_of = _shape_dtype(graph)
+    h100 = get_arch("H100")
+    assert STEP_LINES * LINE_BYTES // 4 == 128  # the longest step considered, in fp32 points
+    cfg = make_config(group, (128, 128), shape_of, dtype_of, h100, threads=256)
+    check_config(cfg, group, graph, h100)
+    assert cfg.stages[0].rstep == (64,) and cfg.estimate.blocks_per_sm == 2
+    for block, sm, step in ((16, 32, 16), (16, 16, 8), (4, 8, 4)):
+        small = dataclasses.replace(h100, smem_per_block=block * 1024, smem_per_sm=sm * 1024)
+        cfg = make_config(group, (128, 128), shape_of, dtype_of, small, threads=256)
+        check_config(cfg, group, graph, small)
+        assert cfg.stages[0].rstep == (step,)
+        assert {s.tensor: s.extents for s in cfg.stages[0].staged} == {"x": (128, step), "w": (step, 128)}
+    tiny = dataclasses.replace(h100, smem_per_block=512, smem_per_sm=512)
+    assert make_config(group, (128, 128), shape_of, dtype_of, tiny, threads=256) is None
+    # The search still finds smaller tiles that fit.
+    found = schedule_group(group, shape_of, dtype_of, tiny, Options(topk=3))
+    assert found and all(math.prod(c.block_tile) < 128 * 128 for c in found)
+    for cfg in found:
+        check_config(cfg, group, graph, tiny)
+
+
+def test_reduction_step_keeps_every_block_a_staging_buffer_without_losing_occupancy():
+    """The step grows only while the blocks per SM that threads and registers allow still
+    fit: a config never trades occupancy for a longer step it does not need."""
+    graph, group = _matmul(512, 768, 512)
+    shape_of, dtype_of = _shape_dtype(graph)
+    a = get_arch("A100")
+    for tile in ((16, 96), (64, 64), (32, 128)):
+        for cfg in tile_configs(group, tile, shape_of, dtype_of, a):
+            e = cfg.estimate
+            without_smem = min(
+                a.max_blocks_per_sm,
+                a.max_threads_per_sm // cfg.threads,
+                a.regs_per_sm // (max(e.regs_per_thread, 32) * cfg.threads),
+            )
+            assert e.blocks_per_sm == without_smem, (tile, cfg.threads, cfg.stages[0].rstep)
+
+
+def test_block_size_is_chosen_among_warp_multiples():
+    """Every power-of-two multiple of the warp size the tile can use is tried; the one
+    kept is within BLOCK_SIZE_TOLERANCE of the best estimate, and the others reach the
+    top-k only where they add a block size."""
+    graph, group = _matmul(96, 72, 200)
+    shape_of, dtype_of = _shape_dtype(graph)
+    a = get_arch("H100")
+    variants = tile_configs(group, (32, 40), shape_of, dtype_of, a)
+    # 1280 outputs: 32 threads of 40 outputs up to 256 threads of 5.
+    assert sorted(c.threads for c in variants) == [32, 64, 128, 256]
+    best = min(c.estimate.latency_us for c in variants)
+    assert variants[0].estimate.latency_us <= best * (1 + BLOCK_SIZE_TOLERANCE)
+    for c in variants:
+        check_config(c, group, graph, a)
+    top = schedule_group(group, shape_of, dtype_of, a, Options(topk=6))
+    assert len({c.threads for c in top}) >= 2
 
 
 def test_thread_layout_prefers_square_register_tiles():

@@ -6,11 +6,14 @@
 2. A best-first search grows the tile one axis at a time through powers of two,
    divisors and the full extent, ranking each by estimated latency (traffic rounded to
    transactions, times waves).
-3. For every tile the per-stage decisions follow: threads over the tile's axes (innermost
+3. For every tile the per-stage decisions follow, once per block size (a power of two
+   times the warp size that the tile can use): threads over the tile's axes (innermost
    first, so loads and stores coalesce), a register tile per thread, inter-thread
    reduction where the spatial tile is smaller than the block, which global inputs to
    stage in shared memory and the reduction step that keeps those loads coalesced and
-   fits, vector widths, and a best-fit shared-memory plan.
+   fits, vector widths, and a best-fit shared-memory plan.  The cost model picks the
+   block size; near-ties go to the smallest block that still gives every SM partition
+   ``WARPS_PER_PARTITION`` resident warps.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from welder.arch import Arch
 from welder.ir.compute import Compute
@@ -44,11 +48,21 @@ LAUNCH_OVERHEAD_US = 2.0
 DRAM_EFFICIENCY = 0.8
 COMPUTE_EFFICIENCY = 0.6
 SM_BANDWIDTH_SHARE = 3.0
-SATURATING_WARPS = 16
+# Resident warps each SM partition (warp scheduler) needs to hide memory latency; below
+# that, an SM's rates scale down (measured on H100: an 8-block fused LayerNorm group).
+WARPS_PER_PARTITION = 4
+# Block sizes whose estimates lie this close to the best one count as ties.
+BLOCK_SIZE_TOLERANCE = 0.02
+# The most reduction points one step stages, in 128-byte lines of the input's elements:
+# four lines of K per step amortise a step's two barriers; longer steps only take shared
+# memory away from other resident blocks, which the cost model does not reward.
+STEP_LINES = 4
+LINE_BYTES = 128
 
 
 ShapeOf = Callable[[str], tuple[int, ...]]
 DtypeOf = Callable[[str], str]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,20 +76,25 @@ def schedule_group(
     group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch, options: Options = Options()
 ) -> list[GroupConfig]:
     """The ``topk`` best valid configs, best first; empty if none fits the arch."""
+    shape_of, dtype_of = _memo(shape_of), _memo(dtype_of)
+    info = _group_info(group, shape_of, dtype_of, arch)
     root_shape = shape_of(group.root)
     base = base_tile(group, shape_of)
     axis_choices = [axis_candidates(e, b) for e, b in zip(root_shape, base)]
-    start = tuple(c[0] for c in axis_choices)
+    start = (0,) * len(root_shape)
+    alternates: list[GroupConfig] = []
 
     def evaluate(pos: tuple[int, ...]) -> GroupConfig | None:
         tile = tuple(c[p] for c, p in zip(axis_choices, pos))
-        return make_config(group, tile, shape_of, dtype_of, arch, options)
+        variants = tile_configs(group, tile, shape_of, dtype_of, arch, options, info=info)
+        alternates.extend(variants[1:])
+        return variants[0] if variants else None
 
-    seen = {(0,) * len(start)}
-    first = evaluate((0,) * len(start))
+    seen = {start}
+    first = evaluate(start)
     heap: list[tuple[float, tuple[int, ...], GroupConfig]] = []
     if first is not None:
-        heap.append((first.estimate.latency_us, (0,) * len(start), first))
+        heap.append((first.estimate.latency_us, start, first))
     results: list[GroupConfig] = []
     evaluated = 1
     while heap and evaluated < options.max_candidates:
@@ -91,24 +110,45 @@ def schedule_group(
             if cand is not None:
                 heapq.heappush(heap, (cand.estimate.latency_us, nxt, cand))
     results.extend(c for _, _, c in heap)
-    results.sort(
-        key=lambda c: (c.estimate.latency_us, c.estimate.read_bytes + c.estimate.write_bytes, c.block_tile)
-    )
-    return diverse_topk(results, options.topk)
+    results.sort(key=_rank_key)
+    alternates.sort(key=_rank_key)
+    return diverse_topk(results, options.topk, alternates)
 
 
-def diverse_topk(ranked: list[GroupConfig], k: int) -> list[GroupConfig]:
+def _memo(fn: Callable[[str], T]) -> Callable[[str], T]:
+    """``fn`` remembered per tensor name: graph lookups dominate the search otherwise."""
+    known: dict[str, T] = {}
+
+    def lookup(name: str) -> T:
+        if name not in known:
+            known[name] = fn(name)
+        return known[name]
+
+    return lookup
+
+
+def _rank_key(c: GroupConfig) -> tuple:
+    return (c.estimate.latency_us, c.estimate.read_bytes + c.estimate.write_bytes, c.block_tile, c.threads)
+
+
+def diverse_topk(
+    ranked: list[GroupConfig], k: int, alternates: Sequence[GroupConfig] = ()
+) -> list[GroupConfig]:
     """The best ``k`` configs, except that no block size takes more than a third of the
     places while others are available: the cost model is least sure how block size trades
-    occupancy against reuse, so measurement should see several."""
+    occupancy against reuse, so measurement should see several.  ``ranked`` holds each
+    tile's preferred block size; ``alternates`` (other block sizes of the same tiles) fill
+    places that distinct tiles leave empty."""
     cap = max(1, -(-k // 3))
     chosen: list[GroupConfig] = []
     per_size: dict[int, int] = {}
-    for cfg in ranked:
-        if len(chosen) < k and per_size.get(cfg.threads, 0) < cap:
-            chosen.append(cfg)
-            per_size[cfg.threads] = per_size.get(cfg.threads, 0) + 1
+    for pool in (ranked, alternates):
+        for cfg in pool:
+            if len(chosen) < k and per_size.get(cfg.threads, 0) < cap:
+                chosen.append(cfg)
+                per_size[cfg.threads] = per_size.get(cfg.threads, 0) + 1
     chosen += [c for c in ranked if all(c is not x for x in chosen)][: k - len(chosen)]
+    chosen += [c for c in alternates if all(c is not x for x in chosen)][: k - len(chosen)]
     return chosen
 
 
@@ -161,7 +201,209 @@ def _propagate(group: Group, tile: Sequence[int], shape_of: ShapeOf) -> GroupReg
     return propagate_group(stages, group.root, tile, shape_of)
 
 
-# -- one config ---------------------------------------------------------------------------------
+# -- one tile -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _StageInfo:
+    """What the policy needs of one stage's compute, worked out once per group."""
+
+    compute: Compute
+    elem: int  # bytes per element of its output
+    last_reader: int | None  # position of the last stage reading its tile inside the group
+    loads: list[tuple[str, tuple[int, ...], int]]  # (tensor, output axes its index uses, itemsize)
+    stageable: list[tuple[str, int]]  # global inputs a step may stage, with their itemsize
+    stage_elem: int  # the narrowest of those, in bytes: sets the points per line
+    units: dict[str, int]  # coalescing unit per reduce axis
+    point_flops: int
+
+
+@dataclass
+class _GroupInfo:
+    """Tile-independent facts about a group, so a tile's configs cost no expression walks."""
+
+    stages: dict[str, _StageInfo]
+    io_bytes: int
+    itemsize: Callable[[str], int]
+
+
+def _group_info(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> _GroupInfo:
+    def itemsize(t: str) -> int:
+        return np_dtype(dtype_of(t)).itemsize
+
+    position = {s: k for k, s in enumerate(group.stages)}
+    readers: dict[str, list[int]] = {}
+    for s in group.stages:
+        for t in group.computes[s].inputs:
+            if t in position and t != s:
+                readers.setdefault(t, []).append(position[s])
+    external = set(group.inputs)
+    stages = {}
+    for s in group.stages:
+        c = group.computes[s]
+        axis_of = {a.name: k for k, a in enumerate(c.axes)}
+        distinct = _distinct_loads(c)
+        loads = [
+            (
+                ld.tensor,
+                tuple(sorted({axis_of[v] for i in ld.indices for v in free_vars(i) if v in axis_of})),
+                itemsize(ld.tensor),
+            )
+            for ld in distinct
+        ]
+        stageable = [
+            ld
+            for ld in distinct
+            if c.is_reduction and ld.tensor in external and not any(_data_dependent(i) for i in ld.indices)
+        ]
+        stages[s] = _StageInfo(
+            c,
+            itemsize(s),
+            max(readers[s]) if s in readers else None,
+            loads,
+            [(ld.tensor, itemsize(ld.tensor)) for ld in stageable],
+            min((itemsize(ld.tensor) for ld in stageable), default=4),
+            coalescing_units(c, stageable, itemsize, arch),
+            _point_flops(c),
+        )
+    return _GroupInfo(stages, _io_bytes(group, shape_of, dtype_of), itemsize)
+
+
+@dataclass(frozen=True)
+class StepOption:
+    """One reduction step of a stage and the global inputs staged with it.
+
+    ``staged`` holds (tensor, extents per step, vector width); ``coalesced`` is False when
+    the step cuts a staged input's contiguous runs below one read transaction."""
+
+    rstep: tuple[int, ...]
+    staged: tuple[tuple[str, tuple[int, ...], int], ...]
+    nbytes: int  # staging buffers of one step
+    coalesced: bool
+
+
+class StepOptions:
+    """A stage's reduction steps, largest first.  The steps themselves are cheap; what each
+    stages (a region per input) is worked out on demand, since most tiles fit one of their
+    first steps.
+
+    Budgets of reduction points per step halve from ``STEP_LINES`` lines of the input's
+    elements down to one point; each budget goes to the reduce axes innermost first
+    (``reduction_step``), keeping a staged input's innermost axis a whole number of
+    transactions long (or whole) as long as the budget allows."""
+
+    def __init__(self, stage: _StageInfo, region: Region, shape_of: ShapeOf) -> None:
+        self.stage, self.region, self.shape_of = stage, region, shape_of
+        self.whole = tuple(a.extent for a in stage.compute.reduce_axes)
+        self.steps: list[tuple[tuple[int, ...], bool]] = []
+        for budget in _halvings(STEP_LINES * LINE_BYTES // stage.stage_elem):
+            step = reduction_step(stage.compute, budget, stage.units)
+            if not self.steps or self.steps[-1][0] != step[0]:
+                self.steps.append(step)
+        self._options: dict[int, StepOption] = {}
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def get(self, k: int) -> StepOption:
+        if k not in self._options:
+            self._options[k] = self._option(*self.steps[k])
+        return self._options[k]
+
+    def _option(self, rstep: tuple[int, ...], coalesced: bool) -> StepOption:
+        per_step = read_regions(self.stage.compute, self.region.dims, self.shape_of, rstep)
+        step_points = math.prod(self.region.extents) * math.prod(rstep)
+        staged = []
+        nbytes = 0
+        for tensor, elem in self.stage.stageable:
+            reg = per_step[tensor]
+            shape = self.shape_of(tensor)
+            if step_points < 2 * math.prod(reg.clipped_extents(shape)):
+                continue  # read about once per element: staging buys nothing
+            # The buffer spans the whole region, halo outside the tensor included (zero-filled),
+            # so kernels index it with the same offsets the region was computed with.
+            staged.append((tensor, reg.extents, vector_width(reg, shape, reg.extents)))
+            nbytes += math.prod(reg.extents) * elem
+        return StepOption(rstep, tuple(staged), nbytes, coalesced)
+
+    def smaller(self, k: int, nbytes: int, coalesced_only: bool) -> int | None:
+        """The first step after the ``k``-th that may stage at most ``nbytes``, or the last
+        one allowed if none may; None if there is no smaller step.  A region's extent is an
+        affine function of the step with a non-negative constant (halos), so scaling step
+        ``k``'s bytes by the ratio of points never overestimates a smaller step: the steps
+        skipped cannot fit."""
+        allowed = [j for j in range(k + 1, len(self.steps)) if self.steps[j][1] or not coalesced_only]
+        if not allowed:
+            return None
+        have, points = self.get(k).nbytes, math.prod(self.steps[k][0])
+        for j in allowed:
+            if have * math.prod(self.steps[j][0]) <= nbytes * points:
+                return j
+        return allowed[-1]
+
+
+def _halvings(n: int) -> list[int]:
+    out = []
+    while n >= 1:
+        out.append(n)
+        n //= 2
+    return out
+
+
+def coalescing_units(
+    c: Compute, loads: Sequence[Load], itemsize: Callable[[str], int], arch: Arch
+) -> dict[str, int]:
+    """Per reduce axis, the step granularity that keeps staged loads coalesced: a reduce
+    axis in the innermost index of a load steps in whole read transactions of that load's
+    elements (8 fp32, 16 fp16); other reduce axes do not change how contiguous a load is."""
+    reduce_names = {a.name for a in c.reduce_axes}
+    units: dict[str, int] = {}
+    for ld in loads:
+        if not ld.indices:
+            continue
+        size = itemsize(ld.tensor)
+        for v in free_vars(ld.indices[-1]) & reduce_names:
+            units[v] = max(units.get(v, 1), max(1, arch.read_transaction // size))
+    return units
+
+
+def reduction_step(c: Compute, budget: int, units: dict[str, int]) -> tuple[tuple[int, ...], bool]:
+    """Split ``budget`` reduction points over the reduce axes, innermost first; an axis
+    shorter than what is left is taken whole.  A longer one is cut into the fewest steps the
+    budget allows, each a multiple of the axis's coalescing unit, balanced so the last
+    step wastes as little as possible (768 by 128 -> 128; 72 by 64 -> 40, not 64 + 8).
+    Returns the step and whether every axis kept its unit."""
+    steps: list[int] = []
+    coalesced = True
+    for a in reversed(c.reduce_axes):
+        unit = units.get(a.name, 1)
+        if a.extent <= budget:
+            s = a.extent
+        else:
+            if budget < unit:
+                coalesced, unit = False, 1
+            usable = budget // unit * unit
+            n = -(-a.extent // usable)
+            s = unit * -(-a.extent // (n * unit))
+        steps.append(s)
+        budget = max(1, budget // s)
+    return tuple(reversed(steps)), coalesced
+
+
+@dataclass
+class _Tile:
+    """What a root tile fixes whatever the block size: regions, grid, global traffic,
+    arithmetic, and each staging stage's reduction steps (shared by all block sizes)."""
+
+    tile: tuple[int, ...]
+    grid: tuple[int, ...]
+    regions: GroupRegions
+    read_block: int
+    write_block: int
+    compulsory: int
+    dram_bytes: float
+    flops_block: int
+    steps: dict[str, StepOptions] = field(default_factory=dict)
 
 
 def make_config(
@@ -171,39 +413,132 @@ def make_config(
     dtype_of: DtypeOf,
     arch: Arch,
     options: Options = Options(),
+    threads: int | None = None,
 ) -> GroupConfig | None:
-    """Every per-stage decision for one root tile, or None if it breaks a limit."""
+    """Every per-stage decision for one root tile (at the preferred block size, or at
+    ``threads``), or None if it breaks a limit."""
+    variants = tile_configs(group, tile, shape_of, dtype_of, arch, options, threads)
+    return variants[0] if variants else None
+
+
+def tile_configs(
+    group: Group,
+    tile: tuple[int, ...],
+    shape_of: ShapeOf,
+    dtype_of: DtypeOf,
+    arch: Arch,
+    options: Options = Options(),
+    threads: int | None = None,
+    info: _GroupInfo | None = None,
+) -> list[GroupConfig]:
+    """One config per block size the tile can use, the preferred first: the lowest estimate,
+    except that sizes within ``BLOCK_SIZE_TOLERANCE`` of it go to the smallest block that
+    keeps ``WARPS_PER_PARTITION`` warps resident on every SM partition -- a smaller block
+    gives each thread a larger register tile (each loaded value feeds more outputs) and
+    lets more blocks share an SM, so one block's barrier waits are covered by another's
+    work.  Empty if no block size fits the arch."""
+    info = info or _group_info(group, shape_of, dtype_of, arch)
+    facts = _tile_facts(group, info, tile, shape_of, dtype_of, arch)
+    if facts is None:
+        return []
+    sizes = [threads] if threads else block_sizes(group, facts.regions, arch, options)
+    configs = [c for t in sizes if (c := _config(group, info, facts, t, shape_of, arch)) is not None]
+    if not configs:
+        return []
+    best = min(c.estimate.latency_us for c in configs)
+    near = [c for c in configs if c.estimate.latency_us <= best * (1 + BLOCK_SIZE_TOLERANCE)]
+    want = WARPS_PER_PARTITION * arch.sm_partitions
+
+    def preference(c: GroupConfig) -> tuple:
+        resident = c.estimate.blocks_per_sm * c.threads // arch.warp_size
+        return (resident < want, c.threads)
+
+    pick = min(near, key=preference)
+    return [pick, *sorted((c for c in configs if c is not pick), key=_rank_key)]
+
+
+def block_sizes(group: Group, regions: GroupRegions, arch: Arch, options: Options = Options()) -> list[int]:
+    """Block sizes worth trying for a tile: the warp size times powers of two, up to the
+    limit, that leave no warp without work (at most one thread per output, or per
+    reduction point where spare threads split a reduction) and no thread more than
+    ``MAX_REG_TILE`` outputs of the root."""
+    limit = min(options.max_threads, arch.max_threads_per_block)
+    root = math.prod(regions.members[group.root].extents)
+    work = max(
+        math.prod(regions.members[s].extents) * math.prod(a.extent for a in group.computes[s].reduce_axes)
+        for s in group.stages
+    )
+    sizes = []
+    t = arch.warp_size
+    while t <= limit:
+        if (t <= work or t == arch.warp_size) and root <= t * MAX_REG_TILE:
+            sizes.append(t)
+        t *= 2
+    if not sizes:
+        sizes.append(t // 2)  # the largest: a tile too big for any block fails in thread_layout
+    return sizes
+
+
+def _tile_facts(
+    group: Group, info: _GroupInfo, tile: tuple[int, ...], shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch
+) -> _Tile | None:
     root_shape = shape_of(group.root)
     grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
     regions = _propagate(group, tile, shape_of)
     for out in group.outputs:
         if out != group.root and not partitions_output(regions.members[out], shape_of(out), tile, grid):
             return None
-    root_elems = math.prod(tile)
-    threads = choose_threads(root_elems, options.max_threads, arch.warp_size)
+    blocks = math.prod(grid)
+    read_block = sum(
+        transaction_bytes(
+            r.clipped_extents(shape_of(t)), shape_of(t), np_dtype(dtype_of(t)).itemsize, arch.read_transaction
+        )
+        for t, r in regions.inputs.items()
+    )
+    write_block = sum(
+        transaction_bytes(
+            regions.members[o].clipped_extents(shape_of(o)),
+            shape_of(o),
+            np_dtype(dtype_of(o)).itemsize,
+            arch.write_transaction,
+        )
+        for o in group.outputs
+    )
+    flops_block = sum(
+        math.prod(regions.members[s].extents) * info.stages[s].point_flops for s in group.stages
+    )
+    compulsory = min((read_block + write_block) * blocks, info.io_bytes)
+    dram = _dram_equivalent_bytes(read_block + write_block, blocks, compulsory, arch)
+    return _Tile(tile, grid, regions, read_block, write_block, compulsory, dram, flops_block)
+
+
+def _config(
+    group: Group, info: _GroupInfo, facts: _Tile, threads: int, shape_of: ShapeOf, arch: Arch
+) -> GroupConfig | None:
     stages: list[StageConfig] = []
     for s in group.stages:
-        stage = plan_stage(group, s, regions, threads, shape_of, dtype_of)
+        stage = plan_stage(group, s, facts.regions, threads)
         if stage is None:
             return None
         stages.append(stage)
-    smem = _plan_smem(group, stages, dtype_of)
-    if smem > arch.smem_per_block:
+    staging = {}
+    for k, st in enumerate(stages):
+        si = info.stages[st.node]
+        if si.stageable and st.reduce_threads == 1:
+            if st.node not in facts.steps:
+                facts.steps[st.node] = StepOptions(si, facts.regions.members[st.node], shape_of)
+            staging[k] = facts.steps[st.node]
+    smem = choose_steps(info, stages, staging, threads, arch)
+    if smem is None:
         return None
     regs = max(_registers(st) for st in stages)
     if regs > arch.max_regs_per_thread:
         return None
-    estimate = estimate_cost(group, stages, regions, grid, threads, smem, regs, shape_of, dtype_of, arch)
+    estimate = estimate_cost(info, facts, stages, threads, smem, regs, arch)
     if estimate is None:
         return None
-    order = tuple(range(len(tile)))
-    return GroupConfig(group.root, tile, grid, order, threads, stages, smem, estimate)
-
-
-def choose_threads(root_elems: int, max_threads: int, warp: int) -> int:
-    """A multiple of the warp size, about 8 root outputs per thread, at most ``max_threads``."""
-    want = max(warp, 1 << max(0, math.ceil(math.log2(max(1, root_elems / 8)))))
-    return min(max_threads, want)
+    order = tuple(range(len(facts.tile)))
+    return GroupConfig(group.root, facts.tile, facts.grid, order, threads, stages, smem, estimate)
 
 
 def thread_layout(extents: Sequence[int], threads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -237,9 +572,10 @@ def thread_layout(extents: Sequence[int], threads: int) -> tuple[tuple[int, ...]
     return tuple(shape), tuple(reg(d) for d in range(len(extents)))
 
 
-def plan_stage(
-    group: Group, name: str, regions: GroupRegions, threads: int, shape_of: ShapeOf, dtype_of: DtypeOf
-) -> StageConfig | None:
+def plan_stage(group: Group, name: str, regions: GroupRegions, threads: int) -> StageConfig | None:
+    """Threads and register tile of one stage; threads the spatial tile leaves idle split
+    the reduction (a power of two, combined by shuffles).  Reduction steps and staging
+    come later (``choose_steps``): they depend on what else shares the block's memory."""
     c = group.computes[name]
     extents = regions.members[name].extents
     tshape, reg = thread_layout(extents, threads)
@@ -253,43 +589,69 @@ def plan_stage(
     stage = StageConfig(name, tuple(extents), tshape, reg, reduce_threads, write_global=name in group.outputs)
     if c.is_reduction:
         stage.rstep = tuple(a.extent for a in c.reduce_axes)
-        if reduce_threads == 1:
-            _choose_staging(c, stage, regions.members[name], shape_of, set(group.inputs))
     return stage
 
 
-def _choose_staging(
-    c: Compute, stage: StageConfig, region: Region, shape_of: ShapeOf, external: set[str]
-) -> None:
-    """Stage global inputs (``external``) that several threads reuse, one reduction step
-    at a time."""
-    elem = np_dtype(c.dtype).itemsize
-    target = max(1, 128 // elem)  # one 128-byte line along the innermost reduce axis
-    rstep = []
-    budget = target
-    for a in reversed(c.reduce_axes):
-        r = a.extent if a.extent <= budget else _pow2_floor(budget)
-        rstep.append(max(1, r))
-        budget = max(1, budget // max(1, r))
-    stage.rstep = tuple(reversed(rstep))
-    per_step = read_regions(c, region.dims, shape_of, stage.rstep)
-    outputs = math.prod(stage.tile)
-    step_points = outputs * math.prod(stage.rstep)
-    for ld in _distinct_loads(c):
-        if ld.tensor not in external or ld.tensor in (s.tensor for s in stage.staged):
-            continue
-        # The buffer spans the whole region, halo outside the tensor included (zero-filled),
-        # so kernels index it with the same offsets the region was computed with.
-        extents = per_step[ld.tensor].extents
-        if any(_data_dependent(i) for i in ld.indices):
-            continue
-        if step_points < 2 * math.prod(per_step[ld.tensor].clipped_extents(shape_of(ld.tensor))):
-            continue  # read about once per element: staging buys nothing
-        stage.staged.append(
-            StagedInput(
-                ld.tensor, extents, 0, _vector_width(per_step[ld.tensor], shape_of(ld.tensor), extents)
-            )
-        )
+def choose_steps(
+    info: _GroupInfo, stages: list[StageConfig], staging: dict[int, StepOptions], threads: int, arch: Arch
+) -> int | None:
+    """Reduction steps and staged inputs for the stages in ``staging`` (by position), and
+    the group's shared-memory plan; returns its size, or None if nothing fits.
+
+    Every stage starts at its largest step; while the plan exceeds the budget, the stage
+    with the largest staging buffers shrinks to its next step that may fit.  The budget first keeps the
+    blocks per SM that threads and registers allow (staging never costs occupancy); if even
+    the smallest coalesced steps exceed it, they are sized for as many blocks as that
+    smallest plan allows.  Steps that cut loads below a transaction are the last resort,
+    before the tile is given up."""
+    if not staging:
+        smem = _plan_smem(info, stages)
+        return smem if smem <= arch.smem_per_block else None
+    at = {k: 0 for k in staging}
+
+    def apply() -> int:
+        for k, opts in staging.items():
+            _apply_step(stages[k], opts.get(at[k]), opts.whole)
+        return _plan_smem(info, stages)
+
+    def shrink(budget: int, coalesced_only: bool) -> tuple[bool, int]:
+        for k in at:
+            at[k] = 0
+        while True:
+            smem = apply()
+            if smem <= budget:
+                return True, smem
+            staged = {k: staging[k].get(at[k]).nbytes for k in staging}
+            for k in sorted(staging, key=lambda k: (-staged[k], k)):
+                if not staged[k]:
+                    return False, smem
+                nxt = staging[k].smaller(at[k], staged[k] - (smem - budget), coalesced_only)
+                if nxt is not None:
+                    at[k] = nxt
+                    break
+            else:
+                return False, smem
+
+    apply()  # the largest steps' vector widths: staging's registers count against occupancy
+    regs = max(_registers(st) for st in stages)
+    blocks = max(1, min(_blocks_per_sm_without_smem(threads, regs, arch)))
+    budget = min(arch.smem_per_block, arch.smem_per_sm // blocks)
+    for coalesced_only in (True, False):
+        ok, smem = shrink(budget, coalesced_only)
+        if ok:
+            return smem
+        if smem <= arch.smem_per_block:
+            fewer = min(arch.smem_per_block, arch.smem_per_sm // max(1, arch.smem_per_sm // smem))
+            return shrink(fewer, coalesced_only)[1]
+    return None
+
+
+def _apply_step(stage: StageConfig, option: StepOption, whole: tuple[int, ...]) -> None:
+    if not option.staged:
+        stage.rstep, stage.staged = whole, []  # nothing worth staging: one pass over global memory
+        return
+    stage.rstep = option.rstep
+    stage.staged = [StagedInput(t, ext, 0, v) for t, ext, v in option.staged]
 
 
 def _distinct_loads(c: Compute) -> list[Load]:
@@ -305,8 +667,10 @@ def _data_dependent(e) -> bool:
     return any(isinstance(n, Load) for n in walk(e))
 
 
-def _vector_width(region: Region, shape: Sequence[int], extents: Sequence[int]) -> int:
-    """Widest vector (4, 2, 1 elements) that keeps every load aligned and in bounds."""
+def vector_width(region: Region, shape: Sequence[int], extents: Sequence[int]) -> int:
+    """Widest vector (4, 2, 1 elements) that keeps every load aligned and in bounds: the
+    tensor's rows and the buffer's innermost extent must be whole vectors, and the
+    region's innermost origin a multiple of the width for every block and step."""
     if not shape:
         return 1
     inner = region.dims[-1]
@@ -320,27 +684,16 @@ def _vector_width(region: Region, shape: Sequence[int], extents: Sequence[int]) 
     return 1
 
 
-def _pow2_floor(n: int) -> int:
-    return 1 << (max(1, n).bit_length() - 1)
-
-
-def _plan_smem(group: Group, stages: list[StageConfig], dtype_of: DtypeOf) -> int:
+def _plan_smem(info: _GroupInfo, stages: list[StageConfig]) -> int:
     """Lay out intermediate tiles and staging buffers; fills in their offsets."""
-    position = {s.node: k for k, s in enumerate(stages)}
     buffers: list[Buffer] = []
     for k, st in enumerate(stages):
-        elem = np_dtype(dtype_of(st.node)).itemsize
-        readers = [position[r] for r in group.stages if r != st.node and st.node in group.computes[r].inputs]
-        if readers:
-            buffers.append(Buffer(st.node, math.prod(st.tile) * elem, k, max(readers)))
+        si = info.stages[st.node]
+        if si.last_reader is not None:
+            buffers.append(Buffer(st.node, math.prod(st.tile) * si.elem, k, si.last_reader))
         for sd in st.staged:
             buffers.append(
-                Buffer(
-                    f"{st.node}/{sd.tensor}",
-                    math.prod(sd.extents) * np_dtype(dtype_of(sd.tensor)).itemsize,
-                    k,
-                    k,
-                )
+                Buffer(f"{st.node}/{sd.tensor}", math.prod(sd.extents) * info.itemsize(sd.tensor), k, k)
             )
         if st.reduce_threads > 32:
             # One slot per (output, warp, register) of 8 value bytes plus 4 index bytes.
@@ -348,8 +701,7 @@ def _plan_smem(group: Group, stages: list[StageConfig], dtype_of: DtypeOf) -> in
             buffers.append(Buffer(f"{st.node}/reduce", slots * 12, k, k))
     offsets, total = plan_pool(buffers)
     for st in stages:
-        if st.node in offsets:
-            st.smem_offset = offsets[st.node]
+        st.smem_offset = offsets.get(st.node)
         for sd in st.staged:
             sd.offset = offsets[f"{st.node}/{sd.tensor}"]
         st.reduce_offset = offsets.get(f"{st.node}/reduce")
@@ -364,24 +716,19 @@ def _registers(stage: StageConfig) -> int:
 # -- cost -----------------------------------------------------------------------------------------
 
 
-def estimate_cost(
-    group: Group,
-    stages: list[StageConfig],
-    regions: GroupRegions,
-    grid: Sequence[int],
-    threads: int,
-    smem: int,
-    regs: int,
-    shape_of: ShapeOf,
-    dtype_of: DtypeOf,
-    arch: Arch,
-) -> Estimate | None:
-    blocks = math.prod(grid)
-    per_sm = [
+def _blocks_per_sm_without_smem(threads: int, regs: int, arch: Arch) -> list[int]:
+    return [
         arch.max_blocks_per_sm,
         arch.max_threads_per_sm // threads,
         arch.regs_per_sm // (max(regs, 32) * threads),
     ]
+
+
+def estimate_cost(
+    info: _GroupInfo, facts: _Tile, stages: list[StageConfig], threads: int, smem: int, regs: int, arch: Arch
+) -> Estimate | None:
+    blocks = math.prod(facts.grid)
+    per_sm = _blocks_per_sm_without_smem(threads, regs, arch)
     if smem:
         per_sm.append(arch.smem_per_sm // smem)
     blocks_per_sm = min(per_sm)
@@ -389,40 +736,18 @@ def estimate_cost(
         return None
     concurrency = blocks_per_sm * arch.sm_count
     waves = -(-blocks // concurrency)
-
-    read_block = sum(
-        transaction_bytes(
-            r.clipped_extents(shape_of(t)), shape_of(t), np_dtype(dtype_of(t)).itemsize, arch.read_transaction
-        )
-        for t, r in regions.inputs.items()
+    smem_block = sum(_smem_traffic(info, st) for st in stages)
+    latency = _kernel_time(
+        blocks, blocks_per_sm, threads, facts.dram_bytes, facts.flops_block, smem_block, arch
     )
-    write_block = sum(
-        transaction_bytes(
-            regions.members[o].clipped_extents(shape_of(o)),
-            shape_of(o),
-            np_dtype(dtype_of(o)).itemsize,
-            arch.write_transaction,
-        )
-        for o in group.outputs
-    )
-    flops_block = 0
-    smem_block = 0
-    for st in stages:
-        c = group.computes[st.node]
-        points = math.prod(st.tile) * math.prod(a.extent for a in c.reduce_axes)
-        flops_block += points * max(1, _arith_ops(c))
-        smem_block += _smem_traffic(c, st, group, dtype_of)
-    compulsory = min((read_block + write_block) * blocks, _io_bytes(group, shape_of, dtype_of))
-    dram_bytes = _dram_equivalent_bytes(read_block + write_block, blocks, compulsory, arch)
-    latency = _kernel_time(blocks, blocks_per_sm, threads, dram_bytes, flops_block, smem_block, arch)
     return Estimate(
         blocks=blocks,
         blocks_per_sm=blocks_per_sm,
         waves=waves,
-        read_bytes=read_block * blocks,
-        write_bytes=write_block * blocks,
-        compulsory_bytes=compulsory,
-        flops=flops_block * blocks,
+        read_bytes=facts.read_block * blocks,
+        write_bytes=facts.write_block * blocks,
+        compulsory_bytes=facts.compulsory,
+        flops=facts.flops_block * blocks,
         smem_bytes=smem,
         regs_per_thread=regs,
         latency_us=round(latency, 4),
@@ -464,15 +789,15 @@ def _kernel_time(
 
     A wave's time is set by its busiest SM.  An SM gets its share of DRAM bandwidth, or up
     to SM_BANDWIDTH_SHARE times that share when few SMs are busy, and reaches its rates only
-    with enough warps in flight to hide latency: below SATURATING_WARPS resident warps,
-    every rate scales down in proportion."""
+    with enough warps in flight to hide latency: below WARPS_PER_PARTITION resident warps
+    per SM partition, every rate scales down in proportion."""
     dram = arch.global_bw_gbs * 1e3 * DRAM_EFFICIENCY  # bytes per microsecond
     flops_sm = arch.fp32_tflops * 1e6 * COMPUTE_EFFICIENCY / arch.sm_count
     smem_sm = arch.smem_bw_gbs * 1e3 / arch.sm_count
 
     def wave(per_sm: int, active: int) -> float:
         bw = min(dram / active, SM_BANDWIDTH_SHARE * dram / arch.sm_count)
-        occupancy = min(1.0, per_sm * threads / arch.warp_size / SATURATING_WARPS)
+        occupancy = min(1.0, per_sm * threads / arch.warp_size / (WARPS_PER_PARTITION * arch.sm_partitions))
         return per_sm * max(bytes_block / bw, flops_block / flops_sm, smem_block / smem_sm) / occupancy
 
     concurrency = blocks_per_sm * arch.sm_count
@@ -484,22 +809,31 @@ def _kernel_time(
     return t + LAUNCH_OVERHEAD_US
 
 
-def _arith_ops(c: Compute) -> int:
-    return sum(1 for n in walk(c.body) if isinstance(n, (Binary, Call)) and n.dtype != "index")
+def _point_flops(c: Compute) -> int:
+    """Arithmetic per output point: the body's operations once per reduction point, plus
+    the reduction's own combine (the add of a multiply-add: a matmul of M x N x K is
+    2*M*N*K flops, as peak rates count them).  An injective copy counts one."""
+    ops = sum(1 for n in walk(c.body) if isinstance(n, (Binary, Call)) and n.dtype != "index")
+    if not c.is_reduction:
+        return max(1, ops)
+    return (ops + 1) * math.prod(a.extent for a in c.reduce_axes)
 
 
-def _smem_traffic(c: Compute, st: StageConfig, group: Group, dtype_of: DtypeOf) -> int:
-    """Shared-memory bytes a block reads for this stage: each thread loads a value once per
-    register-tile position its index depends on, per reduction point."""
-    in_smem = {sd.tensor for sd in st.staged} | {s for s in group.stages if s != st.node}
-    axis_of = {a.name: k for k, a in enumerate(c.axes)}
+def _smem_traffic(info: _GroupInfo, st: StageConfig) -> int:
+    """On-chip bytes a block reads for this stage: each thread loads a value once per
+    register-tile position its index depends on, per reduction point.  Reads of shared
+    memory count, and in a reduction so do global inputs it does not stage: after the first
+    touch they are L1 hits, and L1 shares its array and bandwidth with shared memory -- so a
+    reduction split over threads without staging is not free of the loads staging saves."""
+    si = info.stages[st.node]
+    c = si.compute
+    on_chip = {sd.tensor for sd in st.staged} | (set(info.stages) - {st.node})
     active = math.prod(st.thread_shape) * st.reduce_threads
     reduce_points = math.prod(a.extent for a in c.reduce_axes) // max(1, st.reduce_threads)
     total = 0
-    for ld in _distinct_loads(c):
-        if ld.tensor not in in_smem:
+    for tensor, deps, elem in si.loads:
+        if tensor not in on_chip and not c.is_reduction:
             continue
-        deps = {axis_of[v] for i in ld.indices for v in free_vars(i) if v in axis_of}
-        per_thread = math.prod(st.reg_tile[d] for d in deps) if deps else 1
-        total += active * per_thread * reduce_points * np_dtype(ld.dtype).itemsize
+        per_thread = math.prod(st.reg_tile[d] for d in deps)
+        total += active * per_thread * reduce_points * elem
     return total
