@@ -104,9 +104,10 @@ def stages_of(kernel) -> int:
 class ScriptedDevice:
     """A Device whose kernels compute through the interpreter.  ``behaviour`` (by candidate
     index, or a function of the kernel) is one of ok | compile | hang (nvcc runs out of
-    time) | crash | timeout | wrong; ``latency`` likewise gives microseconds (default 10 +
-    candidate index).  With ``kill_at=n`` the process SIGKILLs itself when it starts timing
-    its n-th distinct group.  ``name`` is what the driver would call the GPU."""
+    time) | crash | timeout | wrong; ``latency`` likewise gives microseconds (default 1 +
+    candidate index: no slower than the cost model predicts, so no fusion is re-checked).
+    With ``kill_at=n`` the process SIGKILLs itself when it starts timing its n-th distinct
+    group.  ``name`` is what the driver would call the GPU."""
 
     name = "Fake GPU"
     arch = "sm_90"
@@ -163,7 +164,7 @@ class ScriptedDevice:
             raise KernelTimeout("time did not finish within 1 s; the GPU worker was killed")
         lat = self.latency
         k = candidate_index(kernel.name)
-        return lat(kernel) if callable(lat) else lat.get(k, 10.0 + k)
+        return lat(kernel) if callable(lat) else lat.get(k, 1.0 + k)
 
     def run(self, program, kernel, inputs) -> list[np.ndarray]:
         assert kernel.name in program
@@ -425,9 +426,9 @@ def test_twelve_bert_layers_are_tuned_once(tmp_path):
     # However the cost model fuses, the twelve layers repeat: few distinct groups.
     assert len(plan.groups) >= 24 and len(set(signatures)) <= len(plan.groups) // 12 + 3
     assert len(device.compiles) == len(set(signatures))  # one compile per distinct group
-    assert all(isinstance(g, TunedGroup) and g.latency_us == 10.0 for g in plan.groups)
+    assert all(isinstance(g, TunedGroup) and g.latency_us == 1.0 for g in plan.groups)
     assert "Fake GPU" in plan.measure
-    assert tuned_json(plan, graph)["groups"][3]["measured_latency_us"] == 10.0
+    assert tuned_json(plan, graph)["groups"][3]["measured_latency_us"] == 1.0
     # A second tune of the same model: every group is a cache hit.
     again = ScriptedDevice(graph)
     for g in plan.groups:
@@ -508,6 +509,30 @@ def test_measured_latencies_decide_fusion():
     flat = ScriptedDevice(graph, latency=lambda k: 5.0)
     fused = tune_model(graph, ARCH, 2, None, flat, measure_fusion=True)
     assert len(fused.groups) <= len(cost_plan.groups) < len(plan.groups)
+
+
+def test_a_fusion_the_gpu_disproves_is_split_into_shallower_groups():
+    """Cost-model fusion is checked against the measurements: a fused group far slower than
+    predicted is re-fused with fewer stages per group, and the faster partition is kept."""
+    graph = layernorm_gelu()
+    deepest = max(len(g.stages) for g in fuse(graph, CostModel(graph, ARCH)).groups)
+    assert deepest >= 3
+    # Deep kernels are a disaster on this GPU; shallow ones cost what they are predicted to.
+    device = ScriptedDevice(graph, latency=lambda k: 1000.0 if stages_of(k) >= 3 else 5.0 * stages_of(k))
+    plan = tune_model(graph, ARCH, 2, None, device)
+    assert all(len(g.group.stages) < 3 for g in plan.groups)
+    assert sorted(m for g in plan.groups for m in g.group.members) == sorted(graph.nodes)
+    assert any("split into" in line for line in plan.log)
+    assert plan.latency_us < 1000.0
+
+
+def test_a_slow_fusion_is_kept_when_its_parts_are_slower_still():
+    graph = layernorm_gelu()
+    before = fuse(graph, CostModel(graph, ARCH)).groups
+    device = ScriptedDevice(graph, latency=lambda k: 1000.0)
+    plan = tune_model(graph, ARCH, 2, None, device)
+    assert [g.group.members for g in plan.groups] == [g.members for g in before]
+    assert any("kept" in line for line in plan.log)
 
 
 def test_group_without_valid_candidate_is_split_into_kernels():

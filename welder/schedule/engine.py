@@ -110,16 +110,22 @@ def fuse(
     nofusion: bool = False,
     progress: Callable[[int, int], None] | None = None,
     library: Sequence[LibraryGroup] = (),
+    only: Collection[str] | None = None,
+    max_stages: int = MAX_GROUP_STAGES,
 ) -> FusionResult:
     """Partition the graph into groups, in execution order.
 
     ``library`` lists groups a vendor library computes (``--skip-dot``: see
     ``welder.schedule.library``).  They are fixed before the search, nothing fuses with them
     and they are not measured: their latency is the library's estimate.  With ``nofusion``
-    the groups are :func:`nofusion_partition`'s."""
+    the groups are :func:`nofusion_partition`'s.  ``only`` restricts the search to those
+    nodes (re-fusing one group's members), ``max_stages`` caps the tile-owning stages of a
+    group."""
     order = [n.name for n in graph.topo_order()]
     rank = {n: k for k, n in enumerate(order)}
     scheduled: set[str] = {m for lg in library for m in lg.group.members}
+    if only is not None:
+        scheduled |= set(order) - set(only)
     found: list[tuple[Group, float]] = [(lg.group, lg.latency_us) for lg in library]
     log: list[str] = []
     part_of: dict[str, set[str]] = {}
@@ -130,7 +136,9 @@ def fuse(
             progress(k, len(order))
         if name in scheduled:
             continue
-        members = part_of[name] if nofusion else _grow(graph, {name}, scheduled, measure, rank, log)
+        members = (
+            part_of[name] if nofusion else _grow(graph, {name}, scheduled, measure, rank, log, max_stages)
+        )
         group = make_group(graph, members)
         latency = measure(group)
         if latency is None:
@@ -138,6 +146,7 @@ def fuse(
             raise InvalidGroup(f"no valid schedule for node {name!r} ({node.op_type} from {node.source!r})")
         scheduled |= members
         found.append((group, latency))
+    found = [(g, lat) for g, lat in found if only is None or g.root in only]
     found.sort(key=lambda gl: rank[gl[0].root])
     order = execution_order([g for g, _ in found])
     return FusionResult([found[k][0] for k in order], [found[k][1] for k in order], log)
@@ -227,6 +236,7 @@ def _grow(
     measure: LatencyMeasure,
     rank: dict[str, int],
     log: list[str],
+    max_stages: int = MAX_GROUP_STAGES,
 ) -> set[str]:
     current = measure(make_group(graph, members))
     if current is None:
@@ -243,7 +253,7 @@ def _grow(
                 group = make_group(graph, trial)
             except InvalidGroup:
                 continue
-            if len(group.members) > MAX_GROUP_MEMBERS or len(group.stages) > MAX_GROUP_STAGES:
+            if len(group.members) > MAX_GROUP_MEMBERS or len(group.stages) > max_stages:
                 continue
             fused = measure(group)
             parts = _separate_cost(graph, extra, measure)

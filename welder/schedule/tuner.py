@@ -51,7 +51,7 @@ from welder.ir.interpret import evaluate
 from welder.schedule.cache import CacheKey, TuningCache
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
-from welder.schedule.group import Group, InvalidGroup, make_group
+from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
 from welder.schedule.library import LibraryGroup, find_gemm_groups
 from welder.schedule.plan import Plan, PlannedGroup, library_planned, traffic_of
 from welder.schedule.policy import Options
@@ -59,6 +59,10 @@ from welder.schedule.policy import Options
 log = logging.getLogger("welder.tune")
 
 CANDIDATE_PREFIX = "welder_c"
+# A fused group measuring this many times its predicted latency has its fusion re-checked
+# on the GPU (see _ModelTuner.verified), at most VERIFY_DEPTH levels deep.
+VERIFY_RATIO = 2.0
+VERIFY_DEPTH = 3
 _CANDIDATE = re.compile(rf"^{CANDIDATE_PREFIX}(\d+)_")
 
 
@@ -639,7 +643,51 @@ class _ModelTuner:
         result = fuse(self.graph, self.cost, nofusion=nofusion, library=self.fixed)
         self.log += result.log
         self.tune_all([g for g in result.groups if g.root not in self.library])
-        return result.groups
+        if nofusion:
+            return result.groups
+        groups = [part for g in result.groups for part in self.verified(g, 0)]
+        return [groups[k] for k in execution_order(groups)]
+
+    def verified(self, g: Group, depth: int) -> list[Group]:
+        """``g``, or shallower groups of its members if the GPU disagrees with the fusion.
+
+        The cost model decides fusion; a fused group whose best measured latency exceeds
+        ``VERIFY_RATIO`` times the model's prediction shows the model misjudged it, and so
+        possibly the fusion too.  Its members are fused again under the cost model with at
+        most half as many stages per group, those groups are tuned, and they replace ``g``
+        if together they measure faster -- checked again the same way, down to
+        ``VERIFY_DEPTH`` levels."""
+        if g.root in self.library or len(g.stages) < 2 or depth >= VERIFY_DEPTH:
+            return [g]
+        result = self.measure.tuned(g)
+        predicted = self.cost(g)
+        if predicted is None or (result is not None and result.latency_us <= VERIFY_RATIO * predicted):
+            return [g]
+        try:
+            parts = fuse(self.graph, self.cost, only=g.members, max_stages=max(1, len(g.stages) // 2)).groups
+        except InvalidGroup:
+            return [g]
+        if len(parts) < 2:
+            return [g]
+        self.tune_all(parts)
+        tuned = [self.measure.tuned(p) for p in parts]
+        if any(t is None for t in tuned):
+            return [g]
+        split_us = sum(t.latency_us for t in tuned if t is not None)
+        fused = f"{result.latency_us:.1f} us measured" if result else "no valid candidate"
+        if result is not None and split_us >= result.latency_us:
+            self.log.append(
+                f"fusion of {g.root} kept: {fused}, predicted {predicted:.1f} us; "
+                f"{len(parts)} shallower groups measure {split_us:.1f} us"
+            )
+            return [g]
+        message = (
+            f"group {g.root} ({len(g.stages)} stages; {fused}, predicted {predicted:.1f} us) "
+            f"split into {len(parts)} groups measuring {split_us:.1f} us"
+        )
+        log.info(message)
+        self.log.append(message)
+        return [q for p in parts for q in self.verified(p, depth + 1)]
 
     @property
     def fixed(self) -> list[LibraryGroup]:
