@@ -515,6 +515,10 @@ def machine_meta(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _git_commit() -> str:
+    """The welder commit measured: $WELDER_COMMIT where the tree was copied without its
+    history (a GPU machine), else git's HEAD."""
+    if os.environ.get("WELDER_COMMIT"):
+        return f"@ {os.environ['WELDER_COMMIT']}"
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT, timeout=10
