@@ -18,7 +18,7 @@ from welder.graph import Graph
 from welder.runtime.emu import available as emulator_available
 from welder.runtime.emulate import EmulatedModel
 from welder.runtime.spec import find_views
-from welder.schedule.engine import CostModel, fuse
+from welder.schedule.engine import MAX_GROUP_MEMBERS, MAX_GROUP_STAGES, CostModel, fuse
 from welder.schedule.group import Group, InvalidGroup, make_group
 from welder.schedule.plan import plan_model
 
@@ -110,6 +110,38 @@ def test_a_slower_fused_kernel_is_rejected():
     g = import_onnx(make_model(nodes, {"x": _w(16, 32)}, ["y"], {"w": _w(32, 64)}))
     result = fuse(g, lambda group: 1.0 if len(group.members) == 1 else 5.0)
     assert len(result.groups) == 2
+
+
+def matmul_chain(length: int) -> Graph:
+    """``length`` matmuls in a row, each followed by a ReLU: every legal fusion pays under
+    ``launch_bound``, so only the limits stop a group."""
+    nodes, x = [], "x"
+    weights = {}
+    for k in range(length):
+        weights[f"w{k}"] = _w(16, 16)
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{k}"], [f"mm{k}"]),
+            helper.make_node("Relu", [f"mm{k}"], [f"r{k}"]),
+        ]
+        x = f"r{k}"
+    return import_onnx(make_model(nodes, {"x": _w(8, 16)}, [x], weights))
+
+
+def test_groups_stay_within_the_stage_and_member_limits():
+    g = matmul_chain(12)
+    unbounded = fuse(g, launch_bound(g)).groups
+    assert max(len(grp.stages) for grp in unbounded) == MAX_GROUP_STAGES  # the default limit binds
+    assert all(len(grp.members) <= MAX_GROUP_MEMBERS for grp in unbounded)
+    capped = fuse(g, launch_bound(g), max_stages=3).groups
+    assert max(len(grp.stages) for grp in capped) == 3 and len(capped) > len(unbounded)
+    _check_invariants(g, capped)
+
+
+def test_fusion_restricted_to_some_nodes_leaves_the_others_out():
+    g = matmul_chain(4)
+    only = {"mm1", "r1", "mm2", "r2"}
+    groups = fuse(g, launch_bound(g), only=only).groups
+    assert {m for grp in groups for m in grp.members} == only
 
 
 def _check_invariants(graph: Graph, groups: list[Group]) -> None:

@@ -12,7 +12,8 @@ import pytest
 from onnx import helper
 from onnx_util import make_model
 
-from welder.arch import ARCHS, get_arch, match_gpu_name
+from welder import arch as arch_module
+from welder.arch import ARCHS, Arch, get_arch, match_gpu_name
 from welder.errors import WelderError
 from welder.frontend.onnx import import_onnx
 from welder.ir.expr import free_vars
@@ -428,3 +429,29 @@ def test_arch_lookup():
         get_arch("K80")
     for a in ARCHS.values():
         assert a.source and a.smem_per_block <= a.smem_per_sm and a.sm_count > 0
+
+
+def _no_pycuda() -> Arch:
+    raise ImportError("No module named 'pycuda'")
+
+
+def test_auto_arch_without_a_gpu_says_why_and_what_to_pass(monkeypatch, tmp_path):
+    monkeypatch.setattr(arch_module, "_from_pycuda", _no_pycuda)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    with pytest.raises(WelderError) as err:
+        get_arch("auto")
+    text = str(err.value)
+    assert "pycuda is not installed" in text and "nvidia-smi is not on PATH" in text
+    assert all(name in text for name in ARCHS)
+
+
+def test_auto_arch_reads_nvidia_smi(monkeypatch, tmp_path):
+    monkeypatch.setattr(arch_module, "_from_pycuda", _no_pycuda)
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert get_arch("auto") is get_arch("H100")
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    with pytest.raises(WelderError, match="nvidia-smi failed"):
+        get_arch("auto")
