@@ -23,7 +23,6 @@ import datetime as dt
 import gc
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -229,9 +228,6 @@ def check_accuracy(prefix: Path, env: dict[str, str] | None = None, timeout_s: f
     return Accuracy("PASS" if doc["passed"] else "FAIL", float(doc["max_error"]))
 
 
-MAIN_TEST_SUMMARY = re.compile(r"^Summary: \[min, max, mean\] = \[(\S+), (\S+), (\S+)\] ms$", re.M)
-
-
 def run_main_test(
     prefix: Path, args: Sequence[str] = (), timeout_s: float = 600.0
 ) -> tuple[float | None, str | None]:
@@ -239,6 +235,7 @@ def run_main_test(
     (by default its own settings: 100 single runs, no CUDA graph), or (None, why it gave
     none)."""
     from welder.runtime.layout import main_test_path
+    from welder.runtime.library import parse_summary
 
     binary = main_test_path(prefix)
     if not binary.is_file():
@@ -247,10 +244,10 @@ def run_main_test(
         proc = _run_child([str(binary), *args], timeout_s)
     except StepTimeout as e:
         return None, str(e)
-    summary = MAIN_TEST_SUMMARY.search(proc.stdout)
+    summary = parse_summary(proc.stdout)
     if proc.returncode != 0 or summary is None:
         return None, f"exit {proc.returncode}: {_tail(proc, 2)}"
-    return float(summary.group(3)), None
+    return summary[2], None
 
 
 def _python(args: Sequence[str], timeout_s: float, extra_env: dict[str, str] | None = None) -> str:

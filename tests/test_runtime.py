@@ -32,6 +32,7 @@ from welder.graph import Graph
 from welder.ir.compute import Compute, compute
 from welder.ir.expr import Load, cast, lt, select
 from welder.ir.interpret import evaluate, np_dtype
+from welder.ir.views import is_view
 from welder.runtime.build import RuntimeBuildError, build_runtime, find_nvcc
 from welder.runtime.emit import emit_runtime, normalize_cuda_arch
 from welder.runtime.emu import available as emulator_available
@@ -39,7 +40,6 @@ from welder.runtime.layout import library_path, main_test_path, runtime_dir
 from welder.runtime.library import GpuBackend, RuntimeLibrary, RuntimeLibraryError
 from welder.runtime.memory import Place, Storage
 from welder.runtime.spec import RuntimeSpec, c_string, execution_order, runtime_spec
-from welder.runtime.views import is_view
 from welder.schedule.plan import plan_model
 
 ARCH = get_arch("H100")

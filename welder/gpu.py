@@ -161,12 +161,16 @@ def _template_dir() -> Path:
     return TEMPLATE_DIR
 
 
+#: nvcc's time limit where the caller sets none: generous, since a stuck nvcc is rare.
+NVCC_TIMEOUT_S = 1800.0
+
+
 def compile_cubin(
     sources: Sequence[str] | str,
     arch: str = "sm_90",
     include_dirs: Sequence[str | os.PathLike[str]] | None = None,
     options: Sequence[str] = (),
-    timeout_s: float = 1800.0,
+    timeout_s: float = NVCC_TIMEOUT_S,
 ) -> bytes:
     """Compile CUDA source(s) into one cubin with a single nvcc call.
 
@@ -945,7 +949,7 @@ class GpuDevice:
             [k.source for k in kernels],
             self.arch,
             options=self.compile_options,
-            timeout_s=timeout_s or 1800.0,
+            timeout_s=NVCC_TIMEOUT_S if timeout_s is None else timeout_s,
         )
         return GpuProgram(hashlib.sha256(image).hexdigest()[:20], image, tuple(k.name for k in kernels))
 

@@ -28,6 +28,7 @@ from welder.gpu import GpuDevice, gpu_available
 from welder.graph import Graph
 from welder.runtime.build import build_runtime, find_nvcc
 from welder.runtime.emit import emit_runtime
+from welder.runtime.library import parse_summary
 from welder.schedule.cache import TuningCache
 from welder.schedule.plan import Plan, plan_model, tuned_json, write_json
 from welder.schedule.tuner import tune_model
@@ -235,7 +236,6 @@ def _build(out: Path, options: TuneOptions, notes: list[str]) -> Path | None:
 RUNTIME_ITERS = 50
 RUNTIME_WARMUP = 10
 _MEDIAN = re.compile(r"^median (\S+) ms$", re.M)
-_SUMMARY = re.compile(r"^Summary: \[min, max, mean\] = \[(\S+), (\S+), (\S+)\] ms$", re.M)
 
 
 def _time_built(out: Path, options: TuneOptions, notes: list[str]) -> RuntimeTiming | None:
@@ -264,8 +264,8 @@ def time_runtime(
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         raise WelderError(f"`welder run {prefix}` did not finish within {timeout_s:.0f} s") from None
-    median, summary = _MEDIAN.search(proc.stdout), _SUMMARY.search(proc.stdout)
+    median, summary = _MEDIAN.search(proc.stdout), parse_summary(proc.stdout)
     if proc.returncode != 0 or median is None or summary is None:
         tail = " / ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
         raise WelderError(f"`welder run {prefix}` failed (exit {proc.returncode}): {tail}")
-    return RuntimeTiming(1e3 * float(median.group(1)), 1e3 * float(summary.group(3)), iters, warmup)
+    return RuntimeTiming(1e3 * float(median.group(1)), 1e3 * summary[2], iters, warmup)

@@ -23,6 +23,7 @@ from welder.ir.expr import Expr, Load
 from welder.ir.interpret import np_dtype
 from welder.schedule.config import GroupConfig, StageConfig, StagedInput
 from welder.schedule.group import Group
+from welder.schedule.policy import vector_aligned
 from welder.tile.propagate import Region, propagate_group, read_regions
 from welder.tile.region import Affine, Interval
 
@@ -472,23 +473,7 @@ def _load_vector(
         return 1
     item = np_dtype(dtype).itemsize
     widths = sorted((w for d, w in VECTOR_TYPES if d == dtype and w * item <= MAX_VECTOR_BYTES), reverse=True)
-    return next((w for w in widths if _aligned_vector(region, shape, extents, w)), 1)
-
-
-def _aligned_vector(region: Region, shape: Sequence[int], extents: Sequence[int], width: int) -> bool:
-    """True if loads of ``width`` elements along the innermost axis start at multiples of
-    ``width`` in every block and step: rows, the region's origin and its extent all divide,
-    so a vector is wholly inside the tensor or wholly outside it."""
-    if not shape:
-        return False
-    aff = region.dims[-1].affine
-    return (
-        shape[-1] % width == 0
-        and extents[-1] % width == 0
-        and aff is not None
-        and aff.const % width == 0
-        and aff.coefs_divisible_by(width)
-    )
+    return next((w for w in widths if vector_aligned(region, shape, extents, w)), 1)
 
 
 def _read(access: str, dtype: str) -> str:

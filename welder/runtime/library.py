@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import re
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,8 +70,18 @@ class Latency:
         return statistics.median(self.times_ms)
 
     def summary(self) -> str:
-        """The line main_test ends with."""
+        """The line main_test ends with (:func:`parse_summary` reads it back)."""
         return f"Summary: [min, max, mean] = [{self.min:f}, {self.max:f}, {self.mean:f}] ms"
+
+
+_SUMMARY = re.compile(r"^Summary: \[min, max, mean\] = \[(\S+), (\S+), (\S+)\] ms$", re.M)
+
+
+def parse_summary(text: str) -> tuple[float, float, float] | None:
+    """(min, max, mean) in ms from the ``Summary`` line that main_test and ``welder run``
+    print, or None if ``text`` has none."""
+    found = _SUMMARY.search(text)
+    return None if found is None else (float(found[1]), float(found[2]), float(found[3]))
 
 
 # get_input_fill's answers (0 is normal floats).

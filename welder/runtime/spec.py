@@ -17,10 +17,9 @@ from welder.check import integer_input_bounds
 from welder.codegen.cprint import STORAGE_TYPES
 from welder.codegen.kernel import Kernel, sanitize_comment, sanitize_identifier
 from welder.graph import Graph
-from welder.ir.expr import Load
 from welder.ir.interpret import np_dtype
+from welder.ir.views import aliased_input
 from welder.runtime.memory import ALIGNMENT, KernelIO, MemoryPlan, Place, Storage, plan_memory
-from welder.runtime.views import is_view
 from welder.schedule.config import GemmSpec, GroupConfig
 from welder.schedule.group import Group, execution_order
 
@@ -192,9 +191,9 @@ def find_views(graph: Graph, groups: Sequence[Group]) -> dict[str, str]:
         if len(group.stages) != 1 or group.outputs != group.stages:
             continue
         compute = group.computes[group.stages[0]]
-        body = compute.body
-        if isinstance(body, Load) and is_view(compute, graph.tensor(body.tensor).shape):
-            views[compute.name] = body.tensor
+        source = aliased_input(compute, lambda t: graph.tensor(t).shape)
+        if source is not None:
+            views[compute.name] = source
     return views
 
 

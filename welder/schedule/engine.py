@@ -20,8 +20,8 @@ from typing import Protocol
 
 from welder.arch import Arch
 from welder.graph import Graph
-from welder.ir.expr import Load, format_expr, rename_tensors
-from welder.runtime.views import is_view
+from welder.ir.expr import format_expr, rename_tensors
+from welder.ir.views import aliased_input
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
 from welder.schedule.library import LibraryGroup
@@ -178,6 +178,10 @@ def nofusion_partition(
     """
     order = [n.name for n in graph.topo_order() if n.name not in fixed]
     rank = {n: k for k, n in enumerate(order)}
+
+    def shape_of(t: str) -> tuple[int, ...]:
+        return graph.tensor(t).shape
+
     home: dict[str, int] = {}
     parts: list[set[str]] = []
     for name in reversed(order):
@@ -196,8 +200,9 @@ def nofusion_partition(
         part = parts[k]
         read = {t for m in part for t in graph.nodes[m].inputs if t in home and t not in part}
         sinks = sorted((t for t in read if home[t] in reducing and root[home[t]] == t), key=rank.__getitem__)
+        lone_view = len(part) == 1 and aliased_input(graph.nodes[root[k]].compute, shape_of) is not None
         for t in reversed(sinks):
-            if len(part) == 1 and _is_view(graph, root[k]) and len(graph.consumers(t)) > 1:
+            if lone_view and len(graph.consumers(t)) > 1:
                 continue
             target = home[t]
             try:
@@ -220,13 +225,6 @@ def nofusion_partition(
         else:
             found.append(part)
     return found
-
-
-def _is_view(graph: Graph, name: str) -> bool:
-    """Whether the node only reinterprets its input's memory (the runtime launches nothing)."""
-    compute = graph.nodes[name].compute
-    body = compute.body
-    return isinstance(body, Load) and is_view(compute, graph.tensor(body.tensor).shape)
 
 
 def _grow(

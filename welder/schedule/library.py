@@ -5,7 +5,7 @@ whose body is the product of two loads, ``C[...] = sum_r A[...] * B[...]``, wher
 row-major offset of every operand is affine in the axes -- so MatMul (batched, broadcast,
 1-D), Gemm with transposes and Einsum contractions like ``bhid,bhjd->bhij`` all qualify.
 :func:`match_gemm` proves the affinity exactly (per independent group of axes, as
-``welder.runtime.views`` does for reshapes) and describes the product as a
+``welder.ir.views`` does for reshapes) and describes the product as a
 :class:`~welder.schedule.config.GemmSpec`: batch, M, N, K, transposes, leading dimensions,
 batch strides (0 for a broadcast operand) and offsets.
 

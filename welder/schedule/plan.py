@@ -201,9 +201,9 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
                 "predicted_latency_us": round(g.predicted_us, 4),
                 "measured_latency_us": None if measured is None else round(measured, 4),
                 "unfused_latency_us": round(g.unfused_us, 4),
-                "unfused_basis": "measured" if g.unfused_measured else "predicted",
+                "unfused_basis": _basis([g.unfused_measured]),
                 "gain_us": round(g.unfused_us - g.latency_us, 4),
-                "gain_basis": gain_basis(g.unfused_measured, measured is not None),
+                "gain_basis": gain_basis(_basis([g.unfused_measured]), measured is not None),
                 "library": g.library,
                 "configs": [c.to_json() for c in g.configs],
                 **extra,
@@ -236,14 +236,14 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
     }
 
 
-def gain_basis(unfused_measured: bool, fused_measured: bool) -> str:
-    """What a group's gain subtracts, e.g. ``predicted unfused - measured fused``."""
-    unfused = "measured" if unfused_measured else "predicted"
-    fused = "measured" if fused_measured else "predicted"
-    return f"{unfused} unfused - {fused} fused"
+def gain_basis(unfused: str, fused_measured: bool) -> str:
+    """What a gain subtracts, e.g. ``predicted unfused - measured fused``; ``unfused`` is
+    the baseline's basis (:func:`_basis`)."""
+    return f"{unfused} unfused - {'measured' if fused_measured else 'predicted'} fused"
 
 
 def _basis(flags: list[bool]) -> str:
+    """measured, predicted, or mixed: how latencies flagged as measured or not were had."""
     if flags and all(flags):
         return "measured"
     return "mixed" if any(flags) else "predicted"
@@ -302,7 +302,7 @@ def format_summary(plan: Plan, graph: Graph, width: int = 28) -> str:
     over the unfused members -- then totals.  The gain column says which latencies it
     subtracts, as tuned.json does."""
     measured = plan.measured
-    gain = f"{plan.unfused_basis} unfused - {'measured' if measured else 'predicted'} fused"
+    gain = gain_basis(plan.unfused_basis, measured)
     header = (
         f"{'#':>3}  {'ops':<30} {'group (root)':<{width}} {'n':>3} {'tile':<12} {'thr':>4} {'smem KB':>7} "
         f"{'DRAM MB':>8} {'pred us':>8}" + (f" {'meas us':>8}" if measured else "") + f" {'gain us':>8}"

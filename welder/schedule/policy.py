@@ -142,13 +142,13 @@ def diverse_topk(
     cap = max(1, -(-k // 3))
     chosen: list[GroupConfig] = []
     per_size: dict[int, int] = {}
-    for pool in (ranked, alternates):
-        for cfg in pool:
-            if len(chosen) < k and per_size.get(cfg.threads, 0) < cap:
-                chosen.append(cfg)
-                per_size[cfg.threads] = per_size.get(cfg.threads, 0) + 1
-    chosen += [c for c in ranked if all(c is not x for x in chosen)][: k - len(chosen)]
-    chosen += [c for c in alternates if all(c is not x for x in chosen)][: k - len(chosen)]
+    pools = (ranked, alternates)
+    for cfg in (c for pool in pools for c in pool):
+        if len(chosen) < k and per_size.get(cfg.threads, 0) < cap:
+            chosen.append(cfg)
+            per_size[cfg.threads] = per_size.get(cfg.threads, 0) + 1
+    for pool in pools:
+        chosen += [c for c in pool if all(c is not x for x in chosen)][: k - len(chosen)]
     return chosen
 
 
@@ -668,20 +668,26 @@ def _data_dependent(e) -> bool:
 
 
 def vector_width(region: Region, shape: Sequence[int], extents: Sequence[int]) -> int:
-    """Widest vector (4, 2, 1 elements) that keeps every load aligned and in bounds: the
-    tensor's rows and the buffer's innermost extent must be whole vectors, and the
-    region's innermost origin a multiple of the width for every block and step."""
+    """Widest vector (4, 2, 1 elements) that keeps every load aligned and in bounds (see
+    :func:`vector_aligned`)."""
+    return next((v for v in (4, 2) if vector_aligned(region, shape, extents, v)), 1)
+
+
+def vector_aligned(region: Region, shape: Sequence[int], extents: Sequence[int], width: int) -> bool:
+    """True if loads of ``width`` elements along the innermost axis start at multiples of
+    ``width`` in every block and step: the tensor's rows, the buffer's innermost extent and
+    the region's innermost origin all divide, so a vector is wholly inside the tensor or
+    wholly outside it."""
     if not shape:
-        return 1
-    inner = region.dims[-1]
-    aff = inner.affine
-    for v in (4, 2):
-        if shape[-1] % v or extents[-1] % v:
-            continue
-        if aff is None or aff.const % v or not aff.coefs_divisible_by(v):
-            continue
-        return v
-    return 1
+        return False
+    aff = region.dims[-1].affine
+    return (
+        shape[-1] % width == 0
+        and extents[-1] % width == 0
+        and aff is not None
+        and aff.const % width == 0
+        and aff.coefs_divisible_by(width)
+    )
 
 
 def _plan_smem(info: _GroupInfo, stages: list[StageConfig]) -> int:

@@ -17,7 +17,7 @@ is zero -- which needs each component evaluated over its own box only (for a
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -56,6 +56,15 @@ def is_view(compute: Compute, input_shape: Sequence[int]) -> bool:
         if np.any(values != 0):
             return False
     return _indices_in_range(body.indices, shape, components, origin)
+
+
+def aliased_input(compute: Compute, shape_of: Callable[[str], Sequence[int]]) -> str | None:
+    """The tensor whose memory ``compute``'s output may share (see :func:`is_view`), or None
+    where it must be computed; ``shape_of`` gives a tensor's shape by name."""
+    body = compute.body
+    if isinstance(body, Load) and is_view(compute, shape_of(body.tensor)):
+        return body.tensor
+    return None
 
 
 def _components(axes: Sequence[Axis], indices: Sequence[Expr]) -> list[tuple[Axis, ...]]:
