@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything welder checks on a GPU, in one call: the gpu-marked tests, then a short tuning
 # smoke run (a 2-layer BERT tuned cold, then again from the cache, and a small chain fused
-# by measurement).  Prints a short table last; writes details to $OUT (or /tmp/welder-gpu-suite).
+# by measurement), then compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over the
+# runtimes of scripts/sanitize.py.  Prints short tables last; writes details to $OUT (or
+# /tmp/welder-gpu-suite).  Exit 0 only when all three parts pass.
 #
 #   ../shared/device/stage.sh                      # on the development machine, once
 #   source .device/setup.sh; bash scripts/gpu_suite.sh   # on the GPU machine
@@ -140,3 +142,9 @@ if error:
 print(f"{'verdict':<32} {'PASS' if ok else 'FAIL'}")
 sys.exit(0 if ok else 1)
 PY
+smoke_rc=$?
+
+python scripts/sanitize.py --out "$results"
+sanitize_rc=$?
+echo "gpu suite: tests+smoke exit $smoke_rc, sanitizer exit $sanitize_rc, $(( $(date +%s) - start )) s in all"
+[ "$smoke_rc" -eq 0 ] && [ "$sanitize_rc" -eq 0 ]
