@@ -8,6 +8,7 @@ expectations must hold on both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def pack_b(kind: str, bits: np.ndarray) -> np.ndarray:
     return _pack(bits, 4 if kind != "tf32" else 2, lambda lane, i: b_position(kind, lane, i))
 
 
-def _pack(bits: np.ndarray, elements: int, position) -> np.ndarray:
+def _pack(bits: np.ndarray, elements: int, position: Callable[[int, int], tuple[int, int]]) -> np.ndarray:
     per_register = 2 if bits.dtype == np.uint16 else 1
     regs = np.zeros((32, elements // per_register), np.uint32)
     for lane in range(32):
@@ -245,7 +246,9 @@ def zero_fill_expected(src: np.ndarray, sizes: np.ndarray) -> np.ndarray:
 # -------------------------------------------------------------------------------- gemm
 
 
-def gemm_inputs(kernel: str, m: int, n: int, k: int, rng: np.random.Generator):
+def gemm_inputs(
+    kernel: str, m: int, n: int, k: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(A, B as passed to the kernel, A and B as float64 values) for an mma_gemm kernel."""
     if kernel == "mma_gemm_bf16":
         a, b = bf16_bits(rng.standard_normal((m, k))), bf16_bits(rng.standard_normal((k, n)))
