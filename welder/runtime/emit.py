@@ -28,7 +28,7 @@ from welder.schedule.group import Group
 
 RUNTIME_TEMPLATE_DIR = TEMPLATE_DIR / "runtime"
 #: The headers every kernel source includes, copied beside the sources.
-PRELUDE_HEADERS = ("welder_prelude.cuh", "welder_math.cuh")
+PRELUDE_HEADERS = ("welder_prelude.cuh", "welder_math.cuh", "welder_mma.cuh")
 #: Generated file -> its template.
 RENDERED = {
     "nnfusion_rt.h": "nnfusion_rt.h.j2",

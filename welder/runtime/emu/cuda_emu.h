@@ -12,6 +12,8 @@
 //   emu_shared.h    checked shared-memory views (WELDER_SHARED) and welder_vload / welder_vstore
 //   emu_device.h    __syncthreads*, __shfl*_sync, votes, __syncwarp, atomics, fences, __trap, assert
 //   emu_wmma.h      nvcuda::wmma fragments (half, int8, tf32) as warp-collective operations
+//   emu_mma.h       mma.sync, ldmatrix and cp.async with the PTX register layouts (included by
+//                   codegen_templates/welder_mma.cuh, not here)
 //   emu_launch.h    launch(), kernel signatures, the C interface
 // and, compiled once rather than into every module:
 //   emu_scheduler.h, emu_runtime.cpp   block scheduler, barriers, collectives, race shadow state

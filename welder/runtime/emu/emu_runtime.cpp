@@ -157,10 +157,12 @@ void shadow_access(LaunchState& launch, ThreadState& t, size_t begin, size_t n, 
 
 }  // namespace
 
-unsigned char* shared_access(const char* view, size_t view_offset, long long count, size_t elem_size, long long index,
-                             size_t nbytes, AccessKind kind) {
-  LaunchState& launch = *g_launch;
-  ThreadState& t = current_thread("shared memory access");
+namespace {
+
+// Validates that `nbytes` at element `index` of a shared view lie in the view and in the dynamic
+// size given at launch; returns their byte offset in the dynamic buffer.
+size_t checked_shared_offset(const LaunchState& launch, const char* view, size_t view_offset, long long count,
+                             size_t elem_size, long long index, size_t nbytes) {
   const long long view_bytes = count * static_cast<long long>(elem_size);
   const long long first = index * static_cast<long long>(elem_size);
   if (index < 0 || index >= count || first + static_cast<long long>(nbytes) > view_bytes) {
@@ -175,9 +177,116 @@ unsigned char* shared_access(const char* view, size_t view_offset, long long cou
     raise_error(format("shared view '%s' index %lld lies at byte %zu, beyond the %zu bytes of dynamic shared memory "
                        "given at launch",
                        view, index, begin, launch.smem_bytes));
+  return begin;
+}
+
+// The copy still in flight that will write byte `b` of the dynamic buffer, and its thread.
+std::pair<const ThreadState*, const AsyncCopy*> pending_copy_at(const LaunchState& launch, size_t b) {
+  for (const ThreadState& t : launch.threads)
+    for (size_t i = t.copies_head; i < t.copies.size(); ++i) {
+      const AsyncCopy& c = t.copies[i];
+      if (c.offset <= b && b < c.offset + c.nbytes) return {&t, &c};
+    }
+  return {nullptr, nullptr};
+}
+
+// The first byte of [begin, begin + n) that a pending cp.async will write, or n.
+size_t first_pending(const LaunchState& launch, size_t begin, size_t n) {
+  if (launch.pending_bytes == 0) return n;
+  for (size_t i = 0; i < n; ++i)
+    if (launch.pending[begin + i]) return i;
+  return n;
+}
+
+[[noreturn]] void report_pending_access(const LaunchState& launch, const ViewSpot& spot, size_t byte, bool is_write) {
+  const auto [issuer, copy] = pending_copy_at(launch, byte);
+  const auto index = static_cast<long long>((byte - spot.view_begin) / spot.elem_size);
+  raise_error(format("%s of cp.async destination before cp.async.wait_group: shared view '%s' index %lld is written "
+                     "by the %s at %s that %s issued and has not waited for",
+                     is_write ? "write" : "read", spot.view, index, copy->primitive, describe(copy->site).c_str(),
+                     describe_thread(*issuer).c_str()));
+}
+
+}  // namespace
+
+unsigned char* shared_access(const char* view, size_t view_offset, long long count, size_t elem_size, long long index,
+                             size_t nbytes, AccessKind kind) {
+  LaunchState& launch = *g_launch;
+  ThreadState& t = current_thread("shared memory access");
+  const size_t begin = checked_shared_offset(launch, view, view_offset, count, elem_size, index, nbytes);
+  const ViewSpot spot{view, view_offset, elem_size};
+  if (const size_t i = first_pending(launch, begin, nbytes); i < nbytes)
+    report_pending_access(launch, spot, begin + i, kind != AccessKind::kRead);
   if (launch.check_races && kind != AccessKind::kAtomic)
-    shadow_access(launch, t, begin, nbytes, kind == AccessKind::kWrite, ViewSpot{view, view_offset, elem_size});
+    shadow_access(launch, t, begin, nbytes, kind == AccessKind::kWrite, spot);
   return launch.smem + begin;
+}
+
+// ============================================================================ cp.async
+
+namespace {
+
+// Lands one copy in shared memory: a write of its destination by the issuing thread, now.
+void perform_copy(LaunchState& launch, ThreadState& t, const AsyncCopy& c) {
+  std::memcpy(launch.smem + c.offset, c.data, c.nbytes);
+  if (!launch.check_races) return;
+  std::memset(launch.pending.data() + c.offset, 0, c.nbytes);
+  launch.pending_bytes -= c.nbytes;
+  shadow_access(launch, t, c.offset, c.nbytes, true, ViewSpot{c.view, c.view_offset, c.elem_size});
+}
+
+// Performs the thread's oldest copies while their group is below `limit`.
+void perform_copies(LaunchState& launch, ThreadState& t, uint32_t limit) {
+  while (t.copies_head < t.copies.size() && t.copies[t.copies_head].group < limit) {
+    ++t.copies_head;
+    perform_copy(launch, t, t.copies[t.copies_head - 1]);
+  }
+  if (t.copies_head == t.copies.size()) {
+    t.copies.clear();
+    t.copies_head = 0;
+  }
+}
+
+}  // namespace
+
+void cp_async_issue(const char* view, size_t view_offset, long long count, size_t elem_size, long long index,
+                    const void* src, unsigned nbytes, unsigned src_bytes, const char* primitive, const Site& site) {
+  LaunchState& launch = *g_launch;
+  ThreadState& t = current_thread(primitive);
+  const std::string where = format("%s at %s", primitive, describe(site).c_str());
+  if (src_bytes > nbytes)
+    raise_error(format("%s: src_bytes %u exceeds the copy size of %u bytes", where.c_str(), src_bytes, nbytes));
+  const long long dst_byte = static_cast<long long>(view_offset) + index * static_cast<long long>(elem_size);
+  if (dst_byte % nbytes != 0)
+    raise_error(format("%s: the destination, shared view '%s' index %lld (byte %lld), is not %u-byte aligned",
+                       where.c_str(), view, index, dst_byte, nbytes));
+  if (reinterpret_cast<uintptr_t>(src) % nbytes != 0)
+    raise_error(format("%s: the global source address %p is not %u-byte aligned", where.c_str(), src, nbytes));
+  const size_t begin = checked_shared_offset(launch, view, view_offset, count, elem_size, index, nbytes);
+  const ViewSpot spot{view, view_offset, elem_size};
+  if (const size_t i = first_pending(launch, begin, nbytes); i < nbytes) {
+    const auto [issuer, copy] = pending_copy_at(launch, begin + i);
+    raise_error(format("%s: the destination, shared view '%s' index %lld, is also the destination of the %s at %s that "
+                       "%s issued and has not waited for",
+                       where.c_str(), view, index, copy->primitive, describe(copy->site).c_str(),
+                       describe_thread(*issuer).c_str()));
+  }
+  if (launch.check_races) shadow_access(launch, t, begin, nbytes, true, spot);
+  AsyncCopy c{begin, t.groups_committed, nbytes, {}, view, view_offset, elem_size, primitive, site};
+  if (src_bytes > 0) std::memcpy(c.data, src, src_bytes);  // a source past its argument faults here
+  t.copies.push_back(c);
+  if (launch.check_races) {
+    std::memset(launch.pending.data() + begin, 1, nbytes);
+    launch.pending_bytes += nbytes;
+  }
+}
+
+void cp_async_commit() { ++current_thread("cp.async.commit_group").groups_committed; }
+
+void cp_async_wait(int pending) {
+  ThreadState& t = current_thread("cp.async.wait_group");
+  const auto keep = static_cast<uint32_t>(pending < 0 ? 0 : pending);
+  perform_copies(*g_launch, t, t.groups_committed > keep ? t.groups_committed - keep : 0);
 }
 
 // ============================================================================ blocking primitives
@@ -213,13 +322,28 @@ uint64_t warp_collective(const char* primitive, WarpOp op, unsigned mask, uint64
   return t.result;
 }
 
-void warp_rendezvous(const char* primitive, const Site& site) {
+namespace {
+
+ThreadState& full_warp_thread(const char* primitive, const Site& site) {
   ThreadState& t = current_thread(primitive);
   const unsigned lanes = existing_lanes(*g_launch, t.warp);
   if (lanes != kFullMask)
     raise_error(format("%s at %s needs a full warp, but warp %u has only %d threads", primitive, describe(site).c_str(),
                        t.warp, __builtin_popcount(lanes)));
+  return t;
+}
+
+}  // namespace
+
+void warp_rendezvous(const char* primitive, const Site& site) {
+  full_warp_thread(primitive, site);
   warp_collective(primitive, WarpOp::kRendezvous, kFullMask, 0, 0, 32, site);
+}
+
+void warp_combine(const char* primitive, WarpCombine combine, void* data, const Site& site) {
+  ThreadState& t = full_warp_thread(primitive, site);
+  t.combine = combine;
+  warp_collective(primitive, WarpOp::kCombine, kFullMask, reinterpret_cast<uintptr_t>(data), 0, 32, site);
 }
 
 unsigned active_mask(const Site& site) {
@@ -248,6 +372,7 @@ void thread_main(void* arg) {
   LaunchState& launch = *g_launch;
   launch.invoke(launch.invoke_context);
   auto* t = static_cast<ThreadState*>(arg);
+  perform_copies(launch, *t, UINT32_MAX);  // the hardware completes copies still in flight
   t->wait = WaitKind::kExited;
   context_switch(t->context, launch.scheduler);
   __builtin_unreachable();  // an exited fiber is never resumed
@@ -330,6 +455,12 @@ void finish_collective(LaunchState& launch, unsigned warp, unsigned members) {
       break;
     }
     case WarpOp::kRendezvous: break;
+    case WarpOp::kCombine: {
+      void* data[kWarpSize] = {};
+      for (unsigned l : member_lanes) data[l] = reinterpret_cast<void*>(lanes[l].value);
+      lead.combine(data);
+      break;
+    }
   }
   for (unsigned l : member_lanes) lanes[l].wait = WaitKind::kRunnable;
 }
@@ -458,6 +589,9 @@ void reset_thread(LaunchState& launch, ThreadState& t) {
   t.predicate = 0;
   std::memset(t.clock, 0, sizeof(t.clock));
   t.clock[t.lane] = 1;  // own accesses start at stamp 1; other lanes are known up to 0
+  t.copies.clear();
+  t.copies_head = 0;
+  t.groups_committed = 0;
   context_init(t.context, launch.stacks.stack_lo(t.linear), launch.stacks.stack_bytes(), &thread_main, &t);
 }
 
@@ -469,6 +603,10 @@ bool run_block(LaunchState& launch, const uint3& block) {
   launch.barrier_seen = false;
   // Fresh shared memory is garbage on the GPU; here it reads as NaN / -1 so that using it shows.
   if (launch.smem_bytes > 0) std::memset(launch.smem, 0xFF, launch.smem_bytes);
+  if (launch.pending_bytes != 0) {  // only after a failed block; kept for safety
+    std::fill(launch.pending.begin(), launch.pending.end(), 0);
+    launch.pending_bytes = 0;
+  }
   for (ThreadState& t : launch.threads) reset_thread(launch, t);
 
   for (;;) {
@@ -507,7 +645,11 @@ std::string prepare_launch(LaunchState& launch, size_t stack_bytes) {
   launch.smem_storage.assign(launch.smem_bytes + 128, 0);
   const auto raw = reinterpret_cast<uintptr_t>(launch.smem_storage.data());
   launch.smem = reinterpret_cast<unsigned char*>((raw + 127) & ~uintptr_t{127});
-  if (launch.check_races) launch.shadow.assign(launch.smem_bytes, ByteShadow{{0, 0, 0}, {{0, 0, 0}, {0, 0, 0}}});
+  if (launch.check_races) {
+    launch.shadow.assign(launch.smem_bytes, ByteShadow{{0, 0, 0}, {{0, 0, 0}, {0, 0, 0}}});
+    launch.pending.assign(launch.smem_bytes, 0);
+  }
+  launch.pending_bytes = 0;
   return "";
 }
 

@@ -1,6 +1,6 @@
 // What kernel code needs from the CPU emulator's runtime: call sites, error reporting, and the
 // blocking primitives (barriers, warp collectives) and checked shared-memory access that the
-// intrinsics in emu_device.h, emu_shared.h and emu_wmma.h are built on.
+// intrinsics in emu_device.h, emu_shared.h, emu_wmma.h and emu_mma.h are built on.
 //
 // The runtime itself -- fibers, the block scheduler, the shadow state -- lives in
 // emu_runtime.cpp (see emu_scheduler.h for its model), compiled once and linked into every module.
@@ -56,6 +56,7 @@ enum class WarpOp : uint8_t {
   kSyncwarp,    // also orders shared-memory accesses between the lanes, for the race check
   kReduce,      // __reduce_*_sync; `param` is a ReduceOp
   kRendezvous,  // wmma operations: meet, then each lane does its own work
+  kCombine,     // mma.sync, ldmatrix: one function computes every lane's result from all lanes' operands
 };
 
 enum class ReduceOp : int { kAdd, kMinSigned, kMaxSigned, kMinUnsigned, kMaxUnsigned, kAnd, kOr, kXor };
@@ -70,6 +71,26 @@ uint64_t warp_collective(const char* primitive, WarpOp op, unsigned mask, uint64
 
 // Meets every lane of the warp (which must be complete) at a warp-wide operation such as wmma.
 void warp_rendezvous(const char* primitive, const Site& site);
+
+// A warp-wide operation whose results depend on the operands of every lane (mma.sync, ldmatrix).
+// Once all 32 lanes wait at the same `site`, `combine` runs once, in the scheduler, with lane l's
+// `data` at lanes[l]; it reads the operands and writes each lane's results there, while every lane
+// is suspended.  It cannot report errors: the lanes check their own operands before arriving.
+using WarpCombine = void (*)(void* const* lanes);
+void warp_combine(const char* primitive, WarpCombine combine, void* data, const Site& site);
+
+// cp.async, per thread (see emu_scheduler.h): records a copy of `nbytes` (4, 8 or 16) into the
+// shared view (as in shared_access) at element `index`, of which the first `src_bytes` come from
+// `src` (read now) and the rest are zeros.  The copy lands in shared memory when a wait covers its
+// group.  Checks the sizes, the alignment of both addresses, the view's bounds, overlap with copies
+// still pending, and races of the destination like a write.
+void cp_async_issue(const char* view, size_t view_offset, long long count, size_t elem_size, long long index,
+                    const void* src, unsigned nbytes, unsigned src_bytes, const char* primitive, const Site& site);
+// cp.async.commit_group: closes the calling thread's open group (possibly empty).
+void cp_async_commit();
+// cp.async.wait_group n: performs the calling thread's copies of every committed group but the
+// `pending` most recent ones, in issue order; copies not committed yet stay pending.
+void cp_async_wait(int pending);
 
 // __activemask(): the lanes of this warp that wait at the same call site when the block stalls.
 unsigned active_mask(const Site& site);

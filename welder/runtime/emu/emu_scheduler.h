@@ -15,6 +15,13 @@
 // reads, each stamped with the barrier epoch and a per-warp vector clock.  Two accesses by
 // different threads conflict unless a __syncthreads (new epoch) or a __syncwarp naming both
 // threads (vector clock) lies between them; a conflicting pair that includes a write is an error.
+//
+// cp.async.  Each thread keeps its own queue of copies.  A copy reads its source when issued and is
+// checked (and recorded in the shadow state) as a write of its destination then; it lands in shared
+// memory, recorded as a write again, only when a cp.async.wait_group of the issuing thread covers
+// its group, or when that thread exits (the hardware completes copies in flight).  Until then its
+// destination bytes are marked pending: any access of them, by any thread, is an error, as is a
+// second copy into them.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +38,19 @@ constexpr unsigned kWarpSize = 32;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 enum class WaitKind : uint8_t { kRunnable, kBarrier, kWarpCollective, kActiveMask, kExited };
+
+// One cp.async in flight: where it goes, what it writes (source bytes then zeros), where it came from.
+struct AsyncCopy {
+  size_t offset;  // byte offset in the dynamic buffer
+  uint32_t group;
+  uint32_t nbytes;
+  unsigned char data[16];
+  const char* view;  // for the shadow state's messages
+  size_t view_offset;
+  size_t elem_size;
+  const char* primitive;
+  Site site;
+};
 
 struct ThreadState {
   Context context;
@@ -50,8 +70,14 @@ struct ThreadState {
   int param = 0;
   int width = 32;
   uint64_t result = 0;
+  WarpCombine combine = nullptr;  // for WarpOp::kCombine
   // Vector clock over the lanes of this thread's warp; advanced by __syncwarp.
   uint32_t clock[kWarpSize] = {};
+  // cp.async copies not yet performed, oldest first from copies_head, and the number of groups
+  // this thread has committed (the open group's number).
+  std::vector<AsyncCopy> copies;
+  size_t copies_head = 0;
+  uint32_t groups_committed = 0;
 };
 
 // One access in the shadow state; epoch 0 means "none".
@@ -80,6 +106,10 @@ struct LaunchState {
   std::vector<unsigned char> smem_storage;
   unsigned char* smem = nullptr;  // 128-byte aligned start of the dynamic buffer
   std::vector<ByteShadow> shadow;
+  // Bytes of the dynamic buffer that a cp.async will still write (1) or not (0), with race checks
+  // on; pending_bytes counts the ones, so that accesses need not look while there are none.
+  std::vector<uint8_t> pending;
+  size_t pending_bytes = 0;
 
   uint3 block_index{0, 0, 0};
   uint32_t epoch = 0;  // advanced at every completed barrier and at every block start

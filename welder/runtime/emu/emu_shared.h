@@ -66,6 +66,8 @@ class SharedPtr {
 
   const char* name() const { return name_; }
   long long index() const { return index_; }
+  long long count() const { return count_; }               // elements in the view
+  size_t view_offset() const { return byte_offset_; }      // byte offset of the view in the buffer
   // Byte offset of element `index() + i` from the start of the dynamic buffer (unchecked).
   long long byte_offset_of(long long i) const {
     return static_cast<long long>(byte_offset_) + (index_ + i) * static_cast<long long>(sizeof(T));
