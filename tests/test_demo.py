@@ -19,6 +19,7 @@ from welder.check import compare, onnxruntime_outputs, random_inputs
 from welder.cli import main
 from welder.demo import MODELS, DemoError, conv_block, select_models, transformer_encoder
 from welder.frontend.onnx import import_onnx
+from welder.gpu import gpu_available
 from welder.runtime.emu import available
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,3 +131,14 @@ def test_a_wrong_kernel_result_is_a_fail_and_exit_1(
     [row] = list(ROW.finditer(text))
     assert row[6] == "FAIL" and float(row[7]) > 1e-3
     assert text.strip().splitlines()[-1] == "FAIL: 0/1 models match onnxruntime"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs pycuda and an NVIDIA GPU")
+def test_demo_on_the_gpu_tunes_builds_times_and_checks(tmp_path: Path, capsys) -> None:
+    assert main(["demo", "--models", "convnet", "--prefix", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "; running main_test" in text and "checking the built runtime" in text
+    row = re.search(r"^convnet\s+\d+\s+\d+\s+\d+\s+[\d.]+ us\s+([\d.]+) us\s+([\d.]+) us\s+PASS", text, re.M)
+    assert row is not None and float(row[1]) > 0 and float(row[2]) > 0, text
+    assert (tmp_path / "convnet" / "nnfusion_rt" / "cuda_codegen" / "build" / "main_test").is_file()
