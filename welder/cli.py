@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--list", action="store_true", help="list the models and their options")
     _add_runtime_commands(sub)
+    _add_demo_command(sub)
     return parser
 
 
@@ -125,6 +126,25 @@ def _add_runtime_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--number", type=int, default=1, help="back-to-back runs per timing (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     p.add_argument("--cuda-graph", action="store_true", help="replay the model as one CUDA graph")
+
+
+def _add_demo_command(sub: argparse._SubParsersAction) -> None:
+    from welder.demo import MODELS
+
+    p = sub.add_parser("demo", help="compile built-in example models end to end and check them")
+    p.add_argument(
+        "--models",
+        nargs="+",
+        metavar="NAME",
+        help=f"the models to run: {', '.join(MODELS)} (default: all)",
+    )
+    p.add_argument("--prefix", help="keep the outputs in PREFIX/<model> (default: a temporary folder)")
+    p.add_argument(
+        "--arch", help="GPU whose cost model is used (default: the GPU present, or H100 without one)"
+    )
+    p.add_argument(
+        "--emulate", action="store_true", help="run on the CPU emulator even where a GPU is present"
+    )
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -229,6 +249,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from welder.demo import format_report, run_demo
+
+    results = run_demo(args.models, args.prefix, args.arch, gpu=False if args.emulate else None)
+    print(format_report(results))
+    if args.prefix:
+        print(f"outputs kept in {args.prefix}")
+    return 0 if all(r.passed for r in results) else 1
+
+
 class _Progress:
     """One rewritten status line on stderr while a long step runs (only on a terminal)."""
 
@@ -252,6 +282,7 @@ COMMANDS = {
     "export": cmd_export,
     "build": cmd_build,
     "run": cmd_run,
+    "demo": cmd_demo,
 }
 
 

@@ -53,6 +53,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from welder.errors import WelderError
+from welder.resources import TEMPLATE_DIR
 
 PYCUDA_MISSING = "pycuda is not installed: pip install -e '.[gpu]'"
 #: Launches above this much dynamic shared memory must opt in per function.
@@ -155,12 +156,6 @@ def nvcc_version() -> str:
     return (release or lines or ["nvcc (unknown version)"])[-1]
 
 
-def _template_dir() -> Path:
-    from welder.codegen.kernel import TEMPLATE_DIR
-
-    return TEMPLATE_DIR
-
-
 #: nvcc's time limit where the caller sets none: generous, since a stuck nvcc is rare.
 NVCC_TIMEOUT_S = 1800.0
 
@@ -175,10 +170,10 @@ def compile_cubin(
     """Compile CUDA source(s) into one cubin with a single nvcc call.
 
     Several sources become one translation unit, so each must define kernels with distinct
-    names (their includes are guarded).  ``include_dirs`` defaults to codegen_templates/,
+    names (their includes are guarded).  ``include_dirs`` defaults to the kernel templates' folder,
     where ``welder_prelude.cuh`` lives.  Raises :class:`CompileError` with nvcc's diagnostics."""
     text = sources if isinstance(sources, str) else "\n".join(sources)
-    dirs = [_template_dir()] if include_dirs is None else list(include_dirs)
+    dirs = [TEMPLATE_DIR] if include_dirs is None else list(include_dirs)
     if not re.fullmatch(r"(sm|compute)_\d+[a-z]?", arch):
         raise CompileError(f"{arch!r} is not an nvcc architecture like sm_90")
     with tempfile.TemporaryDirectory(prefix="welder-nvcc-") as work:

@@ -1,4 +1,4 @@
-"""Code generation: CUDA kernels for scheduled groups, rendered from codegen_templates/."""
+"""Code generation: CUDA kernels for scheduled groups, rendered from welder/codegen_templates/."""
 
 from __future__ import annotations
 

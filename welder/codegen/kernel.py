@@ -2,7 +2,7 @@
 
 Python makes every decision here -- names, origins, thread coordinates, where each load
 reads from -- and hands the template plain values: numbers and one-line C expressions.
-The template (``codegen_templates/group_kernel.cu.j2`` with ``stage.cu.j2``) holds all
+The template (``welder/codegen_templates/group_kernel.cu.j2`` with ``stage.cu.j2``) holds all
 control flow, barriers and memory movement.
 """
 
@@ -13,7 +13,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 
 import jinja2
 
@@ -21,6 +20,7 @@ from welder.graph import Graph
 from welder.ir.compute import Compute, reduce_identity
 from welder.ir.expr import Expr, Load
 from welder.ir.interpret import np_dtype
+from welder.resources import TEMPLATE_DIR
 from welder.schedule.config import GroupConfig, StageConfig, StagedInput
 from welder.schedule.group import Group
 from welder.schedule.policy import vector_aligned
@@ -29,7 +29,6 @@ from welder.tile.region import Affine, Interval
 
 from .cprint import COMPUTE_TYPES, STORAGE_TYPES, CPrinter, literal
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "codegen_templates"
 #: Vector types for staged loads, by (storage dtype, elements): the type one load moves and
 #: its all-zero value (the fill of out-of-bounds elements; zero bits are +0.0 in both
 #: formats).  Half data moves as __half2 or as raw 8- and 16-byte words: the bits land in

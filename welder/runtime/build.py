@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from welder.errors import WelderError
+from welder.resources import EMU_DIR
 from welder.runtime.emit import normalize_cuda_arch
-from welder.runtime.emu.emulator import EMU_DIR
 from welder.runtime.layout import BUILD_SUBDIR, LIBRARY_NAME, MAIN_TEST_NAME, existing_runtime_dir
 
 #: How much of a failed build's output an error shows (the end: where compilers report).

@@ -3,7 +3,7 @@
 The folder is self-contained -- sources, the kernel prelude headers, the weights and a
 CMakeLists.txt -- so it builds on a GPU machine that has CUDA and CMake but not welder.
 Python decides everything (``spec.py``); the C++ and CMake text lives in
-``codegen_templates/runtime``.
+``welder/codegen_templates/runtime``.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from welder.codegen.kernel import TEMPLATE_DIR, Kernel
+from welder.codegen.kernel import Kernel
 from welder.errors import WelderError
 from welder.graph import Graph
+from welder.resources import RUNTIME_TEMPLATE_DIR, TEMPLATE_DIR
 from welder.runtime.layout import CONSTANT_SUBDIR, runtime_dir
 from welder.runtime.spec import RuntimeSpec, runtime_spec
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group
 
-RUNTIME_TEMPLATE_DIR = TEMPLATE_DIR / "runtime"
 #: The headers every kernel source includes, copied beside the sources.
 PRELUDE_HEADERS = ("welder_prelude.cuh", "welder_math.cuh", "welder_mma.cuh")
 #: Generated file -> its template.

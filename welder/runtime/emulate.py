@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from welder.codegen import Kernel, model_source
-from welder.codegen.kernel import TEMPLATE_DIR
 from welder.graph import Graph
 from welder.ir.interpret import np_dtype
+from welder.resources import TEMPLATE_DIR
 from welder.runtime.emu import compile_kernels
 
 

@@ -2,7 +2,7 @@
 
 Which groups are views, where each tensor lives (``memory.py``), what each launch passes,
 which outputs are copies, how ``main_test`` draws each input, what C types the interface
-uses: all of it is settled here, so that the templates in ``codegen_templates/runtime``
+uses: all of it is settled here, so that the templates in ``welder/codegen_templates/runtime``
 only spell it out in C++ and nothing in them decides.
 """
 

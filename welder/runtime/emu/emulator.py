@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from welder.errors import WelderError
+from welder.resources import EMU_DIR, PRELUDE, TEMPLATE_DIR
 
-EMU_DIR = Path(__file__).resolve().parent
-PRELUDE_DIR = Path(__file__).resolve().parents[3] / "codegen_templates"
-PRELUDE = PRELUDE_DIR / "welder_prelude.cuh"
+#: Where the prelude lives: the kernel templates' folder.
+PRELUDE_DIR = TEMPLATE_DIR
 
 #: The name compiler messages and emulator errors give the kernel source.
 SOURCE_NAME = "kernel.cu"
