@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="model name (see --list)")
     p.add_argument("--prefix", help="output folder for model.onnx and export.json")
     p.add_argument("--bs", type=int, default=1, help="batch size (default: 1)")
-    p.add_argument("--fp16", action="store_true", help="export in half precision (needs a GPU)")
+    p.add_argument("--fp16", action="store_true", help="export in half precision (on a GPU if any)")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset (default: 17)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
     p.add_argument(
