@@ -124,7 +124,7 @@ def _add_runtime_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default: 5)")
     p.add_argument("--number", type=int, default=1, help="back-to-back runs per timing (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
-    p.add_argument("--cuda-graph", action="store_true", help="replay the model as one CUDA graph")
+    p.add_argument("--no-cuda-graph", action="store_true", help="do not replay each run as a CUDA graph")
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -221,8 +221,9 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from welder.runtime.library import measure_runtime
 
-    latency = measure_runtime(args.prefix, args.iters, args.warmup, args.number, args.seed, args.cuda_graph)
-    graph = "on" if args.cuda_graph else "off"
+    cuda_graph = not args.no_cuda_graph
+    latency = measure_runtime(args.prefix, args.iters, args.warmup, args.number, args.seed, cuda_graph)
+    graph = "on" if cuda_graph else "off"
     print(f"{args.prefix}: {args.iters} x {args.number} runs after {args.warmup} warm-up, CUDA graph {graph}")
     print(f"median {latency.median:.4f} ms")
     print(latency.summary())
