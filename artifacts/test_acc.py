@@ -6,7 +6,8 @@ PREFIX is the folder ``welder tune`` wrote: it holds model.onnx and the built
 nnfusion_rt/cuda_codegen/build/libnnfusion_naive_rt.so.  Inputs come from
 ``welder.check.random_inputs`` (normal floats, valid indices, ones for masks) on the model
 imported with the shapes the runtime was built for.  Prints per output
-``max(|a - b| / max(|b|, 1))`` with its limit and PASS/FAIL; the exit code is 0 when every
+``max(|a - b| / max(|b|, 1))`` with its limit (``welder.check.output_threshold``: the fp16
+limit for an output computed from fp16 values) and PASS/FAIL; the exit code is 0 when every
 output passes, 1 when one fails and 2 when the check cannot run.  ``--json`` also writes the
 report for programs (scripts/benchmark.py), so they need not parse the table.
 """
@@ -20,7 +21,14 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from welder.check import THRESHOLDS, CheckReport, compare, onnxruntime_outputs, random_inputs
+from welder.check import (
+    THRESHOLDS,
+    CheckReport,
+    compare,
+    onnxruntime_outputs,
+    output_thresholds,
+    random_inputs,
+)
 from welder.errors import WelderError
 from welder.frontend.onnx import import_onnx
 from welder.runtime.library import RuntimeLibrary
@@ -36,7 +44,8 @@ def check_runtime(prefix: Path, seed: int = 0, precision: str = "fp32") -> Check
         feeds = random_inputs(graph, seed)
         ours = lib.run(feeds)
     reference = onnxruntime_outputs(model, feeds, list(graph.outputs))
-    return CheckReport(str(prefix), "welder runtime", seed, compare(ours, reference, precision))
+    limits = output_thresholds(graph, list(graph.outputs), precision=precision)
+    return CheckReport(str(prefix), "welder runtime", seed, compare(ours, reference, precision, limits))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

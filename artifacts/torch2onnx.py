@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=sorted(MODELS), help="model to export (see --list)")
     p.add_argument("--prefix", help="output folder for model.onnx and export.json")
     p.add_argument("--bs", type=int, default=1, help="batch size (default: 1)")
-    p.add_argument("--fp16", action="store_true", help="export in half precision (needs a CUDA GPU)")
+    p.add_argument("--fp16", action="store_true", help="export in half precision (on a GPU if any)")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default: {DEFAULT_OPSET})")
     p.add_argument("--seed", type=int, default=SEED, help=f"seed of weights and inputs (default: {SEED})")
     p.add_argument(

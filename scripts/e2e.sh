@@ -38,8 +38,8 @@ echo "== main_test"
 echo "== test_acc"
 python artifacts/test_acc.py "$prefix"
 acc=$?
-echo "== run_welder (CUDA graph)"
-python artifacts/run_welder.py "$prefix" --cuda-graph | tail -1
+echo "== run_welder (CUDA graph replay, the default)"
+python artifacts/run_welder.py "$prefix" | tail -1
 echo "== PyTorch"
 python artifacts/run_torch.py "$prefix" 2>&1 | grep -v Warning | tail -3
 echo "SUMMARY $name bs=$bs topk=$topk: tune cold ${cold} s, warm ${warm} s, cache hits ${hits}, test_acc exit ${acc}"

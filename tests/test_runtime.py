@@ -41,6 +41,7 @@ from welder.runtime.library import GpuBackend, RuntimeLibrary, RuntimeLibraryErr
 from welder.runtime.memory import Place, Storage
 from welder.runtime.spec import RuntimeSpec, c_string, execution_order, runtime_spec
 from welder.schedule.plan import plan_model
+from welder.session import InferenceSession
 
 ARCH = get_arch("H100")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -475,16 +476,35 @@ def test_runtime_matches_onnxruntime(builds: Builds, name: str) -> None:
 @needs_emulated_build
 @pytest.mark.parametrize("name", ["bert_layer", "views_unfused"])
 def test_cuda_graph_replays_on_new_inputs(builds: Builds, name: str) -> None:
-    """A replayed graph computes on the buffers' current contents; new buffers recapture."""
+    """Graph replay is the default: the first run captures, later runs replay on the fixed
+    device buffers' new contents and stay right; turned off, runs are enqueued again."""
     emitted = builds(name)
     with RuntimeLibrary(emitted.prefix) as lib:
-        lib.use_cuda_graph(True)
+        assert lib.cuda_graph_state == "on"
         for seed in (1, 2, 3):
             feeds = random_inputs(emitted.graph, seed)
             assert_matches(lib.run(feeds), onnxruntime_outputs(emitted.model, feeds, emitted.graph.outputs))
+            assert lib.cuda_graph_state == "captured"
         lib.use_cuda_graph(False)
+        assert lib.cuda_graph_state == "off"
         feeds = random_inputs(emitted.graph, 4)
         assert_matches(lib.run(feeds), onnxruntime_outputs(emitted.model, feeds, emitted.graph.outputs))
+        assert lib.cuda_graph_state == "off"
+
+
+@needs_emulated_build
+def test_inference_session_replays_a_graph_unless_told_not_to(builds: Builds) -> None:
+    emitted = builds("bert_layer")
+    for options, state in (({}, "captured"), ({"cuda_graph": False}, "off")):
+        sess = InferenceSession(emitted.prefix, backend="gpu", **options)
+        try:
+            for seed in (1, 2):
+                feeds = random_inputs(emitted.graph, seed)
+                ours = dict(zip(emitted.graph.outputs, sess.run(None, feeds)))
+                assert_matches(ours, onnxruntime_outputs(emitted.model, feeds, emitted.graph.outputs))
+            assert sess._backend.library.cuda_graph_state == state
+        finally:
+            sess._backend.library.close()
 
 
 def parse_main_test(stdout: str) -> tuple[dict[str, list[float]], tuple[float, float, float]]:
@@ -503,18 +523,23 @@ def parse_main_test(stdout: str) -> tuple[dict[str, list[float]], tuple[float, f
 
 @needs_emulated_build
 def test_main_test_prints_outputs_and_summary(builds: Builds, tmp_path: Path) -> None:
+    """With graph replay (the default) and without, the same outputs and a summary."""
     emitted = builds("bert_layer")
-    done = subprocess.run(
-        [str(main_test_path(emitted.prefix)), "--iters", "3", "--warmup", "1"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,  # weights are found beside the library, not in the working directory
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    values, (low, high, mean) = parse_main_test(done.stdout)
-    assert list(values) == ["last_hidden_state"] and len(values["last_hidden_state"]) == 10
-    assert 0 < low <= mean <= high
+    printed = []
+    for extra in ([], ["--no-cuda-graph"]):
+        done = subprocess.run(
+            [str(main_test_path(emitted.prefix)), "--iters", "3", "--warmup", "1", *extra],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,  # weights are found beside the library, not in the working directory
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        values, (low, high, mean) = parse_main_test(done.stdout)
+        assert list(values) == ["last_hidden_state"] and len(values["last_hidden_state"]) == 10
+        assert 0 < low <= mean <= high
+        printed.append(values)
+    assert printed[0] == printed[1]
 
 
 @needs_emulated_build
@@ -553,6 +578,7 @@ def test_main_test_rejects_bad_arguments(builds: Builds, tmp_path: Path) -> None
         "must hold exactly 4096 bytes": [str(short), str(short)],
         "--iters needs a positive integer": ["--iters", "0"],
         "usage: main_test": ["--frobnicate"],
+        "[--no-cuda-graph]": ["--cuda-graph"],  # replay is the default; only turning it off is a flag
     }
     for message, argv in cases.items():
         done = subprocess.run([main_test, *argv], capture_output=True, text=True, timeout=60)
@@ -665,9 +691,10 @@ def test_cli_build_and_run(builds: Builds, capsys: pytest.CaptureFixture[str], t
     assert welder_main(["build", str(prefix), "--emulate"]) == 0
     out = capsys.readouterr().out
     assert str(main_test_path(prefix)) in out and str(library_path(prefix)) in out
-    assert welder_main(["run", str(prefix), "--iters", "2", "--warmup", "0", "--cuda-graph"]) == 0
-    out = capsys.readouterr().out
-    assert SUMMARY.match(out.strip().splitlines()[-1])
+    for extra, state in (([], "on"), (["--no-cuda-graph"], "off")):
+        assert welder_main(["run", str(prefix), "--iters", "2", "--warmup", "0", *extra]) == 0
+        out = capsys.readouterr().out
+        assert f"CUDA graph {state}" in out and SUMMARY.match(out.strip().splitlines()[-1])
     assert welder_main(["build", str(tmp_path)]) == 2
     assert "run `welder tune` first" in capsys.readouterr().err
     assert welder_main(["run", str(tmp_path)]) == 2
@@ -760,6 +787,7 @@ def test_nvcc_builds_the_runtime_for_sm90(tmp_path: Path) -> None:
         "kernel_entry_host",
         "measure_latency",
         "set_use_cuda_graph",
+        "get_cuda_graph_state",
         "get_input_shape",
         "get_last_error",
     ):
@@ -821,7 +849,7 @@ def test_gpu_runtime_matches_onnxruntime(gpu_builds: Builds, name: str) -> None:
 @needs_gpu
 def test_gpu_main_test_and_test_acc(gpu_builds: Builds, capsys: pytest.CaptureFixture[str]) -> None:
     emitted = gpu_builds("bert_layer")
-    for extra in ([], ["--cuda-graph"]):
+    for extra in ([], ["--no-cuda-graph"]):
         done = subprocess.run(
             [str(main_test_path(emitted.prefix)), *extra], capture_output=True, text=True, timeout=600
         )

@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="model name (see --list)")
     p.add_argument("--prefix", help="output folder for model.onnx and export.json")
     p.add_argument("--bs", type=int, default=1, help="batch size (default: 1)")
-    p.add_argument("--fp16", action="store_true", help="export in half precision (needs a GPU)")
+    p.add_argument("--fp16", action="store_true", help="export in half precision (on a GPU if any)")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset (default: 17)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
     p.add_argument(
@@ -125,7 +125,7 @@ def _add_runtime_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default: 5)")
     p.add_argument("--number", type=int, default=1, help="back-to-back runs per timing (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
-    p.add_argument("--cuda-graph", action="store_true", help="replay the model as one CUDA graph")
+    p.add_argument("--no-cuda-graph", action="store_true", help="do not replay each run as a CUDA graph")
 
 
 def _add_demo_command(sub: argparse._SubParsersAction) -> None:
@@ -241,8 +241,9 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from welder.runtime.library import measure_runtime
 
-    latency = measure_runtime(args.prefix, args.iters, args.warmup, args.number, args.seed, args.cuda_graph)
-    graph = "on" if args.cuda_graph else "off"
+    cuda_graph = not args.no_cuda_graph
+    latency = measure_runtime(args.prefix, args.iters, args.warmup, args.number, args.seed, cuda_graph)
+    graph = "on" if cuda_graph else "off"
     print(f"{args.prefix}: {args.iters} x {args.number} runs after {args.warmup} warm-up, CUDA graph {graph}")
     print(f"median {latency.median:.4f} ms")
     print(latency.summary())

@@ -18,12 +18,14 @@ and returns a tensor or a tuple of tensors named by the model's ``outputs``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import math
 import os
 import platform
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -387,17 +389,118 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 
 def _pick_device(fp16: bool, device: str | None) -> str:
-    """fp32 traces on the CPU, fp16 on the GPU.  Tracing half precision on the CPU records
-    the float32 casts of the CPU's half kernels and constant folding then leaves float32
-    weights beside float16 ones: a graph onnxruntime refuses and not the model we mean."""
+    """fp16 traces on the GPU when there is one (the device the peers time it on), else on
+    the CPU like fp32.  Either way an fp16 export must come out a half graph, which
+    :func:`check_half_graph` verifies."""
     torch = _torch()
-    dev = device or ("cuda" if fp16 and torch.cuda.is_available() else "cpu")
-    if fp16 and not dev.startswith("cuda"):
-        raise WelderError(
-            "fp16 export traces the model on a CUDA GPU (tracing half precision on the CPU "
-            "gives a graph of mixed float32/float16 types); run it on a machine with a GPU"
+    return device or ("cuda" if fp16 and torch.cuda.is_available() else "cpu")
+
+
+def check_half_graph(path: Path) -> None:
+    """Raise a WelderError unless the fp16 model at ``path`` keeps its weights in half
+    (a float32 scalar or two, such as mask fill values, may stay) and onnxruntime loads it.
+    A half module whose trace promoted some of its ops to float32 exports a graph of mixed
+    types: not the model that was asked for, and one onnxruntime refuses."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    singles = [
+        f"{t.name} {list(t.dims)}"
+        for t in model.graph.initializer
+        if t.data_type == onnx.TensorProto.FLOAT and math.prod(t.dims) > 1
+    ]
+    problem = f"float32 weights beside half ones ({', '.join(singles[:4])})" if singles else ""
+    if not problem:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        try:
+            ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            problem = f"a graph onnxruntime refuses ({str(e).strip().splitlines()[0][:300]})"
+    if problem:
+        raise WelderError(f"the fp16 export traced to {problem}; {path} was not kept")
+
+
+# -- half precision attention ---------------------------------------------------------------
+
+SDPA_OP = "aten::scaled_dot_product_attention"
+# TorchScript's names of the float types and their ONNX TensorProto codes.
+_ONNX_FLOAT = {"Half": 10, "Float": 1, "Double": 11, "BFloat16": 16}
+
+
+def _sdpa_symbolic() -> Callable[..., Any]:
+    """``aten::scaled_dot_product_attention`` in ONNX with every constant in the query's
+    dtype.
+
+    The TorchScript exporter's own version turns a boolean mask into a float32 ``0/-inf``
+    mask whatever the query's dtype.  Adding it to half attention scores makes the export's
+    type promotion cast the scores -- and then, one op after another, the attention output,
+    the following Linear weights (folded into float32 ``onnx::MatMul_*`` initializers) and
+    the residual sums -- to float32, until a LayerNormalization meets a float32 input with
+    its half scale and bias, a graph onnxruntime refuses to load.  Here the mask, the scale
+    and the guard against fully masked rows (softmax of all ``-inf`` is NaN in ONNX, 0 in
+    torch) are built in the query's dtype, so a half module exports as a half graph."""
+    torch = _torch()
+    from torch.onnx import symbolic_helper
+
+    @symbolic_helper.parse_args("v", "v", "v", "v", "f", "b", "v", "b")
+    def sdpa(g, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):  # type: ignore[no-untyped-def]
+        kind = query.type().scalarType()
+        if kind not in _ONNX_FLOAT:
+            raise WelderError(f"scaled_dot_product_attention on {kind} queries cannot be exported")
+        dtype = getattr(torch, {"Half": "float16", "Float": "float32"}.get(kind, kind.lower()))
+        if enable_gqa:
+            raise WelderError("scaled_dot_product_attention with enable_gqa cannot be exported")
+
+        def const(x: Any) -> Any:
+            return g.op("Constant", value_t=torch.tensor(x, dtype=dtype))
+
+        q_sizes, k_sizes = query.type().sizes(), key.type().sizes()
+        if scale.node().mustBeNone():
+            root = const(1.0 / math.sqrt(math.sqrt(q_sizes[-1])))  # sqrt(1/sqrt(E)), on q and k
+        else:
+            root = g.op("Sqrt", g.op("Cast", scale, to_i=_ONNX_FLOAT[kind]))
+        perm = list(range(len(k_sizes)))
+        perm[-2], perm[-1] = perm[-1], perm[-2]
+        # Both sides scaled by sqrt(scale) before the product, as torch's math kernel does:
+        # half scores then stay in range.
+        scores = g.op(
+            "MatMul", g.op("Mul", query, root), g.op("Mul", g.op("Transpose", key, perm_i=perm), root)
         )
-    return dev
+        mask = None
+        if is_causal:
+            keep = torch.ones(q_sizes[-2], k_sizes[-2], dtype=torch.bool).tril()
+            mask = g.op("Constant", value_t=keep)
+        elif not attn_mask.node().mustBeNone():
+            mask = attn_mask
+        boolean = mask is not None and mask.type().scalarType() == "Bool"
+        if boolean:
+            mask = g.op("Where", mask, const(0.0), const(-math.inf))
+        elif mask is not None and mask.type().scalarType() != kind:
+            mask = g.op("Cast", mask, to_i=_ONNX_FLOAT[kind])
+        if mask is not None:
+            scores = g.op("Add", scores, mask)
+        probs = g.op("Softmax", scores, axis_i=-1)
+        if boolean:
+            probs = g.op("Where", g.op("IsNaN", probs), const(0.0), probs)
+        # dropout_p is ignored: an exported model is for inference, where dropout is off.
+        return g.op("MatMul", probs, value)
+
+    return sdpa
+
+
+@contextlib.contextmanager
+def half_attention(opset: int) -> Iterator[None]:
+    """While exporting at ``opset``, attention keeps the dtype of its query
+    (:func:`_sdpa_symbolic`); the exporter's own symbolic is back afterwards."""
+    torch = _torch()
+    torch.onnx.register_custom_op_symbolic(SDPA_OP, _sdpa_symbolic(), opset)
+    try:
+        yield
+    finally:
+        torch.onnx.unregister_custom_op_symbolic(SDPA_OP, opset)
 
 
 def export_onnx(
@@ -417,14 +520,16 @@ def export_onnx(
     The fixed shapes are deliberate: welder tunes for one shape, and symbolic dimensions
     would only have to be fixed again with --input-shape."""
     torch = require_packages(name)
-    dev = _pick_device(fp16, device)  # before building: a refusal should not take a minute
+    dev = _pick_device(fp16, device)
     module, inputs = build_model(name, batch, fp16, options=options, seed=seed)
     out = Path(prefix)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     onnx_path = out / MODEL_ONNX
     module = module.to(dev)
     args = tuple(v.to(dev) for v in inputs.values())
-    with warnings.catch_warnings(), torch.no_grad():
+    half = half_attention(opset) if fp16 else contextlib.nullcontext()
+    with warnings.catch_warnings(), torch.no_grad(), half:
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module,
@@ -436,6 +541,14 @@ def export_onnx(
             do_constant_folding=True,
             dynamo=False,
         )
+    if fp16:
+        try:
+            check_half_graph(onnx_path)
+        except WelderError:
+            onnx_path.unlink()
+            if created and not any(out.iterdir()):
+                out.rmdir()
+            raise
     info = ExportInfo(
         model=name,
         batch=batch,

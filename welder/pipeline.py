@@ -62,7 +62,7 @@ class RuntimeTiming:
     def describe(self) -> str:
         return (
             f"welder run: median of {self.iters} runs after {self.warmup} warm-up, CUDA events, "
-            "inputs on the GPU, no CUDA graph"
+            "inputs on the GPU, each run a CUDA graph replay"
         )
 
 

@@ -96,9 +96,20 @@ class RuntimeLibrary:
     One process may hold several instances of the same library: they share its device state,
     which ``cuda_init`` / ``cuda_free`` reference-count.  Use as a context manager or call
     :meth:`close`.
+
+    Runs replay one CUDA graph (``cuda_graph=False``: each run's launches are enqueued one by
+    one).  :meth:`run` copies the inputs into fixed device buffers, so the graph captured at
+    the first run replays on every later input; only new buffers would capture again.  The
+    setting belongs to the library, so it is shared with other instances in the process.
     """
 
-    def __init__(self, prefix: str | os.PathLike[str], library: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        prefix: str | os.PathLike[str],
+        library: str | os.PathLike[str] | None = None,
+        *,
+        cuda_graph: bool = True,
+    ) -> None:
         path = Path(library) if library is not None else library_path(prefix)
         if not path.is_file():
             raise RuntimeLibraryError(f"no runtime library at {path}; build it with `welder build {prefix}`")
@@ -112,6 +123,11 @@ class RuntimeLibrary:
         self.outputs = [self._meta("output", i) for i in range(self._lib.get_num_outputs())]
         self._check(self._lib.cuda_init(), "cuda_init")
         self._open = True
+        try:
+            self.use_cuda_graph(cuda_graph)
+        except RuntimeLibraryError:
+            self.close()
+            raise
 
     def _declare(self) -> None:
         lib = self._lib
@@ -138,6 +154,8 @@ class RuntimeLibrary:
             lib.measure_latency.argtypes = [ctypes.c_int] * 3 + [ctypes.POINTER(ctypes.c_float)]
             lib.set_use_cuda_graph.restype = ctypes.c_int
             lib.set_use_cuda_graph.argtypes = [ctypes.c_int]
+            lib.get_cuda_graph_state.restype = ctypes.c_int
+            lib.get_cuda_graph_state.argtypes = []
         except AttributeError as e:
             raise RuntimeLibraryError(f"{self.path} is not a welder runtime library: {e}") from None
 
@@ -223,8 +241,15 @@ class RuntimeLibrary:
         return Latency(tuple(float(t) for t in times))
 
     def use_cuda_graph(self, enable: bool = True) -> None:
-        """Capture each run as a CUDA graph and replay it (fewer launch overheads)."""
+        """Capture each run as a CUDA graph and replay it (fewer launch overheads), or not."""
+        self._require_open()
         self._check(self._lib.set_use_cuda_graph(int(enable)), "set_use_cuda_graph")
+
+    @property
+    def cuda_graph_state(self) -> str:
+        """``off`` (launches enqueued one by one), ``on`` (nothing captured yet) or
+        ``captured`` (runs replay a captured graph)."""
+        return ("off", "on", "captured")[self._lib.get_cuda_graph_state()]
 
     def close(self) -> None:
         """Releases this instance's hold on the device state (idempotent)."""
@@ -245,13 +270,12 @@ def measure_runtime(
     warmup: int = 5,
     number: int = 1,
     seed: int = 0,
-    cuda_graph: bool = False,
+    cuda_graph: bool = True,
 ) -> Latency:
     """Latency of the runtime built under ``prefix`` on seeded inputs (``welder run`` and
     artifacts/run_welder.py): one checked run first, so a failure is reported as such rather
     than timed, then :meth:`RuntimeLibrary.time`."""
-    with RuntimeLibrary(prefix) as lib:
-        lib.use_cuda_graph(cuda_graph)
+    with RuntimeLibrary(prefix, cuda_graph=cuda_graph) as lib:
         lib.run(lib.sample_inputs(seed))
         return lib.time(iters, warmup, number)
 
@@ -260,14 +284,21 @@ class GpuBackend:
     """A ``welder.InferenceSession`` back end running the runtime built under ``prefix``.
 
     The library must have been built for this graph: same inputs and outputs, in order, with
-    the same dtypes and shapes (the shapes the model was imported with).
+    the same dtypes and shapes (the shapes the model was imported with).  Runs replay a CUDA
+    graph unless ``cuda_graph=False`` (``welder.InferenceSession(prefix, cuda_graph=False)``).
     """
 
-    def __init__(self, graph: Graph, prefix: str | os.PathLike[str] | None = None, **_: object) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        prefix: str | os.PathLike[str] | None = None,
+        cuda_graph: bool = True,
+        **_: object,
+    ) -> None:
         if prefix is None:
             raise RuntimeLibraryError("the gpu back end needs prefix= (the folder `welder tune` wrote)")
         self.graph = graph
-        self.library = RuntimeLibrary(prefix)
+        self.library = RuntimeLibrary(prefix, cuda_graph=cuda_graph)
         expected_in = [TensorMeta(t.name, t.dtype, t.shape) for t in graph.inputs]
         expected_out = [TensorMeta(o, graph.tensor(o).dtype, graph.tensor(o).shape) for o in graph.outputs]
         if self.library.inputs != expected_in or self.library.outputs != expected_out:

@@ -57,6 +57,38 @@ def library_planned(lg: LibraryGroup) -> PlannedGroup:
     return PlannedGroup(lg.group, [lg.config], lg.latency_us, traffic_of(lg.config))
 
 
+@dataclass(frozen=True)
+class SplitFailure:
+    """A fused group that measured far slower than predicted, which the fusion check could
+    not replace by shallower groups: it stays fused, and the plan says so and why."""
+
+    root: str
+    members: tuple[str, ...]
+    ops: tuple[str, ...]
+    measured_us: float | None  # the fused group's best candidate; None: it has none
+    predicted_us: float
+    reason: str
+
+    def message(self) -> str:
+        measured = "no valid candidate" if self.measured_us is None else f"{self.measured_us:.1f} us measured"
+        kept = "" if self.measured_us is None else "; the fused group is kept"
+        return (
+            f"fusion check could not split group {self.root} ({len(self.members)} ops: "
+            f"{abbreviate_ops(list(self.ops), 60)}; {measured}, {self.predicted_us:.1f} us predicted): "
+            f"{self.reason}{kept}"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "root": self.root,
+            "members": list(self.members),
+            "ops": list(self.ops),
+            "measured_latency_us": None if self.measured_us is None else round(self.measured_us, 4),
+            "predicted_latency_us": round(self.predicted_us, 4),
+            "reason": self.reason,
+        }
+
+
 @dataclass
 class Plan:
     model: str
@@ -68,6 +100,7 @@ class Plan:
     seconds: float
     log: list[str] = field(default_factory=list)
     skip_dot: bool = False
+    split_failures: list[SplitFailure] = field(default_factory=list)
 
     @property
     def library_calls(self) -> int:
@@ -219,6 +252,7 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
         "nofusion": plan.nofusion,
         "skip_dot": plan.skip_dot,
         "groups": groups,
+        "split_failures": [f.to_json() for f in plan.split_failures],
         "totals": {
             "kernels": plan.kernels,
             "library_calls": plan.library_calls,
@@ -341,4 +375,5 @@ def format_summary(plan: Plan, graph: Graph, width: int = 28) -> str:
         f"traffic {plan.traffic_bytes / mb:.2f} MB (unfused: {plan.unfused_traffic_bytes / mb:.2f} MB); "
         f"arch {plan.arch.name}, {plan.measure}; tuning {plan.seconds:.1f} s"
     )
+    rows += [f"warning: {f.message()}" for f in plan.split_failures]
     return "\n".join(rows)

@@ -14,8 +14,9 @@ For one group (:func:`tune_group`):
    so a hanging nvcc costs minutes, not one limit per level of halving;
 4. time every compiled candidate on seeded random inputs (weights: the model's own);
 5. run the candidates fastest first and compare their outputs with the reference
-   interpreter (``max(|a-b| / max(|b|, 1))`` within 1e-4 for fp32, 2e-2 for fp16); the
-   first that matches wins;
+   interpreter (``max(|a-b| / max(|b|, 1))`` within 1e-4 for fp32, 2e-2 for fp16 -- and
+   for an fp32 output computed from fp16 values inside the group, see
+   :func:`welder.check.output_threshold`); the first that matches wins;
 6. store the winner (or a negative entry) in the cache.
 
 A candidate that fails to render, compile, launch, finish in time or match the reference is
@@ -43,7 +44,7 @@ from typing import Any, Protocol, TextIO
 import numpy as np
 
 from welder.arch import Arch, match_gpu_name
-from welder.check import error_metric, random_inputs, threshold_for
+from welder.check import error_metric, output_thresholds, random_inputs
 from welder.errors import WelderError
 from welder.gpu import CompileError, LaunchError
 from welder.graph import Graph
@@ -53,7 +54,7 @@ from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
 from welder.schedule.library import LibraryGroup, find_gemm_groups
-from welder.schedule.plan import Plan, PlannedGroup, library_planned, traffic_of
+from welder.schedule.plan import Plan, PlannedGroup, SplitFailure, library_planned, traffic_of
 from welder.schedule.policy import Options
 
 log = logging.getLogger("welder.tune")
@@ -274,8 +275,9 @@ def _pick(
     inputs: list[np.ndarray],
     reference: Callable[[], dict[str, np.ndarray]],
     timings: dict[int, float],
+    limits: dict[str, float],
 ) -> int | None:
-    """The fastest candidate whose outputs match the reference."""
+    """The fastest candidate whose outputs match the reference within ``limits``."""
     for i in sorted(timings, key=lambda k: (timings[k], k)):
         kernel = cands.kernels[i]
         try:
@@ -283,7 +285,7 @@ def _pick(
         except LaunchError as e:
             cands.drop(i, _launch_reason(e), str(e))
             continue
-        problem = _compare(kernel, outputs, reference())
+        problem = _compare(kernel, outputs, reference(), limits)
         if problem:
             cands.drop(i, "wrong", problem)
             continue
@@ -291,17 +293,30 @@ def _pick(
     return None
 
 
-def _compare(kernel: Any, outputs: Sequence[np.ndarray], reference: dict[str, np.ndarray]) -> str | None:
+def _compare(
+    kernel: Any, outputs: Sequence[np.ndarray], reference: dict[str, np.ndarray], limits: dict[str, float]
+) -> str | None:
     """Why the outputs are wrong, or None."""
     params = [p for p in kernel.params if p.is_output]
     if len(outputs) != len(params):
         return f"{len(outputs)} outputs, expected {len(params)}"
     for p, got in zip(params, outputs):
         err = error_metric(got, reference[p.tensor])
-        limit = threshold_for(p.dtype)
+        limit = limits[p.tensor]
         if not err <= limit:
             return f"output {p.tensor}: error {err:.3e} > {limit:.0e}"
     return None
+
+
+def drop_summary(dropped: Sequence[Dropped]) -> str:
+    """The dropped candidates by reason, each with its first detail: ``4 wrong (output y:
+    error 5.1e-04 > 1e-04)``."""
+    by_reason: dict[str, list[Dropped]] = {}
+    for d in dropped:
+        by_reason.setdefault(d.reason, []).append(d)
+    if not by_reason:
+        return "no candidate to try"
+    return ", ".join(f"{len(ds)} {r} ({_one_line(ds[0].detail, 120)})" for r, ds in by_reason.items())
 
 
 def _launch_reason(e: LaunchError) -> str:
@@ -384,7 +399,8 @@ def finish_candidates(
         return memo["ref"]
 
     timings = _time_all(device, cands, inputs)
-    winner = _pick(device, cands, inputs, reference, timings)
+    limits = output_thresholds(graph, group.outputs, group.members)
+    winner = _pick(device, cands, inputs, reference, timings, limits)
     tried = len(cands.configs)
     if winner is None:
         log.warning("group %s: none of %d candidates is valid on %s", group.root, tried, device.name)
@@ -468,6 +484,7 @@ class GpuMeasure:
         self.cost = cost or CostModel(graph, arch, Options(topk=topk))
         self.tunes = 0  # groups compiled and timed (cache misses)
         self._results: dict[str, TunedConfig | None] = {}  # signature -> result in canonical names
+        self._invalid: dict[str, str] = {}  # signature -> why no candidate is valid
 
     def __call__(self, group: Group) -> float | None:
         result = self.tuned(group)
@@ -481,23 +498,36 @@ class GpuMeasure:
         if signature not in self._results:
             key = cache_key(signature, self.arch, self.device)
             hit, result = _cached(self.cache, key, group, self.topk)
+            dropped: list[Dropped] | None = None
             if not hit:
                 self.tunes += 1
                 cands = compile_candidates(self.device, self.candidates(group))
                 result = finish_candidates(
                     self.graph, cands, self.device, self.cache, key, self.topk, self.seed
                 )
-            self.remember(group, result)
+                dropped = cands.dropped
+            self.remember(group, result, dropped)
         return self._own(self._results[signature], group)
 
     def candidates(self, group: Group) -> Candidates:
         return prepare_candidates(self.graph, group, self.cost.configs(group))
 
-    def remember(self, group: Group, result: TunedConfig | None) -> None:
+    def remember(
+        self, group: Group, result: TunedConfig | None, dropped: Sequence[Dropped] | None = None
+    ) -> None:
+        """Keep ``result``; for None, ``dropped`` says why (None: a negative cache entry)."""
         signature = group_signature(self.graph, group)
         if result is not None:
             result = _replace_config(result, _to_canonical(result.config, group))
+        else:
+            self._invalid[signature] = (
+                drop_summary(dropped) if dropped is not None else "a negative entry in the tuning cache"
+            )
         self._results[signature] = result
+
+    def why_invalid(self, group: Group) -> str:
+        """Why ``group`` has no valid candidate (once :meth:`tuned` returned None for it)."""
+        return self._invalid.get(group_signature(self.graph, group), "no valid candidate")
 
     def configs(self, group: Group) -> list[GroupConfig]:
         result = self.tuned(group)
@@ -621,6 +651,7 @@ class _ModelTuner:
         self.cost = CostModel(graph, arch, Options(topk=topk))
         self.measure = GpuMeasure(graph, arch, device, cache, topk, seed, self.cost)
         self.log: list[str] = []
+        self.split_failures: list[SplitFailure] = []
 
     def fuse_by_measurement(self, nofusion: bool) -> list[Group]:
         bar = ProgressBar(len(self.graph.nodes), "tuning (fusion by measurement)", self.stream)
@@ -656,23 +687,35 @@ class _ModelTuner:
         possibly the fusion too.  Its members are fused again under the cost model with at
         most half as many stages per group, those groups are tuned, and they replace ``g``
         if together they measure faster -- checked again the same way, down to
-        ``VERIFY_DEPTH`` levels."""
+        ``VERIFY_DEPTH`` levels.  A split that cannot be made, or whose groups are not all
+        valid, is no verdict on the fusion: it is a warning and a :class:`SplitFailure` in
+        the plan, so a slow group never stays silently."""
         if g.root in self.library or len(g.stages) < 2 or depth >= VERIFY_DEPTH:
             return [g]
         result = self.measure.tuned(g)
         predicted = self.cost(g)
         if predicted is None or (result is not None and result.latency_us <= VERIFY_RATIO * predicted):
             return [g]
+        stages = max(1, len(g.stages) // 2)
         try:
-            parts = fuse(self.graph, self.cost, only=g.members, max_stages=max(1, len(g.stages) // 2)).groups
-        except InvalidGroup:
-            return [g]
+            parts = fuse(self.graph, self.cost, only=g.members, max_stages=stages).groups
+        except InvalidGroup as e:
+            return self.unsplit(
+                g, result, predicted, f"its ops cannot be re-fused with at most {stages} stages: {e}"
+            )
         if len(parts) < 2:
-            return [g]
+            return self.unsplit(
+                g, result, predicted, f"re-fused with at most {stages} stages, its ops form one group again"
+            )
         self.tune_all(parts)
         tuned = [self.measure.tuned(p) for p in parts]
-        if any(t is None for t in tuned):
-            return [g]
+        failed = [p for p, t in zip(parts, tuned) if t is None]
+        if failed:
+            why = "; ".join(
+                f"{p.root} ({len(p.members)} ops) has no valid candidate: {self.measure.why_invalid(p)}"
+                for p in failed
+            )
+            return self.unsplit(g, result, predicted, f"of the {len(parts)} shallower groups, {why}")
         split_us = sum(t.latency_us for t in tuned if t is not None)
         fused = f"{result.latency_us:.1f} us measured" if result else "no valid candidate"
         if result is not None and split_us >= result.latency_us:
@@ -688,6 +731,16 @@ class _ModelTuner:
         log.info(message)
         self.log.append(message)
         return [q for p in parts for q in self.verified(p, depth + 1)]
+
+    def unsplit(self, g: Group, fused: TunedConfig | None, predicted: float, reason: str) -> list[Group]:
+        """``g`` unchanged, after a warning that its fusion check could not split it."""
+        ops = tuple(self.graph.nodes[m].op_type for m in g.members)
+        measured = None if fused is None else fused.latency_us
+        failure = SplitFailure(g.root, tuple(g.members), ops, measured, predicted, reason)
+        log.warning(failure.message())
+        self.log.append(failure.message())
+        self.split_failures.append(failure)
+        return [g]
 
     @property
     def fixed(self) -> list[LibraryGroup]:
@@ -716,11 +769,12 @@ class _ModelTuner:
             ]
             for done, (g, fut) in enumerate(zip(todo.values(), futures), 1):
                 key = self.measure.cache_key(g)
+                cands = fut.result()
                 result = finish_candidates(
-                    self.graph, fut.result(), self.device, self.cache, key, self.topk, self.measure.seed
+                    self.graph, cands, self.device, self.cache, key, self.topk, self.measure.seed
                 )
                 self.measure.tunes += 1
-                self.measure.remember(g, result)
+                self.measure.remember(g, result, cands.dropped)
                 if result is not None:
                     total += result.latency_us
                 note = f"best {result.latency_us:.1f} us" if result else "no valid candidate"
@@ -869,4 +923,5 @@ def tune_model(
         time.perf_counter() - start,
         tuner.log,
         skip_dot,
+        tuner.split_failures,
     )
