@@ -156,7 +156,7 @@ def nvcc_version() -> str:
 
 
 def _template_dir() -> Path:
-    from welder.codegen.kernel import TEMPLATE_DIR
+    from welder.codegen import TEMPLATE_DIR
 
     return TEMPLATE_DIR
 
@@ -735,7 +735,7 @@ def _serve(channel: _Channel, executor: Any) -> None:
                 return
 
 
-_WORKER_COMMAND = "from welder.gpu import worker_main; worker_main()"
+_WORKER_COMMAND = "from welder.device.gpu import worker_main; worker_main()"
 
 
 class WorkerProcess:

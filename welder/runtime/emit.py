@@ -18,7 +18,7 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from welder.codegen.kernel import TEMPLATE_DIR, Kernel
+from welder.codegen import TEMPLATE_DIR, Kernel
 from welder.errors import WelderError
 from welder.graph import Graph
 from welder.runtime.layout import CONSTANT_SUBDIR, runtime_dir

@@ -7,8 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from welder.codegen import Kernel, model_source
-from welder.codegen.kernel import TEMPLATE_DIR
+from welder.codegen import TEMPLATE_DIR, Kernel, model_source
 from welder.graph import Graph
 from welder.ir.interpret import np_dtype
 from welder.runtime.emu import compile_kernels
