@@ -22,7 +22,7 @@ warm=$(seconds "$start")
 hits=$(python -c "import json,sys; g=json.load(open(sys.argv[1]))['groups']; print(f\"{sum(1 for x in g if x.get('from_cache'))}/{len(g)}\")" "$prefix/tuned.json")
 python - <<'PY'
 from collections import Counter
-from welder.schedule.cache import TuningCache
+from welder.tune.cache import TuningCache
 cache = TuningCache()
 entries = cache.entries()
 print("cache:", cache.stats())

@@ -42,10 +42,10 @@ from onnx_util import make_model  # noqa: E402
 import numpy as np  # noqa: E402
 from welder.arch import match_gpu_name  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
-from welder.gpu import GpuDevice  # noqa: E402
-from welder.schedule.cache import TuningCache  # noqa: E402
+from welder.device.gpu import GpuDevice  # noqa: E402
+from welder.tune.cache import TuningCache  # noqa: E402
 from welder.schedule.plan import format_summary  # noqa: E402
-from welder.schedule.tuner import tune_model  # noqa: E402
+from welder.tune.tuner import tune_model  # noqa: E402
 
 dropped: list[str] = []
 

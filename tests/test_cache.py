@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from welder.errors import WelderError
-from welder.schedule.cache import (
+from welder.tune.cache import (
     DB_NAME,
     SCHEMA_VERSION,
     CacheError,
@@ -159,7 +159,7 @@ def test_concurrent_writers_keep_every_entry(tmp_path):
 _KILLED_WRITER = """
 import os, signal, sys, json
 sys.path.insert(0, {root!r})
-from welder.schedule.cache import CacheKey, TuningCache
+from welder.tune.cache import CacheKey, TuningCache
 cache = TuningCache({path!r})
 cache.put(CacheKey(*{complete!r}), {config!r}, 1.0, 1, 1)
 with cache.connect() as conn:

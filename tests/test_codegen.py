@@ -31,19 +31,19 @@ from onnx_util import make_model
 
 from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
-from welder.codegen import Kernel, generate_kernel, model_source
+from welder.codegen import TEMPLATE_DIR, Kernel, generate_kernel, model_source, sanitize_identifier
 from welder.codegen.cprint import STORAGE_TYPES
-from welder.codegen.kernel import TEMPLATE_DIR, sanitize_identifier
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
 from welder.ir.compute import Compute
 from welder.ir.expr import Load, walk
 from welder.ir.interpret import np_dtype
 from welder.runtime.emu import compile_kernels
-from welder.schedule.config import Estimate, GroupConfig, StageConfig, StagedInput
+from welder.schedule.config import Estimate, GroupConfig
 from welder.schedule.group import Group, make_group
+from welder.schedule.kinds import Options
+from welder.schedule.kinds.simt import SimtConfig, StagedInput, make_config, schedule_group
 from welder.schedule.plan import plan_model
-from welder.schedule.policy import Options, make_config, schedule_group
 from welder.tile.propagate import partitions_output, propagate_group, read_regions
 
 ARCH = get_arch("H100")
@@ -201,7 +201,7 @@ def hand_config(
             if split == 1 or math.prod(reg) <= 64:
                 break
             split //= 2
-        st = StageConfig(name, region.extents, tshape, reg, split, write_global=name in group.outputs)
+        st = SimtConfig(name, region.extents, tshape, reg, split, write_global=name in group.outputs)
         if any(name in group.computes[r].inputs for r in group.stages if r != name):
             st.smem_offset = alloc(math.prod(st.tile) * np_dtype(c.dtype).itemsize)
         if c.is_reduction:

@@ -18,8 +18,8 @@ import pytest
 from welder.check import compare, onnxruntime_outputs, random_inputs
 from welder.cli import main
 from welder.demo import MODELS, DemoError, conv_block, select_models, transformer_encoder
+from welder.device.gpu import gpu_available
 from welder.frontend.onnx import import_onnx
-from welder.gpu import gpu_available
 from welder.runtime.emu import available
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import welder
-from welder.check import check_model, error_metric, onnxruntime_outputs, threshold_for
+from welder.check import error_metric, onnxruntime_outputs, threshold_for
 from welder.errors import WelderError
 from welder.export import (
     MODELS,
@@ -35,6 +35,7 @@ from welder.export import (
     require,
     to_numpy,
 )
+from welder.session import check_model
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))

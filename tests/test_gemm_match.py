@@ -1,5 +1,5 @@
 """``--skip-dot`` scheduling: which computes are matrix products a library computes
-(welder/schedule/library.py), checked by brute force -- numpy's matmul over the strided
+(welder/schedule/kinds/library.py), checked by brute force -- numpy's matmul over the strided
 views a GemmSpec describes must equal the interpreter's result -- and how such products
 become groups of their own in the plan, the tuner and tuned.json."""
 
@@ -29,10 +29,16 @@ from welder.check import error_metric, random_inputs, threshold_for
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
 from welder.ir.interpret import evaluate
-from welder.schedule.config import GemmSpec, GroupConfig
-from welder.schedule.library import find_gemm_groups, product_group
+from welder.schedule.kinds import config_from_json
+from welder.schedule.kinds.library import (
+    GemmSpec,
+    LibraryConfig,
+    find_gemm_groups,
+    library_call,
+    product_group,
+)
 from welder.schedule.plan import format_summary, plan_model, tuned_json
-from welder.schedule.tuner import tune_model
+from welder.tune.tuner import tune_model
 
 ARCH = get_arch("H100")
 
@@ -362,13 +368,16 @@ def test_plan_makes_products_groups_of_their_own() -> None:
     assert {r: set(g.group.members) for r, g in library.items()} == expected
     assert plan.library_calls == len(expected) == 8 and plan.kernels == len(plan.groups) - 8
     for g in library.values():
-        assert len(g.configs) == 1 and g.configs[0].gemm is not None and not g.configs[0].stages
+        [stage] = g.configs[0].stages
+        assert len(g.configs) == 1 and isinstance(stage, LibraryConfig) and stage.kind == "library"
+        assert library_call(g.configs[0]) is stage and not g.configs[0].kernel
     seen: list[str] = [m for g in plan.groups for m in g.group.members]
     assert sorted(seen) == sorted(graph.nodes)  # a partition
     # The bias adds fall into other groups: a generated group reads each GEMM's output, except
     # the attention context, which the output projection's GEMM reads as it was written.
     readers = {t for g in plan.groups if g.library is None for t in g.group.inputs}
-    gemm_operands = {t for g in library.values() for t in (g.configs[0].gemm.a, g.configs[0].gemm.b)}
+    gemms = [library_call(g.configs[0]).gemm for g in library.values()]
+    gemm_operands = {t for gemm in gemms for t in (gemm.a, gemm.b)}
     assert set(expected) - readers - set(graph.outputs) == {t for t in expected if t in gemm_operands}
     assert len(gemm_operands & set(expected)) == 1
     available = {t.name for t in graph.inputs} | set(graph.constants)
@@ -382,7 +391,8 @@ def test_without_skip_dot_products_stay_kernels() -> None:
     plain = plan_model(graph, ARCH, topk=1)
     doc = tuned_json(plain, graph)
     assert plain.library_calls == 0 and not doc["skip_dot"] and doc["totals"]["kernels"] == len(plain.groups)
-    assert all(entry["library"] is None and entry["configs"][0]["gemm"] is None for entry in doc["groups"])
+    assert all(entry["library"] is None for entry in doc["groups"])
+    assert {st["kind"] for entry in doc["groups"] for st in entry["configs"][0]["stages"]} == {"simt"}
 
 
 def test_tuned_json_and_summary_show_cublas() -> None:
@@ -392,8 +402,8 @@ def test_tuned_json_and_summary_show_cublas() -> None:
     assert doc["skip_dot"] is True
     assert doc["totals"]["library_calls"] == 8 and doc["totals"]["kernels"] == len(doc["groups"]) - 8
     for entry in doc["groups"]:
-        gemm = entry["configs"][0]["gemm"]
-        assert (entry["library"] == "cublas") is (gemm is not None)
+        kinds = [st["kind"] for st in entry["configs"][0]["stages"]]
+        assert (entry["library"] == "cublas") is (kinds == ["library"])
     summary = format_summary(plan, graph)
     rows = summary.splitlines()[1:-1]
     assert sum(" cuBLAS " in row for row in rows) == 8
@@ -404,9 +414,10 @@ def test_library_configs_round_trip_through_json() -> None:
     graph = bert_graph()
     lg = find_gemm_groups(graph, ARCH)[3]
     cfg = lg.config
-    assert GroupConfig.from_json(cfg.to_json()) == cfg
+    assert config_from_json(cfg.to_json()) == cfg
     renamed = cfg.renamed({lg.gemm.a: "in0", lg.gemm.c: "m0"})
-    assert (renamed.gemm.a, renamed.gemm.c, renamed.root) == ("in0", "m0", "m0")
+    gemm = library_call(renamed).gemm
+    assert (gemm.a, gemm.c, renamed.root, renamed.stages[0].node) == ("in0", "m0", "m0", "m0")
 
 
 def test_tuner_leaves_library_groups_alone() -> None:

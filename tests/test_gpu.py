@@ -15,10 +15,8 @@ from onnx_util import make_model
 
 from welder.arch import match_gpu_name
 from welder.check import error_metric, threshold_for
-from welder.codegen import Kernel, generate_kernel
-from welder.codegen.kernel import KernelParam
-from welder.frontend.onnx import import_onnx
-from welder.gpu import (
+from welder.codegen import Kernel, KernelParam, generate_kernel
+from welder.device.gpu import (
     DeviceBuffer,
     GpuDevice,
     GpuModule,
@@ -31,12 +29,13 @@ from welder.gpu import (
     sm_arch,
     time_kernel,
 )
+from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
 from welder.ir.interpret import np_dtype
-from welder.schedule.cache import TuningCache
 from welder.schedule.group import make_group
 from welder.schedule.plan import plan_model
-from welder.schedule.tuner import tune_group, tune_model
+from welder.tune.cache import TuningCache
+from welder.tune.tuner import tune_group, tune_model
 
 pytestmark = [
     pytest.mark.gpu,
@@ -129,8 +128,7 @@ def compile_everywhere(kernels: list[Kernel], sm: str) -> tuple[ModuleSet, Modul
     this thread, which holds the CUDA context."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from welder.codegen import model_source
-    from welder.codegen.kernel import TEMPLATE_DIR
+    from welder.codegen import TEMPLATE_DIR, model_source
     from welder.runtime.emu import compile_kernels
 
     def emulate(chunk: list[Kernel]):
@@ -338,7 +336,7 @@ def test_in_process_fault_is_final():
         "import sys; sys.path.insert(0, 'tests')\n"
         "import numpy as np, pytest\n"
         "from test_gpu import _handwritten_kernel\n"
-        "from welder.gpu import GpuDevice, GpuError, LaunchError\n"
+        "from welder.device.gpu import GpuDevice, GpuError, LaunchError\n"
         "x = [np.ones(1024, np.float32)]\n"
         "good, fault = _handwritten_kernel('add_one'), _handwritten_kernel('fault')\n"
         "with GpuDevice(isolate=False, timeout_s=10, budget_s=0.1) as d:\n"

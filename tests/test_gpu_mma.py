@@ -28,7 +28,14 @@ from mma_reference import (
     zero_fill_sizes,
 )
 
-from welder.gpu import DeviceBuffer, GpuModule, compile_cubin, compute_capability, gpu_available, sm_arch
+from welder.device.gpu import (
+    DeviceBuffer,
+    GpuModule,
+    compile_cubin,
+    compute_capability,
+    gpu_available,
+    sm_arch,
+)
 
 pytestmark = [
     pytest.mark.gpu,

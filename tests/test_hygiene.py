@@ -16,7 +16,7 @@ from hypothesis import configuration
 
 from welder.runtime.emu import available, compile_kernels
 from welder.runtime.emu.emulator import _cache_root
-from welder.schedule.cache import TuningCache, default_cache_path
+from welder.tune.cache import TuningCache, default_cache_path
 
 
 def _sandbox() -> Path:

@@ -19,11 +19,11 @@ from welder.frontend.onnx import import_onnx
 from welder.ir.expr import free_vars
 from welder.ir.interpret import np_dtype
 from welder.schedule.group import make_group
-from welder.schedule.policy import (
+from welder.schedule.kinds import Options
+from welder.schedule.kinds.simt import (
     BLOCK_SIZE_TOLERANCE,
     LINE_BYTES,
     STEP_LINES,
-    Options,
     base_tile,
     make_config,
     schedule_group,

@@ -35,7 +35,7 @@ from welder.runtime.emit import emit_runtime
 from welder.runtime.layout import main_test_path, runtime_dir
 from welder.runtime.library import RuntimeLibrary, RuntimeLibraryError
 from welder.runtime.spec import RuntimeSpec, find_views, runtime_spec
-from welder.schedule.library import find_gemm_groups
+from welder.schedule.kinds.library import find_gemm_groups
 from welder.schedule.plan import plan_model
 
 ARCH = get_arch("H100")
@@ -198,7 +198,10 @@ def test_tuned_json_lists_calls_and_kernels(tuned: Callable[[str], Built]) -> No
     assert doc["skip_dot"] and doc["totals"]["library_calls"] == 8
     for entry in doc["groups"]:
         if entry["library"] == "cublas":
-            assert "kernel" not in entry and entry["configs"][0]["gemm"]["c"] == entry["root"]
+            [stage] = entry["configs"][0]["stages"]
+            assert (
+                "kernel" not in entry and stage["kind"] == "library" and stage["gemm"]["c"] == entry["root"]
+            )
         else:
             assert entry["kernel"]["name"] in entry["kernel"]["source"]
 

@@ -70,8 +70,8 @@ def test_tune_of_a_file_elsewhere_copies_the_model(tmp_path: Path, capsys) -> No
 
 
 def test_tune_without_gpu_asks_for_the_cost_model(bert_prefix: Path, capsys) -> None:
-    pytest.importorskip("welder.gpu")
-    from welder.gpu import gpu_available
+    pytest.importorskip("welder.device.gpu")
+    from welder.device.gpu import gpu_available
 
     if gpu_available():
         pytest.skip("a GPU is present")

@@ -5,7 +5,7 @@ or miscomputes on request per candidate, with synthetic latencies; ``EmulatedDev
 the real generated kernels through the CPU emulator.  Together they cover dropping
 candidates (compile error, crash, timeout, wrong output), picking the fastest correct one,
 cache hits on repeated layers, resuming after a killed tune, concurrent tunes sharing one
-cache, measured fusion, and the worker-process isolation of ``welder.gpu``.
+cache, measured fusion, and the worker-process isolation of ``welder.device.gpu``.
 """
 
 from __future__ import annotations
@@ -31,11 +31,8 @@ from onnx_util import make_model
 
 from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
-from welder.codegen import generate_kernel, model_source
-from welder.codegen.kernel import TEMPLATE_DIR
-from welder.errors import WelderError
-from welder.frontend.onnx import import_onnx
-from welder.gpu import (
+from welder.codegen import TEMPLATE_DIR, generate_kernel, model_source
+from welder.device.gpu import (
     PYCUDA_MISSING,
     CompileError,
     GpuDevice,
@@ -47,15 +44,17 @@ from welder.gpu import (
     rotation_copies,
     sample_until_stable,
 )
+from welder.errors import WelderError
+from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
 from welder.ir.interpret import evaluate, np_dtype
 from welder.runtime.emu import EmulationError, compile_kernels
-from welder.schedule.cache import TuningCache
 from welder.schedule.engine import CostModel, fuse, group_signature
 from welder.schedule.group import make_group
+from welder.schedule.kinds import Options
 from welder.schedule.plan import abbreviate_ops, format_summary, plan_model, tuned_json
-from welder.schedule.policy import Options
-from welder.schedule.tuner import (
+from welder.tune.cache import TuningCache
+from welder.tune.tuner import (
     ProgressBar,
     TunedGroup,
     TuneError,
@@ -349,7 +348,7 @@ def test_a_hanging_compile_is_halved_once_then_dropped(caplog):
 def test_a_compile_slower_than_the_limit_counts_as_a_timeout(monkeypatch):
     """A device that ignores ``timeout_s`` (applies its own, longer limit) and fails after
     the tuner's has passed is treated as timed out: no halving past the first."""
-    import welder.schedule.tuner as tuner
+    import welder.tune.tuner as tuner
 
     class OwnLimit(ScriptedDevice):
         def compile(self, kernels, timeout_s=None):
@@ -578,8 +577,8 @@ _CHILD = """
 import sys
 sys.path[:0] = [{tests!r}, {root!r}]
 from test_tuner import ScriptedDevice, bert, ARCH
-from welder.schedule.cache import TuningCache
-from welder.schedule.tuner import tune_model
+from welder.tune.cache import TuningCache
+from welder.tune.tuner import tune_model
 graph = bert(2)
 plan = tune_model(graph, ARCH, 2, TuningCache({cache!r}), ScriptedDevice(graph, kill_at={kill_at}))
 print("LATENCY", plan.latency_us, len(plan.groups))
@@ -681,11 +680,11 @@ def test_rotation_copies_span_l2_within_memory():
     assert rotation_copies(0, l2, 2**34) == 1
 
 
-# -- welder.gpu without a GPU: errors, nvcc, the worker process ----------------------------------------
+# -- welder.device.gpu without a GPU: errors, nvcc, the worker process -------------------------------
 
 
 def test_missing_pycuda_is_a_clear_error(monkeypatch):
-    import welder.gpu as gpu
+    import welder.device.gpu as gpu
 
     monkeypatch.setitem(sys.modules, "pycuda", None)
     monkeypatch.setitem(sys.modules, "pycuda.driver", None)
@@ -708,7 +707,7 @@ def nvcc():
 
 
 def test_candidates_compile_into_one_cubin(nvcc):
-    from welder.gpu import compile_cubin, nvcc_version
+    from welder.device.gpu import compile_cubin, nvcc_version
 
     graph = matmul_graph()
     group, configs = matmul_configs(graph, topk=3)
@@ -731,7 +730,7 @@ class FlakyExecutor:
         self.data: dict[str, list[np.ndarray]] = {}
 
     def info(self):
-        from welder.gpu import DeviceInfo
+        from welder.device.gpu import DeviceInfo
 
         return DeviceInfo("Flaky GPU", (9, 0), 50 * 2**20, 227 * 1024)
 
@@ -797,7 +796,7 @@ def test_worker_process_survives_crashes_hangs_and_errors():
 
 class _Kernel:
     def __init__(self, name: str) -> None:
-        from welder.codegen.kernel import KernelParam
+        from welder.codegen import KernelParam
 
         self.name = name
         self.grid, self.threads, self.smem_bytes = 4, 64, 0

@@ -22,7 +22,6 @@ from test_tuner import ARCH, ScriptedDevice, stages_of
 
 from welder.check import (
     THRESHOLDS,
-    check_model,
     cone_float_dtypes,
     error_metric,
     output_threshold,
@@ -35,7 +34,8 @@ from welder.ir.expr import Load
 from welder.ir.interpret import evaluate
 from welder.schedule.engine import CostModel, fuse
 from welder.schedule.plan import format_summary, tuned_json
-from welder.schedule.tuner import group_inputs, reference_outputs, tune_model
+from welder.session import check_model
+from welder.tune.tuner import group_inputs, reference_outputs, tune_model
 
 
 def convnext_block(channels: int = 16, size: int = 8, seed: int = 0) -> Graph:

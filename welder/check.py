@@ -205,7 +205,7 @@ def onnxruntime_outputs(
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(_model_file(model))
+    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model_file(model))
     try:
         sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
     except Exception as e:
@@ -216,7 +216,8 @@ def onnxruntime_outputs(
     return dict(zip(names, values))
 
 
-def _model_file(path: str | os.PathLike) -> str:
+def model_file(path: str | os.PathLike) -> str:
+    """The ONNX file of ``path``: ``path/model.onnx`` for a PREFIX folder, else ``path``."""
     return os.path.join(path, "model.onnx") if os.path.isdir(path) else str(path)
 
 
@@ -237,23 +238,3 @@ def compare(
         limit = thresholds[name] if thresholds and name in thresholds else threshold_for(dtype, precision)
         results.append(OutputResult(name, metric, limit, tuple(ref.shape), dtype))
     return results
-
-
-def check_model(
-    model: str | os.PathLike,
-    backend: str = "interpret",
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    seed: int = 0,
-    precision: str = "fp32",
-    **options: object,
-) -> CheckReport:
-    """Run ``model`` through ``backend`` and onnxruntime on the same random inputs."""
-    from welder.session import InferenceSession
-
-    sess = InferenceSession(model, backend=backend, input_shapes=input_shapes, **options)
-    feeds = random_inputs(sess.graph, seed)
-    names = list(sess.graph.outputs)
-    ours = dict(zip(names, sess.run(names, feeds)))
-    reference = onnxruntime_outputs(_model_file(model), feeds, names)
-    limits = output_thresholds(sess.graph, names, precision=precision)
-    return CheckReport(str(model), backend, seed, compare(ours, reference, precision, limits))

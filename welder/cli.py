@@ -160,7 +160,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from welder.check import check_model
+    from welder.session import check_model
 
     report = check_model(
         args.model, backend=args.backend, input_shapes=dict(args.input_shape), seed=args.seed

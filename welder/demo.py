@@ -25,8 +25,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from welder.check import CheckReport, check_model, compare, onnxruntime_outputs, random_inputs
+from welder.check import CheckReport, compare, onnxruntime_outputs, random_inputs
 from welder.errors import WelderError
+from welder.session import check_model
 
 if TYPE_CHECKING:
     from welder.pipeline import TuneResult
@@ -233,7 +234,7 @@ def run_demo(
     (default: the GPU present, or H100 without one); ``topk`` is how many configs per group
     tuning measures on the GPU.  ``log`` defaults to printing, flushed (the stages are slow).
     """
-    from welder.gpu import gpu_available
+    from welder.device.gpu import gpu_available
 
     log = log or functools.partial(print, flush=True)
     chosen = select_models(names)

@@ -22,16 +22,16 @@ import onnx
 import welder
 from welder.arch import Arch, get_arch
 from welder.codegen import Kernel, generate_model
+from welder.device.gpu import GpuDevice, gpu_available
 from welder.errors import WelderError
 from welder.frontend.onnx import import_onnx, load_model
-from welder.gpu import GpuDevice, gpu_available
 from welder.graph import Graph
 from welder.runtime.build import build_runtime, find_nvcc
 from welder.runtime.emit import emit_runtime
 from welder.runtime.library import parse_summary
-from welder.schedule.cache import TuningCache
 from welder.schedule.plan import Plan, plan_model, tuned_json, write_json
-from welder.schedule.tuner import tune_model
+from welder.tune.cache import TuningCache
+from welder.tune.tuner import tune_model
 
 
 @dataclass

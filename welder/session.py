@@ -21,6 +21,14 @@ from typing import Protocol
 
 import numpy as np
 
+from welder.check import (
+    CheckReport,
+    compare,
+    model_file,
+    onnxruntime_outputs,
+    output_thresholds,
+    random_inputs,
+)
 from welder.errors import ModelError, WelderError
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph, TensorInfo
@@ -158,3 +166,21 @@ class InferenceSession:
                 )
             out[name] = arr
         return out
+
+
+def check_model(
+    model: str | os.PathLike,
+    backend: str = "interpret",
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    precision: str = "fp32",
+    **options: object,
+) -> CheckReport:
+    """Run ``model`` through ``backend`` and onnxruntime on the same random inputs."""
+    sess = InferenceSession(model, backend=backend, input_shapes=input_shapes, **options)
+    feeds = random_inputs(sess.graph, seed)
+    names = list(sess.graph.outputs)
+    ours = dict(zip(names, sess.run(names, feeds)))
+    reference = onnxruntime_outputs(model_file(model), feeds, names)
+    limits = output_thresholds(sess.graph, names, precision=precision)
+    return CheckReport(str(model), backend, seed, compare(ours, reference, precision, limits))

@@ -1,10 +1,24 @@
-"""Code generation: CUDA kernels for scheduled groups, rendered from welder/codegen_templates/."""
+"""Code generation: CUDA kernels for scheduled groups, rendered from welder/codegen_templates/.
+
+``kernel.py`` assembles a group's kernel and dispatches each stage on its kernel kind
+(``STAGE_EMITTERS``); each kind's module (``simt.py``) fills in the context its template
+reads.  Groups a library computes are no kernel (``GroupConfig.kernel`` is False): the
+runtime calls the library for them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from welder.codegen.kernel import Kernel, KernelParam, generate_kernel, sanitize_identifier
+from welder.codegen.common import (
+    TEMPLATE_DIR,
+    Kernel,
+    KernelParam,
+    StageCtx,
+    sanitize_comment,
+    sanitize_identifier,
+)
+from welder.codegen.kernel import STAGE_EMITTERS, UnsupportedStage, generate_kernel
 from welder.graph import Graph
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group
@@ -16,12 +30,10 @@ def kernel_name(index: int, group: Group) -> str:
 
 
 def generate_model(graph: Graph, groups: Sequence[tuple[Group, GroupConfig]]) -> list[Kernel]:
-    """One kernel per group that is not a library call (``cfg.gemm``), in the groups' order;
-    kernel names keep the group's index."""
+    """One kernel per group that is a generated kernel (not a library call), in the groups'
+    order; kernel names keep the group's index."""
     return [
-        generate_kernel(graph, g, cfg, kernel_name(k, g))
-        for k, (g, cfg) in enumerate(groups)
-        if cfg.gemm is None
+        generate_kernel(graph, g, cfg, kernel_name(k, g)) for k, (g, cfg) in enumerate(groups) if cfg.kernel
     ]
 
 
@@ -30,4 +42,17 @@ def model_source(kernels: Sequence[Kernel]) -> str:
     return "\n".join(k.source for k in kernels)
 
 
-__all__ = ["Kernel", "KernelParam", "generate_kernel", "generate_model", "kernel_name", "model_source"]
+__all__ = [
+    "STAGE_EMITTERS",
+    "TEMPLATE_DIR",
+    "Kernel",
+    "KernelParam",
+    "StageCtx",
+    "UnsupportedStage",
+    "generate_kernel",
+    "generate_model",
+    "kernel_name",
+    "model_source",
+    "sanitize_comment",
+    "sanitize_identifier",
+]

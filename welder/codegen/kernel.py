@@ -1,213 +1,65 @@
 """Rendering one fused group and its config into a CUDA kernel.
 
 Python makes every decision here -- names, origins, thread coordinates, where each load
-reads from -- and hands the template plain values: numbers and one-line C expressions.
-The template (``welder/codegen_templates/group_kernel.cu.j2`` with ``stage.cu.j2``) holds all
-control flow, barriers and memory movement.
+reads from -- and hands the templates plain values: numbers and one-line C expressions.
+The templates hold all control flow, barriers and memory movement:
+``codegen_templates/group_kernel.cu.j2`` the kernel (parameters, shared-memory views,
+block coordinates, each stage's tile origins, a barrier between stages), and one template
+per kernel kind for its stages (``codegen_templates/stages/<kind>.cu.j2``).
+
+This module does what is the same for every kind: the parameters, the tile regions of
+every stage (one propagation from the root tile), the shared-memory view of each tile a
+later stage reads, and loads from global memory or from those views.  What a stage does
+with them is its kind's: :data:`STAGE_EMITTERS` maps each kind to the emitter that turns
+its config into the context its template reads.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import cache
-
-import jinja2
+from collections.abc import Callable
 
 from welder.graph import Graph
-from welder.ir.compute import Compute, reduce_identity
 from welder.ir.expr import Expr, Load
-from welder.ir.interpret import np_dtype
-from welder.resources import TEMPLATE_DIR
-from welder.schedule.config import GroupConfig, StageConfig, StagedInput
+from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.group import Group
-from welder.schedule.policy import vector_aligned
-from welder.tile.propagate import Region, propagate_group, read_regions
-from welder.tile.region import Affine, Interval
+from welder.tile.propagate import propagate_group
 
-from .cprint import COMPUTE_TYPES, STORAGE_TYPES, CPrinter, literal
+from . import simt
+from .common import (
+    STORAGE_TYPES,
+    Kernel,
+    KernelParam,
+    StageCtx,
+    environment,
+    flat_index,
+    read_value,
+    render_prelude,
+    sanitize_comment,
+)
+from .cprint import CPrinter
 
-#: Vector types for staged loads, by (storage dtype, elements): the type one load moves and
-#: its all-zero value (the fill of out-of-bounds elements; zero bits are +0.0 in both
-#: formats).  Half data moves as __half2 or as raw 8- and 16-byte words: the bits land in
-#: shared memory unchanged and are read back one __half at a time.
-VECTOR_TYPES: dict[tuple[str, int], tuple[str, str]] = {
-    ("float32", 2): ("float2", "make_float2(0.0f, 0.0f)"),
-    ("float32", 4): ("float4", "make_float4(0.0f, 0.0f, 0.0f, 0.0f)"),
-    ("float16", 2): ("__half2", "__float2half2_rn(0.0f)"),
-    ("float16", 4): ("uint2", "make_uint2(0u, 0u)"),
-    ("float16", 8): ("uint4", "make_uint4(0u, 0u, 0u, 0u)"),
+#: How codegen renders a stage of each kernel kind: ``emit(builder, k, config)`` returns the
+#: stage's context for its template.  A kind computed outside the kernel (``library``) has
+#: no entry: its group is a call the runtime makes.
+StageEmitter = Callable[["KernelBuilder", int, StageConfig], StageCtx]
+STAGE_EMITTERS: dict[str, StageEmitter] = {
+    "simt": simt.emit_stage,
+    # "mma": mma.emit_stage,  -- tensor cores: the next kind
 }
-#: The widest load a thread issues (LDG.128).
-MAX_VECTOR_BYTES = 16
 
 
-@dataclass
-class KernelParam:
-    """One pointer argument: group inputs (read-only) first, then outputs."""
-
-    name: str
-    tensor: str
-    dtype: str
-    shape: tuple[int, ...]
-    is_output: bool
-
-    @property
-    def decl(self) -> str:
-        const = "" if self.is_output else "const "
-        return f"{const}{STORAGE_TYPES[self.dtype]}* __restrict__ {self.name}"
-
-    @property
-    def comment(self) -> str:
-        role = "out" if self.is_output else "in"
-        return f"{role} {sanitize_comment(self.tensor)} {list(self.shape)} {self.dtype}"
+class UnsupportedStage(ValueError):
+    """A config holds a stage of a kind codegen cannot render into a kernel."""
 
 
-@dataclass
-class Kernel:
-    """A rendered kernel and how to launch it."""
+class KernelBuilder:
+    """One group under one config, on its way to a :class:`Kernel`; stage emitters read it."""
 
-    name: str
-    source: str
-    params: list[KernelParam]
-    grid: int
-    threads: int
-    smem_bytes: int
-    root: str
-
-
-def sanitize_identifier(text: str, limit: int = 40) -> str:
-    """A C identifier fragment from a model name (which may hold any character)."""
-    ident = re.sub(r"[^A-Za-z0-9_]", "_", text).strip("_")
-    ident = re.sub(r"_+", "_", ident)[-limit:].strip("_")
-    return ident or "t"
-
-
-def sanitize_comment(text: str) -> str:
-    return re.sub(r"[^\x20-\x7e]|\*/|/\*|\\", "?", text)[:80]
-
-
-@cache
-def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=False,
-        lstrip_blocks=False,
-        keep_trailing_newline=True,
-    )
-
-
-def render_prelude() -> str:
-    """The includes every kernel source starts with."""
-    return '#include "welder_prelude.cuh"\n#include "welder_math.cuh"\n'
-
-
-# -- context objects the templates read ------------------------------------------------------
-
-
-@dataclass
-class _Dim:
-    axis: int
-    local: str
-    origin: str
-
-
-@dataclass
-class _StagedDim:
-    axis: int
-    extent: int
-    origin_name: str
-    origin: str
-
-
-@dataclass
-class _Staged:
-    view: str
-    param: str
-    count: int
-    vector: int
-    dims: list[_StagedDim]
-    in_bounds: str
-    global_flat: str
-    zero: str
-    vector_t: str = ""
-    vector_zero: str = ""
-
-    @property
-    def dims_inner_first(self) -> list[_StagedDim]:
-        return list(reversed(self.dims))
-
-
-@dataclass
-class _ReduceDim:
-    """One reduce axis.  ``stride`` is its place value when the reduction points are
-    enumerated as one flat range split across threads: over the whole reduction, or for a
-    staged stage over one step (``step`` points of it; ``partial`` when the last step runs
-    past ``extent``)."""
-
-    axis: int
-    extent: int
-    stride: int = 1
-    step: int = 0
-    value: str = ""
-    partial: bool = False
-
-
-@dataclass
-class StageCtx:
-    comment: str
-    reduce_op: str | None
-    reduce_threads: int
-    active: int
-    thread_coords: list[dict]
-    nreg: int
-    dims: list[_Dim]
-    valid: str
-    body: str
-    value_t: str
-    out_dtype: str
-    tile_view: str | None
-    local_flat: str
-    out_param: str | None
-    global_flat: str
-    origins: list[dict] = field(default_factory=list)
-    acc_t: str = ""
-    init: str = ""
-    result: str = ""
-    arg: bool = False
-    staged: list[_Staged] = field(default_factory=list)
-    step_axes: list[dict] = field(default_factory=list)
-    reduce_dims: list[_ReduceDim] = field(default_factory=list)
-    reduce_total: int = 1
-    step_total: int = 1  # reduction points per step (staged stages)
-    shuffle_start: int = 0
-    warps_per_output: int = 1
-    red_view: str = ""
-    redi_view: str = ""
-    barrier_after: bool = False
-
-    def combine(self, a: str, b: str) -> str:
-        op = self.reduce_op
-        if op == "sum":
-            return f"{a} + {b}"
-        if op == "prod":
-            return f"{a} * {b}"
-        return f"welder_{op}({a}, {b})"
-
-    def to_storage(self, v: str) -> str:
-        if self.out_dtype == "float16":
-            return f"__float2half({v})"
-        return f"({STORAGE_TYPES[self.out_dtype]})({v})"
-
-
-# -- the generator ------------------------------------------------------------------------------
-
-
-class _KernelBuilder:
     def __init__(self, graph: Graph, group: Group, config: GroupConfig, name: str) -> None:
+        for st in config.stages:
+            if st.kind not in STAGE_EMITTERS:
+                raise UnsupportedStage(f"{st.node}: codegen renders no {st.kind!r} stage into a kernel")
         self.graph = graph
         self.group = group
         self.cfg = config
@@ -223,24 +75,26 @@ class _KernelBuilder:
         self.stage_index = {s: k for k, s in enumerate(group.stages)}
         self.views: list[dict] = []
         self.tile_views: dict[str, str] = {}
+        self.tiles: dict[str, tuple[int, ...]] = {}
         for k, st in enumerate(config.stages):
-            if st.smem_offset is not None:
+            offset = getattr(st, "smem_offset", None)
+            if offset is not None:
                 view = f"tile{k}"
-                count = math.prod(st.tile)
-                self.views.append(self._view(view, self.graph.tensor(st.node).dtype, st.smem_offset, count))
+                tile = st.tile  # type: ignore[attr-defined]
+                self.add_view(view, self.graph.tensor(st.node).dtype, offset, math.prod(tile))
                 self.tile_views[st.node] = view
+                self.tiles[st.node] = tuple(tile)
 
     def _param(self, tensor: str, is_output: bool) -> None:
         info = self.graph.tensor(tensor)
         self.params[tensor] = KernelParam(f"p{len(self.params)}", tensor, info.dtype, info.shape, is_output)
 
-    @staticmethod
-    def _view(name: str, dtype: str, offset: int, count: int) -> dict:
-        return {"name": name, "ctype": STORAGE_TYPES[dtype], "offset": offset, "count": count}
-
-    # -- naming helpers ---------------------------------------------------------------------
+    def add_view(self, name: str, dtype: str, offset: int, count: int) -> None:
+        """A typed array ``name`` of ``count`` elements at ``offset`` in the shared pool."""
+        self.views.append({"name": name, "ctype": STORAGE_TYPES[dtype], "offset": offset, "count": count})
 
     def origin_name(self, k: int, d: int) -> str:
+        """The C name of dimension ``d`` of stage ``k``'s tile origin in this block."""
         return f"o{k}_{d}"
 
     def render(self) -> Kernel:
@@ -260,7 +114,7 @@ class _KernelBuilder:
             "views": self.views,
             "block_coords": coords,
         }
-        body = _environment().get_template("group_kernel.cu.j2").render(k=ctx, stages=stage_ctxs)
+        body = environment().get_template("group_kernel.cu.j2").render(k=ctx, stages=stage_ctxs)
         return Kernel(
             self.name,
             render_prelude() + body,
@@ -271,240 +125,32 @@ class _KernelBuilder:
             self.group.root,
         )
 
-    # -- one stage ------------------------------------------------------------------------------
-
     def stage(self, k: int, st: StageConfig) -> StageCtx:
-        c = self.group.computes[st.node]
-        region = self.regions.members[st.node]
-        shape = c.shape
-        origins = [
-            {"name": self.origin_name(k, d), "expr": self.index_c(iv.lo_expr())}
-            for d, iv in enumerate(region.dims)
-        ]
-        nonneg_origin = all(_nonneg_interval(iv) for iv in region.dims)
-        tcoords, stride = [], 1
-        for d in reversed(range(len(shape))):
-            tcoords.append({"axis": d, "stride": stride, "extent": st.thread_shape[d]})
-            stride *= st.thread_shape[d]
-        dims, rstride = [], 1
-        valid = []
-        for d in reversed(range(len(shape))):
-            dims.append(
-                _Dim(
-                    d,
-                    f"t{d} + (j / {rstride} % {st.reg_tile[d]}) * {st.thread_shape[d]}"
-                    if st.reg_tile[d] > 1
-                    else f"t{d}",
-                    self.origin_name(k, d),
-                )
-            )
-            rstride *= st.reg_tile[d]
-            if st.thread_shape[d] * st.reg_tile[d] != st.tile[d]:
-                valid.append(f"l{d} < {st.tile[d]}")
-            if not nonneg_origin:
-                valid.append(f"i{d} >= 0")
-            if not _tile_inside(region.dims[d], st.tile[d], shape[d], self.cfg):
-                valid.append(f"i{d} < {shape[d]}")
-        dims.reverse()
-        out_dtype = c.dtype
-        is_arg = c.reduce_op in ("argmax", "argmin")
-        staged_names = {sd.tensor: f"stage{k}_{j}" for j, sd in enumerate(st.staged)}
-        printer = self.printer(k, st, staged_names, nonneg_origin)
-        ctx = StageCtx(
-            comment=sanitize_comment(
-                f"{st.node} ({'reduce ' + c.reduce_op if c.reduce_op else 'injective'})"
-            ),
-            reduce_op=c.reduce_op,
-            reduce_threads=st.reduce_threads,
-            active=math.prod(st.thread_shape),
-            thread_coords=tcoords,
-            nreg=math.prod(st.reg_tile),
-            dims=dims,
-            valid=" && ".join(valid) or "true",
-            body=printer(c.body),
-            value_t=COMPUTE_TYPES[out_dtype],
-            out_dtype=out_dtype,
-            tile_view=self.tile_views.get(st.node),
-            local_flat=_flat([f"l{d}" for d in range(len(shape))], st.tile),
-            out_param=self.params[st.node].name if st.node in self.group.outputs else None,
-            global_flat=_flat([f"i{d}" for d in range(len(shape))], shape),
-            origins=origins,
-        )
-        if c.reduce_op:
-            self._reduction(ctx, k, c, st, staged_names, is_arg)
-        return ctx
-
-    def _reduction(
-        self, ctx: StageCtx, k: int, c: Compute, st: StageConfig, staged_names: dict[str, str], is_arg: bool
-    ) -> None:
-        body_dtype = c.body.dtype
-        ctx.acc_t = COMPUTE_TYPES[body_dtype]
-        ctx.arg = is_arg
-        ctx.init = literal(
-            reduce_identity(c.reduce_op, body_dtype), body_dtype if body_dtype != "index" else "int32"
-        )
-        ctx.result = "(long long)acci[j]" if is_arg else "acc[j]"
-        extents = [a.extent for a in c.reduce_axes]
-        ctx.reduce_total = math.prod(extents)
-        if st.staged:
-            ctx.step_axes = [
-                {"axis": r, "steps": -(-e // s)} for r, (e, s) in enumerate(zip(extents, st.rstep)) if s < e
-            ]
-            stride = 1
-            dims = []
-            for r in reversed(range(len(extents))):
-                e, s = extents[r], st.rstep[r]
-                dims.append(
-                    _ReduceDim(
-                        r,
-                        e,
-                        stride=stride,
-                        step=s,
-                        value=f"k{r} * {s} + rr{r}" if s < e else f"rr{r}",
-                        partial=s < e and e % s != 0,
-                    )
-                )
-                stride *= s
-            ctx.reduce_dims = list(reversed(dims))
-            ctx.step_total = stride
-            ctx.staged = [self.staged(k, st, c, sd, staged_names[sd.tensor]) for sd in st.staged]
-        else:
-            stride = 1
-            dims = []
-            for r in reversed(range(len(extents))):
-                dims.append(_ReduceDim(r, extents[r], stride=stride))
-                stride *= extents[r]
-            ctx.reduce_dims = list(reversed(dims))
-        if st.reduce_threads > 1:
-            ctx.shuffle_start = min(st.reduce_threads, 32) // 2
-            ctx.warps_per_output = max(1, st.reduce_threads // 32)
-            if ctx.warps_per_output > 1:
-                base = self._reduce_buffer_offset(st)
-                slots = ctx.active * ctx.warps_per_output * ctx.nreg
-                ctx.red_view = f"red{k}"
-                self.views.append(
-                    self._view(
-                        ctx.red_view, body_dtype if body_dtype != "float16" else "float32", base, slots
-                    )
-                )
-                if is_arg:
-                    ctx.redi_view = f"redi{k}"
-                    self.views.append(self._view(ctx.redi_view, "int32", base + 8 * slots, slots))
-
-    def _reduce_buffer_offset(self, st: StageConfig) -> int:
-        offset = st.reduce_offset
-        if offset is None:
-            raise ValueError(f"{st.node}: config has no shared buffer for its cross-warp reduction")
-        return offset
-
-    def staged(self, k: int, st: StageConfig, c: Compute, sd: StagedInput, view: str) -> _Staged:
-        region = read_regions(c, self.regions.members[st.node].dims, self.shape_of, st.rstep)[sd.tensor]
-        info = self.graph.tensor(sd.tensor)
-        self.views.append(self._view(view, info.dtype, sd.offset, math.prod(sd.extents)))
-        dims = [
-            _StagedDim(d, e, f"{view}_o{d}", self.index_c(iv.lo_expr()))
-            for d, (e, iv) in enumerate(zip(sd.extents, region.dims))
-        ]
-        xs = [f"({d.origin_name} + c{d.axis})" for d in dims]
-        vector = _load_vector(sd.vector, region, info.shape, sd.extents, info.dtype)
-        bounds = []
-        for d, x, size in zip(dims, xs, info.shape):
-            hi = size - vector + 1 if d.axis == len(dims) - 1 else size
-            bounds.append(f"{x} >= 0 && {x} < {hi}")
-        zero = "__float2half(0.0f)" if info.dtype == "float16" else literal(0, info.dtype)
-        staged = _Staged(
-            view,
-            self.params[sd.tensor].name,
-            math.prod(sd.extents),
-            vector,
-            dims,
-            " && ".join(bounds) or "true",
-            _flat(xs, info.shape),
-            zero,
-        )
-        if vector > 1:
-            staged.vector_t, staged.vector_zero = VECTOR_TYPES[info.dtype, vector]
-        return staged
+        return STAGE_EMITTERS[st.kind](self, k, st)
 
     # -- expressions ---------------------------------------------------------------------------
 
     def index_c(self, e: Expr) -> str:
-        return CPrinter(self._global_load, nonneg={f"b{d}" for d in range(8)} | {f"k{d}" for d in range(8)})(
-            e
-        )
+        """An index expression of block coordinates (``b<d>``, step indices ``k<d>``) as C."""
+        return CPrinter(self.global_load, nonneg={f"b{d}" for d in range(8)} | {f"k{d}" for d in range(8)})(e)
 
-    def printer(self, k: int, st: StageConfig, staged: dict[str, str], nonneg_origin: bool) -> CPrinter:
-        c = self.group.computes[st.node]
-        nonneg = {f"r{d}" for d in range(len(c.reduce_axes))}
-        if nonneg_origin:
-            nonneg |= {f"i{d}" for d in range(len(c.axes))}
+    def tile_load(self, ld: Load, p: CPrinter) -> str | None:
+        """``ld`` as a read of the shared-memory tile an earlier stage of the group wrote,
+        or None when ``ld`` reads no such tile."""
+        if ld.tensor not in self.tile_views:
+            return None
+        src = self.stage_index[ld.tensor]
+        view = self.tile_views[ld.tensor]
+        idx = [f"({p(i)} - {self.origin_name(src, d)})" for d, i in enumerate(ld.indices)]
+        return read_value(f"{view}[{flat_index(idx, self.tiles[ld.tensor])}]", ld.dtype)
 
-        def load(ld: Load, p: CPrinter) -> str:
-            if ld.tensor in staged:
-                view = staged[ld.tensor]
-                idx = [f"({p(i)} - {view}_o{d})" for d, i in enumerate(ld.indices)]
-                extents = next(sd.extents for sd in st.staged if sd.tensor == ld.tensor)
-                return _read(f"{view}[{_flat(idx, extents)}]", ld.dtype)
-            if ld.tensor in self.tile_views:
-                src = self.stage_index[ld.tensor]
-                view = self.tile_views[ld.tensor]
-                idx = [f"({p(i)} - {self.origin_name(src, d)})" for d, i in enumerate(ld.indices)]
-                return _read(f"{view}[{_flat(idx, self.cfg.stages[src].tile)}]", ld.dtype)
-            return self._global_load(ld, p)
-
-        return CPrinter(load, nonneg=nonneg)
-
-    def _global_load(self, ld: Load, p: CPrinter) -> str:
+    def global_load(self, ld: Load, p: CPrinter) -> str:
+        """``ld`` as a read of its kernel parameter in global memory."""
         param = self.params[ld.tensor]
         idx = [p(i) for i in ld.indices]
-        return _read(f"{param.name}[{_flat(idx, param.shape)}]", ld.dtype)
-
-
-def _load_vector(
-    requested: int, region: Region, shape: Sequence[int], extents: Sequence[int], dtype: str
-) -> int:
-    """Elements each staged load moves.  The policy asks for vector loads (``requested`` > 1)
-    and counts elements, up to 4; the hardware's limit is bytes, 16 per load, which is 8
-    halves.  So where vectors are asked for, this takes the widest vector type of the dtype
-    whose every load stays aligned -- re-checked here, so a wrong width from the policy
-    costs speed, not a misaligned access."""
-    if requested < 2:
-        return 1
-    item = np_dtype(dtype).itemsize
-    widths = sorted((w for d, w in VECTOR_TYPES if d == dtype and w * item <= MAX_VECTOR_BYTES), reverse=True)
-    return next((w for w in widths if vector_aligned(region, shape, extents, w)), 1)
-
-
-def _read(access: str, dtype: str) -> str:
-    return f"__half2float({access})" if dtype == "float16" else access
-
-
-def _flat(idx: Sequence[str], shape: Sequence[int]) -> str:
-    """Row-major offset of an index in a box of ``shape`` (one line of C)."""
-    if not idx:
-        return "0"
-    terms, stride = [], 1
-    for i, s in zip(reversed(idx), reversed(shape)):
-        terms.append(i if stride == 1 else f"{i} * {stride}")
-        stride *= s
-    return " + ".join(reversed(terms))
-
-
-def _nonneg_interval(iv: Interval) -> bool:
-    lo = iv.lo
-    return isinstance(lo, Affine) and lo.const >= 0 and all(c >= 0 for _, c in lo.terms)
-
-
-def _tile_inside(iv: Interval, tile: int, size: int, cfg: GroupConfig) -> bool:
-    """True if this dimension of every block's tile lies inside the tensor (no upper check)."""
-    lo = iv.lo
-    if not isinstance(lo, Affine) or lo.const < 0:
-        return False
-    # Largest origin over all blocks: each block coordinate at its last value.
-    hi = lo.const + sum(c * (cfg.grid[int(v[1:])] - 1) for v, c in lo.terms if v.startswith("b") and c > 0)
-    return hi + tile <= size
+        return read_value(f"{param.name}[{flat_index(idx, param.shape)}]", ld.dtype)
 
 
 def generate_kernel(graph: Graph, group: Group, config: GroupConfig, name: str) -> Kernel:
-    """CUDA source for one group under one config."""
-    return _KernelBuilder(graph, group, config, name).render()
+    """CUDA source for one group under one config (a generated kernel: ``config.kernel``)."""
+    return KernelBuilder(graph, group, config, name).render()

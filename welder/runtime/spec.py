@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from welder.check import integer_input_bounds
+from welder.codegen import Kernel, sanitize_comment, sanitize_identifier
 from welder.codegen.cprint import STORAGE_TYPES
-from welder.codegen.kernel import Kernel, sanitize_comment, sanitize_identifier
 from welder.graph import Graph
 from welder.ir.interpret import np_dtype
 from welder.ir.views import aliased_input
 from welder.runtime.memory import ALIGNMENT, KernelIO, MemoryPlan, Place, Storage, plan_memory
-from welder.schedule.config import GemmSpec, GroupConfig
+from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, execution_order
+from welder.schedule.kinds.library import GemmSpec, library_call
 
 #: C types of tensors in nnfusion_rt.h: fixed-width and CUDA-free, so the header is plain C
 #: (fp16 data travels as its IEEE binary16 bits).
@@ -206,17 +207,15 @@ def runtime_spec(
 ) -> RuntimeSpec:
     """The runtime for ``graph`` scheduled as ``groups_with_configs``: one kernel of ``kernels``
     per generated group, in the same order, and one cuBLAS call per library group (its
-    config's ``gemm``); view groups run nothing.  A runtime that calls cuBLAS links it."""
-    generated = [g for g, cfg in groups_with_configs if cfg.gemm is None]
+    library stage's GEMM); view groups run nothing.  A runtime that calls cuBLAS links it."""
+    generated = [g for g, cfg in groups_with_configs if cfg.kernel]
     if len(generated) != len(kernels):
         raise ValueError(f"{len(generated)} generated groups but {len(kernels)} kernels (one per group)")
     kernel_of = {g.root: k for g, k in zip(generated, kernels)}
     order = execution_order([g for g, _ in groups_with_configs])
     ordered = [groups_with_configs[k] for k in order]
     views = find_views(graph, [g for g, _ in ordered])
-    runs: list[Kernel | GemmSpec] = [
-        cfg.gemm if cfg.gemm is not None else kernel_of[g.root] for g, cfg in ordered if g.root not in views
-    ]
+    runs = [_run(cfg, kernel_of.get(g.root)) for g, cfg in ordered if g.root not in views]
     memory = plan_memory(graph, [_io(r) for r in runs], views)
     inputs, outputs, shapes, staging_bytes = _interface(graph)
     libraries = [*cuda_libraries, *(["cublas"] if any(isinstance(r, GemmSpec) for r in runs) else [])]
@@ -235,6 +234,18 @@ def runtime_spec(
         cuda_arch=cuda_arch,
         cuda_libraries=tuple(dict.fromkeys(libraries)),
     )
+
+
+def _run(cfg: GroupConfig, kernel: Kernel | None) -> Kernel | GemmSpec:
+    """What the runtime runs for a group: its generated kernel, or its library call."""
+    if cfg.kernel:
+        assert kernel is not None
+        return kernel
+    call = library_call(cfg)
+    if call is None:
+        kinds = sorted({st.kind for st in cfg.stages})
+        raise ValueError(f"group {cfg.root}: the runtime cannot run stages of kind {kinds} outside a kernel")
+    return call.gemm
 
 
 def _io(run: Kernel | GemmSpec) -> KernelIO:

@@ -24,8 +24,8 @@ from welder.ir.expr import format_expr, rename_tensors
 from welder.ir.views import aliased_input
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
-from welder.schedule.library import LibraryGroup
-from welder.schedule.policy import Options, schedule_group
+from welder.schedule.kinds import Options, ScheduleContext, propose
+from welder.schedule.kinds.library import LibraryGroup
 
 MAX_GROUP_MEMBERS = 48
 MAX_GROUP_STAGES = 8
@@ -38,13 +38,15 @@ class LatencyMeasure(Protocol):
 
 
 class CostModel:
-    """Latency of a group under the cost model (its best config's estimate); memoised by
-    group structure, so the twelve identical layers of a BERT are scheduled once."""
+    """Latency of a group under the cost model (its best config's estimate over the kernel
+    kinds ``options.kinds`` names); memoised by group structure, so the twelve identical
+    layers of a BERT are scheduled once."""
 
     def __init__(self, graph: Graph, arch: Arch, options: Options | None = None) -> None:
         self.graph = graph
         self.arch = arch
         self.options = options or Options()
+        self.context = ScheduleContext(self._shape, self._dtype, arch, self.options)
         self._cache: dict[str, list[GroupConfig]] = {}
         self.calls = 0
 
@@ -53,7 +55,7 @@ class CostModel:
         names = canonical_names(group)
         if key not in self._cache:
             self.calls += 1
-            found = schedule_group(group, self._shape, self._dtype, self.arch, self.options)
+            found = propose(group, self.context)
             self._cache[key] = [c.renamed(names) for c in found]
         back = {v: k for k, v in names.items()}
         return [c.renamed(back) for c in self._cache[key]]
@@ -116,7 +118,7 @@ def fuse(
     """Partition the graph into groups, in execution order.
 
     ``library`` lists groups a vendor library computes (``--skip-dot``: see
-    ``welder.schedule.library``).  They are fixed before the search, nothing fuses with them
+    ``welder.schedule.kinds.library``).  They are fixed before the search, nothing fuses with them
     and they are not measured: their latency is the library's estimate.  With ``nofusion``
     the groups are :func:`nofusion_partition`'s.  ``only`` restricts the search to those
     nodes (re-fusing one group's members), ``max_stages`` caps the tile-owning stages of a

@@ -12,8 +12,8 @@ from welder.graph import Graph
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, fuse, group_signature
 from welder.schedule.group import Group, make_group
-from welder.schedule.library import LibraryGroup, find_gemm_groups
-from welder.schedule.policy import Options
+from welder.schedule.kinds import Options
+from welder.schedule.kinds.library import LibraryGroup, find_gemm_groups, library_call
 
 
 @dataclass
@@ -47,12 +47,12 @@ class PlannedGroup:
     @property
     def library(self) -> str | None:
         """The vendor library that computes this group ("cublas"), None for a generated kernel."""
-        gemm = self.configs[0].gemm
-        return gemm.library if gemm is not None else None
+        call = library_call(self.configs[0])
+        return call.gemm.library if call is not None else None
 
 
 def library_planned(lg: LibraryGroup) -> PlannedGroup:
-    """A library group in a plan: its one marker config; it has no unfused alternative, so
+    """A library group in a plan: its one config; it has no unfused alternative, so
     its unfused baseline is itself."""
     return PlannedGroup(lg.group, [lg.config], lg.latency_us, traffic_of(lg.config))
 
@@ -244,7 +244,7 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
         )
     kernels_us = plan.measured_kernels_us
     return {
-        "format": "welder.tuned/2",
+        "format": "welder.tuned/3",
         "model": plan.model,
         "arch": plan.arch.name,
         "measure": plan.measure,

@@ -1,4 +1,7 @@
-"""Matrix products that a vendor library computes instead of a generated kernel (``--skip-dot``).
+"""The library kernel kind: matrix products that a vendor library computes instead of a
+generated kernel (``--skip-dot``).  Its stage config is :class:`LibraryConfig`; its
+"template" is the call the runtime makes (``codegen_templates/runtime/cublas.j2``), so
+codegen renders no kernel for it.
 
 A product is recognised in the IR, not by operator name: a ``sum`` reduction of fp32 or fp16
 whose body is the product of two loads, ``C[...] = sum_r A[...] * B[...]``, where the flat
@@ -6,7 +9,7 @@ row-major offset of every operand is affine in the axes -- so MatMul (batched, b
 1-D), Gemm with transposes and Einsum contractions like ``bhid,bhjd->bhij`` all qualify.
 :func:`match_gemm` proves the affinity exactly (per independent group of axes, as
 ``welder.ir.views`` does for reshapes) and describes the product as a
-:class:`~welder.schedule.config.GemmSpec`: batch, M, N, K, transposes, leading dimensions,
+:class:`GemmSpec`: batch, M, N, K, transposes, leading dimensions,
 batch strides (0 for a broadcast operand) and offsets.
 
 Operands that are *movement* computes -- a transpose, reshape, squeeze, slice or expand,
@@ -31,8 +34,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -41,9 +45,9 @@ from welder.graph import Graph
 from welder.ir.compute import Axis, Compute
 from welder.ir.expr import INDEX, Binary, Expr, Load, free_vars, row_major_offset, walk
 from welder.ir.interpret import evaluate, np_dtype
-from welder.schedule.config import Estimate, GemmSpec, GroupConfig
+from welder.schedule.config import Estimate, GroupConfig, StageConfig
 from welder.schedule.group import Group, make_group
-from welder.schedule.policy import LAUNCH_OVERHEAD_US
+from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, ScheduleContext
 
 #: Element types the library computes (inputs and output alike; products accumulate in fp32).
 GEMM_DTYPES = frozenset({"float32", "float16"})
@@ -58,17 +62,104 @@ ShapeOf = Callable[[str], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
+class GemmSpec:
+    """A group that one strided batched matrix product of a vendor library computes:
+    ``C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]`` for ``b < batch``, in row-major terms.
+
+    Element ``(b, m, k)`` of A is at ``offset_a + b * stride_a + m * lda + k`` in tensor ``a``
+    (``k * lda + m`` when ``trans_a``: A is stored as K x M); element ``(b, k, n)`` of B at
+    ``offset_b + b * stride_b + k * ldb + n`` (``n * ldb + k`` when ``trans_b``); C is the
+    group's output, ``b * stride_c + m * ldc + n``.  Units are elements; a batch stride of 0
+    broadcasts that operand over the batch.  A, B and C share ``dtype``; products accumulate
+    in ``compute_dtype``.
+
+    A batch that no single stride spans (windows x heads) takes ``outer`` such calls, call
+    ``o`` with every address moved by ``o * outer_a``, ``o * outer_b``, ``o * outer_c``.
+    """
+
+    a: str
+    b: str
+    c: str
+    batch: int
+    m: int
+    n: int
+    k: int
+    trans_a: bool
+    trans_b: bool
+    lda: int
+    ldb: int
+    ldc: int
+    stride_a: int
+    stride_b: int
+    stride_c: int
+    offset_a: int
+    offset_b: int
+    dtype: str
+    compute_dtype: str = "float32"
+    library: str = "cublas"
+    outer: int = 1
+    outer_a: int = 0
+    outer_b: int = 0
+    outer_c: int = 0
+
+
+@dataclass
+class LibraryConfig(StageConfig):
+    """A group computed by vendor library calls: the one stage of its group, ``node`` being
+    the group's root (the GEMM's output)."""
+
+    kind: ClassVar[str] = "library"
+    in_kernel: ClassVar[bool] = False
+
+    gemm: GemmSpec
+
+    def renamed(self, names: Mapping[str, str]) -> LibraryConfig:
+        def n(x: str) -> str:
+            return names.get(x, x)
+
+        gemm = replace(self.gemm, a=n(self.gemm.a), b=n(self.gemm.b), c=n(self.gemm.c))
+        return replace(self, node=n(self.node), gemm=gemm)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> LibraryConfig:
+        return cls(d["node"], GemmSpec(**d["gemm"]))
+
+
+def library_call(cfg: GroupConfig) -> LibraryConfig | None:
+    """The library stage of a group that is one library call, None for a generated kernel."""
+    stage = cfg.stages[0] if len(cfg.stages) == 1 else None
+    return stage if isinstance(stage, LibraryConfig) else None
+
+
+class LibraryKind:
+    """The rule: a group whose first stage is a product the library computes -- read through
+    movement inlined into it, written through the group's other stage, if any -- is one GEMM
+    (or a few at fixed strides apart); any other group is not this kind's."""
+
+    name = "library"
+    config_type = LibraryConfig
+
+    def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
+        gemm = gemm_of(group, ctx.shape_of)
+        return None if gemm is None else [library_config(group, gemm, ctx.arch)]
+
+
+KIND = LibraryKind()
+
+
+@dataclass(frozen=True)
 class LibraryGroup:
     """A group run by one library call: the product, the movement nodes it reads through,
-    and its marker config (no tiling, the GEMM description, the library's estimated time)."""
+    and its config (no tiling, the GEMM description, the library's estimated time)."""
 
     group: Group
     config: GroupConfig
 
     @property
     def gemm(self) -> GemmSpec:
-        assert self.config.gemm is not None
-        return self.config.gemm
+        stage = library_call(self.config)
+        assert stage is not None
+        return stage.gemm
 
     @property
     def latency_us(self) -> float:
@@ -102,16 +193,32 @@ def product_group(
     choices = _member_choices(graph, name, taken)
     for chain in _written_through(graph, name, taken):
         for max_outer, members in itertools.product((1, MAX_OUTER_CALLS), choices):
-            out = chain[-1] if chain else name
             group = make_group(graph, members | set(chain))
-            if group.stages != tuple(dict.fromkeys((name, out))):
+            if group.stages[0] != name:
                 continue
-            layout = _output_strides(group, name, out)
-            if layout is None:
-                continue
-            gemm = match_gemm(group.computes[name], _shapes(graph), out, layout, max_outer)
+            gemm = gemm_of(group, _shapes(graph), (max_outer,))
             if gemm is not None:
                 return group, gemm
+    return None
+
+
+def gemm_of(
+    group: Group, shape_of: ShapeOf, max_outer: Sequence[int] = (1, MAX_OUTER_CALLS)
+) -> GemmSpec | None:
+    """``group`` as library calls, or None: its first stage must be a product and its only
+    other stage, if any, the root writing that product through movement.  Each limit of
+    ``max_outer`` on the calls one product may take is tried in turn (by default one strided
+    batched call first, then a few)."""
+    name, out = group.stages[0], group.root
+    if group.stages != tuple(dict.fromkeys((name, out))):
+        return None
+    layout = _output_strides(group, name, out)
+    if layout is None:
+        return None
+    for outer in max_outer:
+        gemm = match_gemm(group.computes[name], shape_of, out, layout, outer)
+        if gemm is not None:
+            return gemm
     return None
 
 
@@ -517,22 +624,22 @@ def _row_major_strides(shape: Sequence[int]) -> list[int]:
     return strides[::-1]
 
 
-# -- the marker config ------------------------------------------------------------------------
+# -- the config ---------------------------------------------------------------------------------
 
 
 def library_config(group: Group, gemm: GemmSpec, arch: Arch) -> GroupConfig:
-    """The config of a library group: no tiling, the GEMM, and an estimate of its time as the
-    roofline of its arithmetic and its compulsory traffic (the library picks its own tiles)."""
+    """The config of a library group: no tiling, one library stage, and an estimate of its
+    time as the roofline of its arithmetic and its compulsory traffic (the library picks its
+    own tiles)."""
     return GroupConfig(
         root=group.root,
         block_tile=(),
         grid=(),
         block_order=(),
         threads=0,
-        stages=[],
+        stages=[LibraryConfig(group.root, gemm)],
         smem_bytes=0,
         estimate=gemm_estimate(gemm, arch),
-        gemm=gemm,
     )
 
 

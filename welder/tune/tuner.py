@@ -22,7 +22,7 @@ For one group (:func:`tune_group`):
 A candidate that fails to render, compile, launch, finish in time or match the reference is
 dropped with a warning on the ``welder.tune`` logger; it is never fatal.
 
-All device access goes through a :class:`Device` -- :class:`welder.gpu.GpuDevice` on a GPU,
+All device access goes through a :class:`Device` -- :class:`welder.device.gpu.GpuDevice` on a GPU,
 a fake in tests -- so everything here runs without one.  :class:`GpuMeasure` makes the tuner
 a latency measure for the fusion search, and :func:`tune_model` tunes a whole model into a
 :class:`welder.schedule.plan.Plan` whose latencies are measured.
@@ -45,17 +45,18 @@ import numpy as np
 
 from welder.arch import Arch, match_gpu_name
 from welder.check import error_metric, output_thresholds, random_inputs
+from welder.codegen import generate_kernel, sanitize_identifier
+from welder.device.gpu import CompileError, GpuDevice, KernelTimeout, LaunchError
 from welder.errors import WelderError
-from welder.gpu import CompileError, LaunchError
 from welder.graph import Graph
 from welder.ir.interpret import evaluate
-from welder.schedule.cache import CacheKey, TuningCache
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
-from welder.schedule.library import LibraryGroup, find_gemm_groups
+from welder.schedule.kinds import Options, config_from_json
+from welder.schedule.kinds.library import LibraryGroup, find_gemm_groups
 from welder.schedule.plan import Plan, PlannedGroup, SplitFailure, library_planned, traffic_of
-from welder.schedule.policy import Options
+from welder.tune.cache import CacheKey, TuningCache
 
 log = logging.getLogger("welder.tune")
 
@@ -70,9 +71,9 @@ _CANDIDATE = re.compile(rf"^{CANDIDATE_PREFIX}(\d+)_")
 class Device(Protocol):
     """Where candidates are compiled, run and timed.
 
-    ``compile`` raises :class:`welder.gpu.CompileError`, also when it outlives ``timeout_s``
+    ``compile`` raises :class:`welder.device.gpu.CompileError`, also when it outlives ``timeout_s``
     (the tuner's limit for that call; None: the device's own); ``run`` and ``time`` raise
-    :class:`welder.gpu.LaunchError` (``KernelTimeout`` included) for a kernel that cannot be
+    :class:`welder.device.gpu.LaunchError` (``KernelTimeout`` included) for a kernel that cannot be
     launched, faults or hangs.  ``inputs`` are the kernel's input parameters in order; ``run``
     returns its outputs in order; ``time`` returns the median microseconds of one launch."""
 
@@ -121,8 +122,6 @@ class TunedConfig:
 
 def candidate_name(index: int, group: Group) -> str:
     """Kernel name of candidate ``index`` (unique within the group's translation unit)."""
-    from welder.codegen.kernel import sanitize_identifier
-
     return f"{CANDIDATE_PREFIX}{index}_{sanitize_identifier(group.root, 32)}"
 
 
@@ -156,8 +155,6 @@ class Candidates:
 
 def prepare_candidates(graph: Graph, group: Group, configs: Sequence[GroupConfig]) -> Candidates:
     """Render one kernel per config; a config the code generator rejects is dropped."""
-    from welder.codegen import generate_kernel
-
     cands = Candidates(group, group_signature(graph, group), list(configs))
     for k, cfg in enumerate(configs):
         try:
@@ -320,8 +317,6 @@ def drop_summary(dropped: Sequence[Dropped]) -> str:
 
 
 def _launch_reason(e: LaunchError) -> str:
-    from welder.gpu import KernelTimeout
-
     return "timeout" if isinstance(e, KernelTimeout) else "launch"
 
 
@@ -357,7 +352,7 @@ def _cached(
     if entry.config is None or entry.latency_us is None:
         return True, None
     try:
-        cfg = _from_canonical(GroupConfig.from_json(entry.config), group)
+        cfg = _from_canonical(config_from_json(entry.config), group)
     except (KeyError, TypeError, ValueError) as e:
         log.warning("group %s: ignoring an unreadable cache entry (%s)", group.root, e)
         return False, None
@@ -451,8 +446,6 @@ def tune_group(
 
 def default_device() -> Any:
     """The local GPU (raises GpuUnavailable, a WelderError, without pycuda or a GPU)."""
-    from welder.gpu import GpuDevice
-
     return GpuDevice()
 
 

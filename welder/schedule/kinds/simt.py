@@ -1,4 +1,8 @@
-"""The scheduling policy: candidate configs for one fused group, ranked by the cost model.
+"""The SIMT kernel kind: its stage config and its policy -- candidate configs for one fused
+group, ranked by the cost model.  Its stages render with ``codegen_templates/stages/simt.cu.j2``.
+
+Every group can be computed this way, so the rule applies everywhere (it may still find
+nothing that fits the arch).
 
 1. The *base tile* is the smallest root tile that makes no block recompute a whole
    intermediate another block also computes: a root axis that some intermediate stage
@@ -20,16 +24,17 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, TypeVar
 
 from welder.arch import Arch
 from welder.ir.compute import Compute
 from welder.ir.expr import Binary, Call, Load, free_vars, walk
 from welder.ir.interpret import np_dtype
-from welder.schedule.config import Estimate, GroupConfig, StageConfig, StagedInput
+from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
 from welder.schedule.group import Group
+from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, DtypeOf, Options, ScheduleContext, ShapeOf
 from welder.tile.footprint import Buffer, plan_pool, transaction_bytes
 from welder.tile.propagate import (
     GroupRegions,
@@ -40,11 +45,9 @@ from welder.tile.propagate import (
 )
 from welder.tile.region import Affine
 
-MAX_THREADS = 256
 MAX_REG_TILE = 64  # outputs per thread, so accumulators stay in registers
 MIN_INNER_THREADS = 8  # consecutive threads along the innermost axis: 32-byte sectors for fp32
 BASE_REGISTERS = 24
-LAUNCH_OVERHEAD_US = 2.0
 DRAM_EFFICIENCY = 0.8
 COMPUTE_EFFICIENCY = 0.6
 SM_BANDWIDTH_SHARE = 3.0
@@ -60,16 +63,62 @@ STEP_LINES = 4
 LINE_BYTES = 128
 
 
-ShapeOf = Callable[[str], tuple[int, ...]]
-DtypeOf = Callable[[str], str]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Options:
-    topk: int = 1
-    max_candidates: int = 256
-    max_threads: int = MAX_THREADS
+@dataclass
+class StagedInput:
+    """A global tensor copied into shared memory one reduction step at a time."""
+
+    tensor: str
+    extents: tuple[int, ...]  # region per step
+    offset: int  # byte offset in the group's shared pool
+    vector: int  # elements per load instruction
+
+
+@dataclass
+class SimtConfig(StageConfig):
+    """How one SIMT stage computes its tile.
+
+    Threads are laid out over the tile's axes (``thread_shape``, innermost axis fastest);
+    thread ``t`` handles elements ``t_d + j_d * thread_shape[d]`` for ``j_d <
+    reg_tile[d]``.  Threads beyond ``prod(thread_shape)`` split the reduction
+    (``reduce_threads`` per output, combined with shuffles).
+    """
+
+    kind: ClassVar[str] = "simt"
+
+    tile: tuple[int, ...]  # extents of the region this block computes
+    thread_shape: tuple[int, ...]
+    reg_tile: tuple[int, ...]
+    reduce_threads: int = 1
+    rstep: tuple[int, ...] = ()
+    staged: list[StagedInput] = field(default_factory=list)
+    smem_offset: int | None = None  # where its tile lives when consumed inside the group
+    reduce_offset: int | None = None  # scratch for combining warps of a cross-warp reduction
+    write_global: bool = False
+
+    def renamed(self, names: Mapping[str, str]) -> SimtConfig:
+        staged = [replace(sd, tensor=names.get(sd.tensor, sd.tensor)) for sd in self.staged]
+        return replace(self, node=names.get(self.node, self.node), staged=staged)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SimtConfig:
+        staged = [StagedInput(**{**x, "extents": tuple(x["extents"])}) for x in d["staged"]]
+        return cls(**{**tuples_of(d, cls), "staged": staged})
+
+
+class SimtKind:
+    """The kind every group has: generic CUDA cores, one thread per register tile."""
+
+    name = "simt"
+    config_type = SimtConfig
+
+    def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig]:
+        return schedule_group(group, ctx.shape_of, ctx.dtype_of, ctx.arch, ctx.options)
+
+
+KIND = SimtKind()
 
 
 def schedule_group(
@@ -515,7 +564,7 @@ def _tile_facts(
 def _config(
     group: Group, info: _GroupInfo, facts: _Tile, threads: int, shape_of: ShapeOf, arch: Arch
 ) -> GroupConfig | None:
-    stages: list[StageConfig] = []
+    stages: list[SimtConfig] = []
     for s in group.stages:
         stage = plan_stage(group, s, facts.regions, threads)
         if stage is None:
@@ -572,7 +621,7 @@ def thread_layout(extents: Sequence[int], threads: int) -> tuple[tuple[int, ...]
     return tuple(shape), tuple(reg(d) for d in range(len(extents)))
 
 
-def plan_stage(group: Group, name: str, regions: GroupRegions, threads: int) -> StageConfig | None:
+def plan_stage(group: Group, name: str, regions: GroupRegions, threads: int) -> SimtConfig | None:
     """Threads and register tile of one stage; threads the spatial tile leaves idle split
     the reduction (a power of two, combined by shuffles).  Reduction steps and staging
     come later (``choose_steps``): they depend on what else shares the block's memory."""
@@ -586,14 +635,14 @@ def plan_stage(group: Group, name: str, regions: GroupRegions, threads: int) -> 
     total_reduce = math.prod(a.extent for a in c.reduce_axes)
     if c.is_reduction and used < threads:
         reduce_threads = 1 << int(math.log2(max(1, min(threads // used, total_reduce))))
-    stage = StageConfig(name, tuple(extents), tshape, reg, reduce_threads, write_global=name in group.outputs)
+    stage = SimtConfig(name, tuple(extents), tshape, reg, reduce_threads, write_global=name in group.outputs)
     if c.is_reduction:
         stage.rstep = tuple(a.extent for a in c.reduce_axes)
     return stage
 
 
 def choose_steps(
-    info: _GroupInfo, stages: list[StageConfig], staging: dict[int, StepOptions], threads: int, arch: Arch
+    info: _GroupInfo, stages: list[SimtConfig], staging: dict[int, StepOptions], threads: int, arch: Arch
 ) -> int | None:
     """Reduction steps and staged inputs for the stages in ``staging`` (by position), and
     the group's shared-memory plan; returns its size, or None if nothing fits.
@@ -646,7 +695,7 @@ def choose_steps(
     return None
 
 
-def _apply_step(stage: StageConfig, option: StepOption, whole: tuple[int, ...]) -> None:
+def _apply_step(stage: SimtConfig, option: StepOption, whole: tuple[int, ...]) -> None:
     if not option.staged:
         stage.rstep, stage.staged = whole, []  # nothing worth staging: one pass over global memory
         return
@@ -690,7 +739,7 @@ def vector_aligned(region: Region, shape: Sequence[int], extents: Sequence[int],
     )
 
 
-def _plan_smem(info: _GroupInfo, stages: list[StageConfig]) -> int:
+def _plan_smem(info: _GroupInfo, stages: list[SimtConfig]) -> int:
     """Lay out intermediate tiles and staging buffers; fills in their offsets."""
     buffers: list[Buffer] = []
     for k, st in enumerate(stages):
@@ -714,7 +763,7 @@ def _plan_smem(info: _GroupInfo, stages: list[StageConfig]) -> int:
     return total
 
 
-def _registers(stage: StageConfig) -> int:
+def _registers(stage: SimtConfig) -> int:
     staging = sum(sd.vector for sd in stage.staged)
     return BASE_REGISTERS + math.prod(stage.reg_tile) + staging
 
@@ -731,7 +780,7 @@ def _blocks_per_sm_without_smem(threads: int, regs: int, arch: Arch) -> list[int
 
 
 def estimate_cost(
-    info: _GroupInfo, facts: _Tile, stages: list[StageConfig], threads: int, smem: int, regs: int, arch: Arch
+    info: _GroupInfo, facts: _Tile, stages: list[SimtConfig], threads: int, smem: int, regs: int, arch: Arch
 ) -> Estimate | None:
     blocks = math.prod(facts.grid)
     per_sm = _blocks_per_sm_without_smem(threads, regs, arch)
@@ -825,7 +874,7 @@ def _point_flops(c: Compute) -> int:
     return (ops + 1) * math.prod(a.extent for a in c.reduce_axes)
 
 
-def _smem_traffic(info: _GroupInfo, st: StageConfig) -> int:
+def _smem_traffic(info: _GroupInfo, st: SimtConfig) -> int:
     """On-chip bytes a block reads for this stage: each thread loads a value once per
     register-tile position its index depends on, per reduction point.  Reads of shared
     memory count, and in a reduction so do global inputs it does not stage: after the first

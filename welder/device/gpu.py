@@ -730,7 +730,7 @@ def _serve(channel: _Channel, executor: Any) -> None:
                 return
 
 
-_WORKER_COMMAND = "from welder.gpu import worker_main; worker_main()"
+_WORKER_COMMAND = "from welder.device.gpu import worker_main; worker_main()"
 
 
 class WorkerProcess:

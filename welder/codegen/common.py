@@ -1,0 +1,107 @@
+"""What every kernel kind's code generator shares: the kernel a group becomes, its
+parameters, names made safe for C, the template environment, and small C-printing helpers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+
+import jinja2
+
+from welder.resources import TEMPLATE_DIR
+
+from .cprint import STORAGE_TYPES
+
+
+@dataclass
+class KernelParam:
+    """One pointer argument: group inputs (read-only) first, then outputs."""
+
+    name: str
+    tensor: str
+    dtype: str
+    shape: tuple[int, ...]
+    is_output: bool
+
+    @property
+    def decl(self) -> str:
+        const = "" if self.is_output else "const "
+        return f"{const}{STORAGE_TYPES[self.dtype]}* __restrict__ {self.name}"
+
+    @property
+    def comment(self) -> str:
+        role = "out" if self.is_output else "in"
+        return f"{role} {sanitize_comment(self.tensor)} {list(self.shape)} {self.dtype}"
+
+
+@dataclass
+class Kernel:
+    """A rendered kernel and how to launch it."""
+
+    name: str
+    source: str
+    params: list[KernelParam]
+    grid: int
+    threads: int
+    smem_bytes: int
+    root: str
+
+
+def sanitize_identifier(text: str, limit: int = 40) -> str:
+    """A C identifier fragment from a model name (which may hold any character)."""
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", text).strip("_")
+    ident = re.sub(r"_+", "_", ident)[-limit:].strip("_")
+    return ident or "t"
+
+
+def sanitize_comment(text: str) -> str:
+    return re.sub(r"[^\x20-\x7e]|\*/|/\*|\\", "?", text)[:80]
+
+
+@dataclass(kw_only=True)
+class StageCtx:
+    """What ``group_kernel.cu.j2`` needs of every stage, whatever its kind: the kind's
+    template (its ``stage(s, k)`` macro renders the stage), a comment, the origins of the
+    stage's tile in this block (``o<k>_<d>``) and whether a barrier follows it.  Each kind's
+    context extends it with what its template reads."""
+
+    template: str
+    comment: str
+    origins: list[dict] = field(default_factory=list)
+    barrier_after: bool = False
+
+
+@cache
+def environment() -> jinja2.Environment:
+    """The Jinja environment over codegen_templates/ (undefined names are errors)."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=False,
+        lstrip_blocks=False,
+        keep_trailing_newline=True,
+    )
+
+
+def render_prelude() -> str:
+    """The includes every kernel source starts with."""
+    return '#include "welder_prelude.cuh"\n#include "welder_math.cuh"\n'
+
+
+def read_value(access: str, dtype: str) -> str:
+    """A stored element as its compute type (halves widen to float)."""
+    return f"__half2float({access})" if dtype == "float16" else access
+
+
+def flat_index(idx: Sequence[str], shape: Sequence[int]) -> str:
+    """Row-major offset of an index in a box of ``shape`` (one line of C)."""
+    if not idx:
+        return "0"
+    terms, stride = [], 1
+    for i, s in zip(reversed(idx), reversed(shape)):
+        terms.append(i if stride == 1 else f"{i} * {stride}")
+        stride *= s
+    return " + ".join(reversed(terms))

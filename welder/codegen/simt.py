@@ -1,0 +1,360 @@
+"""Code generation for SIMT stages (``codegen_templates/stages/simt.cu.j2``).
+
+A SIMT stage (``welder.schedule.kinds.simt.SimtConfig``) computes its tile with one
+register tile per thread: thread coordinates over the tile's axes, an inner loop over the
+register tile, reduction points walked per thread (or split across threads and combined
+with shuffles), global inputs staged in shared memory one reduction step at a time, and the
+tile written to shared memory and/or global memory.  :func:`emit_stage` works out every
+value the template prints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from welder.ir.compute import Compute, reduce_identity
+from welder.ir.expr import Load
+from welder.ir.interpret import np_dtype
+from welder.schedule.config import GroupConfig, StageConfig
+from welder.schedule.kinds.simt import SimtConfig, StagedInput, vector_aligned
+from welder.tile.propagate import Region, read_regions
+from welder.tile.region import Affine, Interval
+
+from .common import StageCtx, flat_index, read_value, sanitize_comment
+from .cprint import COMPUTE_TYPES, STORAGE_TYPES, CPrinter, literal
+
+if TYPE_CHECKING:
+    from .kernel import KernelBuilder
+
+TEMPLATE = "stages/simt.cu.j2"
+#: Vector types for staged loads, by (storage dtype, elements): the type one load moves and
+#: its all-zero value (the fill of out-of-bounds elements; zero bits are +0.0 in both
+#: formats).  Half data moves as __half2 or as raw 8- and 16-byte words: the bits land in
+#: shared memory unchanged and are read back one __half at a time.
+VECTOR_TYPES: dict[tuple[str, int], tuple[str, str]] = {
+    ("float32", 2): ("float2", "make_float2(0.0f, 0.0f)"),
+    ("float32", 4): ("float4", "make_float4(0.0f, 0.0f, 0.0f, 0.0f)"),
+    ("float16", 2): ("__half2", "__float2half2_rn(0.0f)"),
+    ("float16", 4): ("uint2", "make_uint2(0u, 0u)"),
+    ("float16", 8): ("uint4", "make_uint4(0u, 0u, 0u, 0u)"),
+}
+#: The widest load a thread issues (LDG.128).
+MAX_VECTOR_BYTES = 16
+
+
+# -- the context the template reads --------------------------------------------------------
+
+
+@dataclass
+class _Dim:
+    axis: int
+    local: str
+    origin: str
+
+
+@dataclass
+class _StagedDim:
+    axis: int
+    extent: int
+    origin_name: str
+    origin: str
+
+
+@dataclass
+class _Staged:
+    view: str
+    param: str
+    count: int
+    vector: int
+    dims: list[_StagedDim]
+    in_bounds: str
+    global_flat: str
+    zero: str
+    vector_t: str = ""
+    vector_zero: str = ""
+
+    @property
+    def dims_inner_first(self) -> list[_StagedDim]:
+        return list(reversed(self.dims))
+
+
+@dataclass
+class _ReduceDim:
+    """One reduce axis.  ``stride`` is its place value when the reduction points are
+    enumerated as one flat range split across threads: over the whole reduction, or for a
+    staged stage over one step (``step`` points of it; ``partial`` when the last step runs
+    past ``extent``)."""
+
+    axis: int
+    extent: int
+    stride: int = 1
+    step: int = 0
+    value: str = ""
+    partial: bool = False
+
+
+@dataclass(kw_only=True)
+class SimtStageCtx(StageCtx):
+    """What ``stages/simt.cu.j2`` reads of one stage."""
+
+    reduce_op: str | None
+    reduce_threads: int
+    active: int
+    thread_coords: list[dict]
+    nreg: int
+    dims: list[_Dim]
+    valid: str
+    body: str
+    value_t: str
+    out_dtype: str
+    tile_view: str | None
+    local_flat: str
+    out_param: str | None
+    global_flat: str
+    acc_t: str = ""
+    init: str = ""
+    result: str = ""
+    arg: bool = False
+    staged: list[_Staged] = field(default_factory=list)
+    step_axes: list[dict] = field(default_factory=list)
+    reduce_dims: list[_ReduceDim] = field(default_factory=list)
+    reduce_total: int = 1
+    step_total: int = 1  # reduction points per step (staged stages)
+    shuffle_start: int = 0
+    warps_per_output: int = 1
+    red_view: str = ""
+    redi_view: str = ""
+
+    def combine(self, a: str, b: str) -> str:
+        op = self.reduce_op
+        if op == "sum":
+            return f"{a} + {b}"
+        if op == "prod":
+            return f"{a} * {b}"
+        return f"welder_{op}({a}, {b})"
+
+    def to_storage(self, v: str) -> str:
+        if self.out_dtype == "float16":
+            return f"__float2half({v})"
+        return f"({STORAGE_TYPES[self.out_dtype]})({v})"
+
+
+# -- the generator ------------------------------------------------------------------------------
+
+
+# -- the emitter ---------------------------------------------------------------------------------
+
+
+def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
+    """The context of SIMT stage ``k`` (config ``st``) of the kernel ``kb`` builds."""
+    assert isinstance(st, SimtConfig)
+    c = kb.group.computes[st.node]
+    region = kb.regions.members[st.node]
+    shape = c.shape
+    origins = [
+        {"name": kb.origin_name(k, d), "expr": kb.index_c(iv.lo_expr())} for d, iv in enumerate(region.dims)
+    ]
+    nonneg_origin = all(_nonneg_interval(iv) for iv in region.dims)
+    tcoords, stride = [], 1
+    for d in reversed(range(len(shape))):
+        tcoords.append({"axis": d, "stride": stride, "extent": st.thread_shape[d]})
+        stride *= st.thread_shape[d]
+    dims, rstride = [], 1
+    valid = []
+    for d in reversed(range(len(shape))):
+        dims.append(
+            _Dim(
+                d,
+                f"t{d} + (j / {rstride} % {st.reg_tile[d]}) * {st.thread_shape[d]}"
+                if st.reg_tile[d] > 1
+                else f"t{d}",
+                kb.origin_name(k, d),
+            )
+        )
+        rstride *= st.reg_tile[d]
+        if st.thread_shape[d] * st.reg_tile[d] != st.tile[d]:
+            valid.append(f"l{d} < {st.tile[d]}")
+        if not nonneg_origin:
+            valid.append(f"i{d} >= 0")
+        if not _tile_inside(region.dims[d], st.tile[d], shape[d], kb.cfg):
+            valid.append(f"i{d} < {shape[d]}")
+    dims.reverse()
+    out_dtype = c.dtype
+    is_arg = c.reduce_op in ("argmax", "argmin")
+    staged_names = {sd.tensor: f"stage{k}_{j}" for j, sd in enumerate(st.staged)}
+    printer = _printer(kb, k, st, staged_names, nonneg_origin)
+    ctx = SimtStageCtx(
+        template=TEMPLATE,
+        comment=sanitize_comment(f"{st.node} ({'reduce ' + c.reduce_op if c.reduce_op else 'injective'})"),
+        reduce_op=c.reduce_op,
+        reduce_threads=st.reduce_threads,
+        active=math.prod(st.thread_shape),
+        thread_coords=tcoords,
+        nreg=math.prod(st.reg_tile),
+        dims=dims,
+        valid=" && ".join(valid) or "true",
+        body=printer(c.body),
+        value_t=COMPUTE_TYPES[out_dtype],
+        out_dtype=out_dtype,
+        tile_view=kb.tile_views.get(st.node),
+        local_flat=flat_index([f"l{d}" for d in range(len(shape))], st.tile),
+        out_param=kb.params[st.node].name if st.node in kb.group.outputs else None,
+        global_flat=flat_index([f"i{d}" for d in range(len(shape))], shape),
+        origins=origins,
+    )
+    if c.reduce_op:
+        _reduction(kb, ctx, k, c, st, staged_names, is_arg)
+    return ctx
+
+
+def _reduction(
+    kb: KernelBuilder,
+    ctx: SimtStageCtx,
+    k: int,
+    c: Compute,
+    st: SimtConfig,
+    staged_names: dict[str, str],
+    is_arg: bool,
+) -> None:
+    body_dtype = c.body.dtype
+    ctx.acc_t = COMPUTE_TYPES[body_dtype]
+    ctx.arg = is_arg
+    ctx.init = literal(
+        reduce_identity(c.reduce_op, body_dtype), body_dtype if body_dtype != "index" else "int32"
+    )
+    ctx.result = "(long long)acci[j]" if is_arg else "acc[j]"
+    extents = [a.extent for a in c.reduce_axes]
+    ctx.reduce_total = math.prod(extents)
+    if st.staged:
+        ctx.step_axes = [
+            {"axis": r, "steps": -(-e // s)} for r, (e, s) in enumerate(zip(extents, st.rstep)) if s < e
+        ]
+        stride = 1
+        dims = []
+        for r in reversed(range(len(extents))):
+            e, s = extents[r], st.rstep[r]
+            dims.append(
+                _ReduceDim(
+                    r,
+                    e,
+                    stride=stride,
+                    step=s,
+                    value=f"k{r} * {s} + rr{r}" if s < e else f"rr{r}",
+                    partial=s < e and e % s != 0,
+                )
+            )
+            stride *= s
+        ctx.reduce_dims = list(reversed(dims))
+        ctx.step_total = stride
+        ctx.staged = [_staged(kb, k, st, c, sd, staged_names[sd.tensor]) for sd in st.staged]
+    else:
+        stride = 1
+        dims = []
+        for r in reversed(range(len(extents))):
+            dims.append(_ReduceDim(r, extents[r], stride=stride))
+            stride *= extents[r]
+        ctx.reduce_dims = list(reversed(dims))
+    if st.reduce_threads > 1:
+        ctx.shuffle_start = min(st.reduce_threads, 32) // 2
+        ctx.warps_per_output = max(1, st.reduce_threads // 32)
+        if ctx.warps_per_output > 1:
+            base = _reduce_buffer_offset(st)
+            slots = ctx.active * ctx.warps_per_output * ctx.nreg
+            ctx.red_view = f"red{k}"
+            kb.add_view(ctx.red_view, body_dtype if body_dtype != "float16" else "float32", base, slots)
+            if is_arg:
+                ctx.redi_view = f"redi{k}"
+                kb.add_view(ctx.redi_view, "int32", base + 8 * slots, slots)
+
+
+def _reduce_buffer_offset(st: SimtConfig) -> int:
+    offset = st.reduce_offset
+    if offset is None:
+        raise ValueError(f"{st.node}: config has no shared buffer for its cross-warp reduction")
+    return offset
+
+
+def _staged(kb: KernelBuilder, k: int, st: SimtConfig, c: Compute, sd: StagedInput, view: str) -> _Staged:
+    region = read_regions(c, kb.regions.members[st.node].dims, kb.shape_of, st.rstep)[sd.tensor]
+    info = kb.graph.tensor(sd.tensor)
+    kb.add_view(view, info.dtype, sd.offset, math.prod(sd.extents))
+    dims = [
+        _StagedDim(d, e, f"{view}_o{d}", kb.index_c(iv.lo_expr()))
+        for d, (e, iv) in enumerate(zip(sd.extents, region.dims))
+    ]
+    xs = [f"({d.origin_name} + c{d.axis})" for d in dims]
+    vector = _load_vector(sd.vector, region, info.shape, sd.extents, info.dtype)
+    bounds = []
+    for d, x, size in zip(dims, xs, info.shape):
+        hi = size - vector + 1 if d.axis == len(dims) - 1 else size
+        bounds.append(f"{x} >= 0 && {x} < {hi}")
+    zero = "__float2half(0.0f)" if info.dtype == "float16" else literal(0, info.dtype)
+    staged = _Staged(
+        view,
+        kb.params[sd.tensor].name,
+        math.prod(sd.extents),
+        vector,
+        dims,
+        " && ".join(bounds) or "true",
+        flat_index(xs, info.shape),
+        zero,
+    )
+    if vector > 1:
+        staged.vector_t, staged.vector_zero = VECTOR_TYPES[info.dtype, vector]
+    return staged
+
+
+# -- expressions ---------------------------------------------------------------------------
+
+
+def _printer(
+    kb: KernelBuilder, k: int, st: SimtConfig, staged: dict[str, str], nonneg_origin: bool
+) -> CPrinter:
+    c = kb.group.computes[st.node]
+    nonneg = {f"r{d}" for d in range(len(c.reduce_axes))}
+    if nonneg_origin:
+        nonneg |= {f"i{d}" for d in range(len(c.axes))}
+
+    def load(ld: Load, p: CPrinter) -> str:
+        if ld.tensor in staged:
+            view = staged[ld.tensor]
+            idx = [f"({p(i)} - {view}_o{d})" for d, i in enumerate(ld.indices)]
+            extents = next(sd.extents for sd in st.staged if sd.tensor == ld.tensor)
+            return read_value(f"{view}[{flat_index(idx, extents)}]", ld.dtype)
+        from_tile = kb.tile_load(ld, p)
+        return from_tile if from_tile is not None else kb.global_load(ld, p)
+
+    return CPrinter(load, nonneg=nonneg)
+
+
+def _load_vector(
+    requested: int, region: Region, shape: Sequence[int], extents: Sequence[int], dtype: str
+) -> int:
+    """Elements each staged load moves.  The policy asks for vector loads (``requested`` > 1)
+    and counts elements, up to 4; the hardware's limit is bytes, 16 per load, which is 8
+    halves.  So where vectors are asked for, this takes the widest vector type of the dtype
+    whose every load stays aligned -- re-checked here, so a wrong width from the policy
+    costs speed, not a misaligned access."""
+    if requested < 2:
+        return 1
+    item = np_dtype(dtype).itemsize
+    widths = sorted((w for d, w in VECTOR_TYPES if d == dtype and w * item <= MAX_VECTOR_BYTES), reverse=True)
+    return next((w for w in widths if vector_aligned(region, shape, extents, w)), 1)
+
+
+def _nonneg_interval(iv: Interval) -> bool:
+    lo = iv.lo
+    return isinstance(lo, Affine) and lo.const >= 0 and all(c >= 0 for _, c in lo.terms)
+
+
+def _tile_inside(iv: Interval, tile: int, size: int, cfg: GroupConfig) -> bool:
+    """True if this dimension of every block's tile lies inside the tensor (no upper check)."""
+    lo = iv.lo
+    if not isinstance(lo, Affine) or lo.const < 0:
+        return False
+    # Largest origin over all blocks: each block coordinate at its last value.
+    hi = lo.const + sum(c * (cfg.grid[int(v[1:])] - 1) for v, c in lo.terms if v.startswith("b") and c > 0)
+    return hi + tile <= size

@@ -1,0 +1,96 @@
+"""Kernel kinds: the ways a tile-owning stage can be computed, one module each.
+
+=========  ===============================================  =========================================
+kind       stage config, policy rule                        template
+=========  ===============================================  =========================================
+simt       :mod:`.simt` -- every group                      ``codegen_templates/stages/simt.cu.j2``
+library    :mod:`.library` -- products as cuBLAS calls      ``codegen_templates/runtime/cublas.j2``
+           (claimed before fusion with ``--skip-dot``)      (a call the runtime makes, no kernel)
+=========  ===============================================  =========================================
+
+Adding a kind -- ``mma`` (tensor-core contractions: mma.sync fed by ldmatrix, a cp.async
+pipeline, epilogues on the accumulators) is next -- takes its own module here (a
+:class:`~welder.schedule.config.StageConfig` subclass and a rule implementing
+:class:`~.base.KernelKind`), its template under ``codegen_templates/stages/``, its stage
+emitter in ``welder/codegen/``, and one line in :data:`KINDS` and in
+``welder.codegen.kernel.STAGE_EMITTERS``.  The search asks the kinds named in
+:attr:`~.base.Options.kinds` for candidates (:func:`propose`), so a new kind takes part once
+it is listed there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from welder.errors import WelderError
+from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
+from welder.schedule.group import Group
+from welder.schedule.kinds import library, simt
+from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext
+
+KINDS: dict[str, KernelKind] = {
+    simt.KIND.name: simt.KIND,
+    library.KIND.name: library.KIND,
+    # mma.KIND.name: mma.KIND,  -- tensor cores: the next kind
+}
+
+
+class UnknownKind(WelderError, ValueError):
+    """A config names a kernel kind this welder does not have (written by a newer one)."""
+
+
+def kind(name: str) -> KernelKind:
+    if name not in KINDS:
+        raise UnknownKind(f"unknown kernel kind {name!r}; this welder has {sorted(KINDS)}")
+    return KINDS[name]
+
+
+def propose(group: Group, ctx: ScheduleContext, kinds: Sequence[str] | None = None) -> list[GroupConfig]:
+    """The ``topk`` best configs of ``group`` over the kinds in ``kinds`` (default:
+    ``ctx.options.kinds``), best first.  Each kind's candidates keep their own order; lists
+    of several kinds merge by estimated latency, earlier kinds first on ties."""
+    found = []
+    for name in ctx.options.kinds if kinds is None else kinds:
+        configs = kind(name).propose(group, ctx)
+        if configs:
+            found.append(configs)
+    if len(found) == 1:
+        return found[0]
+    merged = heapq.merge(*found, key=lambda c: c.estimate.latency_us)
+    return list(merged)[: ctx.options.topk]
+
+
+def config_from_json(d: Mapping[str, Any]) -> GroupConfig:
+    """A group config from :meth:`GroupConfig.to_json`'s dict.  Configs written before stages
+    had kinds read too: a stage without ``kind`` is SIMT, and a group with a ``gemm`` was
+    one library call."""
+    stages = [stage_from_json(s) for s in d["stages"]]
+    if d.get("gemm"):
+        stages = [library.LibraryConfig(d["root"], library.GemmSpec(**d["gemm"]))]
+    known = {f.name for f in dataclasses.fields(GroupConfig)}
+    plain = tuples_of({k: v for k, v in d.items() if k in known}, GroupConfig)
+    return GroupConfig(**{**plain, "stages": stages, "estimate": Estimate(**d["estimate"])})
+
+
+def stage_from_json(d: Mapping[str, Any]) -> StageConfig:
+    """A stage config from its JSON (``StageConfig.to_json``); one without a kind is SIMT,
+    as every stage was before kinds."""
+    fields = dict(d)
+    name = fields.pop("kind", simt.KIND.name)
+    return kind(name).config_type.from_json(fields)
+
+
+__all__ = [
+    "KINDS",
+    "KernelKind",
+    "Options",
+    "ScheduleContext",
+    "UnknownKind",
+    "config_from_json",
+    "kind",
+    "propose",
+    "stage_from_json",
+]

@@ -1,0 +1,68 @@
+"""What every kernel kind provides, and what its policy rule is given.
+
+A kind is one way of computing a tile-owning stage: generic SIMT code, tensor-core MMA, a
+vendor library call.  Each lives in one module of this package with
+
+* its config dataclass (a :class:`~welder.schedule.config.StageConfig` subclass whose
+  ``kind`` is the kind's name),
+* its policy rule, :meth:`KernelKind.propose`: the group's candidate configs, each with the
+  cost model's estimate, or None where the kind does not apply to the group,
+
+and one template in ``codegen_templates/`` that ``welder.codegen`` renders its stages with.
+``welder.schedule.kinds.KINDS`` registers them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from welder.arch import Arch
+from welder.schedule.config import GroupConfig, StageConfig
+from welder.schedule.group import Group
+
+ShapeOf = Callable[[str], tuple[int, ...]]
+DtypeOf = Callable[[str], str]
+
+MAX_THREADS = 256
+#: What the cost model adds to every kernel launch or library call, in microseconds.
+LAUNCH_OVERHEAD_US = 2.0
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the search asks of every kind: how many candidates to keep, which kinds may
+    propose them (in order of preference on equal estimates), and limits on the search."""
+
+    topk: int = 1
+    max_candidates: int = 256
+    max_threads: int = MAX_THREADS
+    kinds: tuple[str, ...] = ("simt",)
+
+
+@dataclass(frozen=True)
+class ScheduleContext:
+    """What a kind's rule may look at besides the group: tensor shapes and dtypes (of the
+    group's inputs and members), the arch whose cost model ranks candidates, the options."""
+
+    shape_of: ShapeOf
+    dtype_of: DtypeOf
+    arch: Arch
+    options: Options = Options()
+
+
+class KernelKind(Protocol):
+    """One kernel kind (see the module docstring)."""
+
+    @property
+    def name(self) -> str: ...  # the key in KINDS and StageConfig.kind
+
+    @property
+    def config_type(self) -> type[StageConfig]: ...
+
+    def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
+        """The ``ctx.options.topk`` best configs of ``group`` by this kind, best first, each
+        with its estimate; ``[]`` where the kind applies but nothing fits the arch; None
+        where the kind cannot compute the group at all."""
+        ...
