@@ -5,7 +5,8 @@ dimensions whose sizes multiply to the same number, so ``[B, S, 768] -> [B, S, 1
 reads ``x[b, s, h * 64 + d]`` rather than a chain of divisions of a flat offset.  Index
 expressions stay affine (plus floordiv/mod by constants) wherever the operator allows it,
 because tile propagation bounds them exactly; only gathers with data-dependent indices
-load an index from a tensor.
+load an index from a tensor, as a ``DataIndex`` that knows its extent and its node (see
+docs/ir.md, "Data-dependent indices").
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from welder.errors import ModelError
 from welder.frontend.ops.elementwise import broadcast_shape
 from welder.frontend.registry import LowerContext, Tensor, register
-from welder.ir.expr import INDEX, Expr, as_expr, cast, ge, logical_and, lt, select
+from welder.ir.expr import DataIndex, Expr, as_expr, ge, logical_and, lt, select
 
 # -- shared helpers ------------------------------------------------------------------------
 
@@ -466,16 +467,21 @@ def tile(ctx: LowerContext) -> Tensor:
 # -- gathers ---------------------------------------------------------------------------------
 
 
-def wrap_index(value: Expr, n: int) -> Expr:
-    """A data value used as an index into a dimension of ``n``: negative counts from the end."""
-    idx = cast(value, INDEX)
-    return select(lt(idx, 0), idx + n, idx)
+def wrap_index(ctx: LowerContext, value: Expr, n: int) -> Expr:
+    """A data value used as an index into a dimension of ``n``: negative counts from the
+    end, anything outside ``[-n, n)`` is reported (interpreter, emulator) or clamped (GPU)
+    in the name of this node.  With ``n == 0`` the indices are empty (checked before), so
+    the output is too and no index is ever evaluated."""
+    return DataIndex(value, n, ctx.label) if n else as_expr(0)
 
 
 def _checked_indices(ctx: LowerContext, n: int) -> np.ndarray | None:
     """Input 1 when it is constant, with negative entries resolved; out-of-range entries
-    are an error here rather than an unguarded load later."""
+    are an error here rather than an unguarded load later.  Runtime indices into an empty
+    dimension are an error too: no value could be valid."""
     values = ctx.const_value(1)
+    if n == 0 and ctx.has_input(1) and ctx.input(1).size:
+        raise ModelError(f"{ctx.label}: indices into an empty dimension")
     if values is None:
         return None
     values = values.astype(np.int64)
@@ -506,7 +512,7 @@ def _gather_position(ctx: LowerContext, indices: Tensor, n: int) -> Callable[[Se
     if prog is not None:
         first, step = prog
         return lambda j: j[0] * step + first if j else as_expr(first)
-    return lambda j: wrap_index(indices[tuple(j)], n)
+    return lambda j: wrap_index(ctx, indices[tuple(j)], n)
 
 
 @register("Gather")
@@ -533,6 +539,6 @@ def gather_elements(ctx: LowerContext) -> Tensor:
     _checked_indices(ctx, n)
 
     def fn(*i: Expr) -> Expr:
-        return data[(*i[:axis], wrap_index(indices[i], n), *i[axis + 1 :])]
+        return data[(*i[:axis], wrap_index(ctx, indices[i], n), *i[axis + 1 :])]
 
     return ctx.compute(indices.shape, fn)
