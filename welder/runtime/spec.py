@@ -367,5 +367,3 @@ def _address(storage: Storage, extra_bytes: int = 0) -> str:
 
 def _aligned(nbytes: int) -> int:
     return -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT
-
-

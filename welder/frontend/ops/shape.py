@@ -19,7 +19,7 @@ import numpy as np
 from welder.errors import ModelError
 from welder.frontend.ops.elementwise import broadcast_shape
 from welder.frontend.registry import LowerContext, Tensor, register
-from welder.ir.expr import DataIndex, Expr, as_expr, ge, logical_and, lt, select
+from welder.ir.expr import DataIndex, Expr, as_expr, cast, eq, ge, logical_and, lt, select
 
 # -- shared helpers ------------------------------------------------------------------------
 
@@ -542,3 +542,69 @@ def gather_elements(ctx: LowerContext) -> Tensor:
         return data[(*i[:axis], wrap_index(ctx, indices[i], n), *i[axis + 1 :])]
 
     return ctx.compute(indices.shape, fn)
+
+
+@register("GatherND")
+def gather_nd(ctx: LowerContext) -> Tensor:
+    """``out[o..., j...] = data[o[:b]..., indices[o..., 0], ..., indices[o..., k-1], j...]``
+    where ``o`` spans ``indices.shape[:-1]``, ``b`` is batch_dims and ``k`` the length of
+    the last axis of ``indices``."""
+    data, indices = ctx.input(0), ctx.input(1)
+    b = ctx.attr("batch_dims", 0)
+    q, r = indices.rank, data.rank
+    if q < 1 or not 0 <= b < min(q, r):
+        raise ModelError(f"{ctx.label}: batch_dims={b} does not fit data rank {r} and indices rank {q}")
+    k = indices.shape[-1]
+    if k > r - b or indices.shape[:b] != data.shape[:b]:
+        raise ModelError(
+            f"{ctx.label}: indices of shape {list(indices.shape)} do not fit data {list(data.shape)} "
+            f"with batch_dims={b}"
+        )
+    dims = data.shape[b : b + k]
+    values = ctx.const_value(1)
+    if values is not None and values.size:
+        values = values.astype(np.int64).reshape(-1, k)
+        bad = (values < -np.asarray(dims)) | (values >= np.asarray(dims))
+        if bad.any():
+            m = int(np.nonzero(bad.any(axis=0))[0][0])
+            raise ModelError(f"{ctx.label}: indices out of range [{-dims[m]}, {dims[m] - 1}] in column {m}")
+    if indices.size and 0 in dims:
+        raise ModelError(f"{ctx.label}: indices into an empty dimension")
+    shape = indices.shape[:-1] + data.shape[b + k :]
+
+    def fn(*i: Expr) -> Expr:
+        outer = i[: q - 1]
+        pos = [wrap_index(ctx, indices[(*outer, m)], n) for m, n in enumerate(dims)]
+        return data[(*outer[:b], *pos, *i[q - 1 :])]
+
+    return ctx.compute(shape, fn)
+
+
+@register("OneHot")
+def one_hot(ctx: LowerContext) -> Tensor:
+    """``out[..., j, ...] = on if indices[...] (negative counting from the end) == j else
+    off``.  An index outside ``[-depth, depth)`` selects no position: ONNX defines that row
+    as all ``off``, so it is compared, never used as an address, and is not an error."""
+    indices, values = ctx.input(0), ctx.input(2)
+    depth_value = ctx.const_input(1, "depth").reshape(-1)
+    if depth_value.size != 1:
+        raise ModelError(f"{ctx.label}: depth must be one value, got {depth_value.size}")
+    depth = int(depth_value[0])
+    if depth < 1:
+        raise ModelError(f"{ctx.label}: depth must be positive, got {depth}")
+    if values.shape != (2,):
+        raise ModelError(f"{ctx.label}: values must be [off_value, on_value], got shape {list(values.shape)}")
+    axis = ctx.axis(ctx.attr("axis", -1), indices.rank + 1)
+    known = ctx.const_value(2)
+    if known is not None:
+        off, on = (as_expr(v.item(), values.dtype) for v in known.reshape(-1))
+    else:
+        off, on = values[0], values[1]
+    shape = (*indices.shape[:axis], depth, *indices.shape[axis:])
+
+    def fn(*i: Expr) -> Expr:
+        v = cast(indices[i[:axis] + i[axis + 1 :]], "int64")
+        pos = select(lt(v, 0), v + depth, v)
+        return select(eq(pos, cast(i[axis], "int64")), on, off)
+
+    return ctx.compute(shape, fn)
