@@ -5,10 +5,11 @@
 PREFIX is the folder ``welder tune`` wrote: it holds model.onnx and the built
 nnfusion_rt/cuda_codegen/build/libnnfusion_naive_rt.so.  Inputs come from
 ``welder.check.random_inputs`` (normal floats, valid indices, ones for masks) on the model
-imported with the shapes the runtime was built for.  Prints per output
-``max(|a - b| / max(|b|, 1))`` with its limit (``welder.check.output_threshold``: the fp16
-limit for an output computed from fp16 values) and PASS/FAIL; the exit code is 0 when every
-output passes, 1 when one fails and 2 when the check cannot run.  ``--json`` also writes the
+imported with the shapes the runtime was built for; integer inputs that feed indices are
+checked against the dimensions they index before the run (``welder.index_check``).  Prints
+per output ``max(|a - b| / max(|b|, 1))`` with its limit (``welder.check.output_threshold``:
+the fp16 limit for an output computed from fp16 values) and PASS/FAIL; the exit code is 0
+when every output passes, 1 when one fails and 2 when the check cannot run.  ``--json`` also writes the
 report for programs (scripts/benchmark.py), so they need not parse the table.
 """
 
@@ -31,6 +32,7 @@ from welder.check import (
 )
 from welder.errors import WelderError
 from welder.frontend.onnx import import_onnx
+from welder.index_check import check_index_inputs, index_sites
 from welder.runtime.library import RuntimeLibrary
 
 
@@ -42,6 +44,8 @@ def check_runtime(prefix: Path, seed: int = 0, precision: str = "fp32") -> Check
     with RuntimeLibrary(prefix) as lib:
         graph = import_onnx(model, {t.name: t.shape for t in lib.inputs})
         feeds = random_inputs(graph, seed)
+        # The kernels would clamp a bad index; the host names it instead.
+        check_index_inputs(graph, index_sites(graph), feeds)
         ours = lib.run(feeds)
     reference = onnxruntime_outputs(model, feeds, list(graph.outputs))
     limits = output_thresholds(graph, list(graph.outputs), precision=precision)

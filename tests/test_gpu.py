@@ -350,3 +350,40 @@ def test_in_process_fault_is_final():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
+def test_hostile_ids_are_clamped_inside_every_tensor(context, sm):
+    """Gather, GatherElements and GatherND fed huge and negative indices, run natively: the
+    kernels clamp into each dimension (docs/ir.md, "Data-dependent indices"), so the launch
+    completes without a fault and gives the gather of the clamped indices.  Run it under
+    compute-sanitizer to see that no access leaves its tensor."""
+    hostile = np.array([2**31 + 5, 2**62, -(2**62), -(2**31) - 7, 50257, -50257, 10**12, -1], np.int64)
+    table, x, grid = _w(1000, 64), _w(8, 300), _w(50, 7)
+    feeds = {
+        "ids": hostile.reshape(1, 8),
+        "ge": np.resize(hostile, (8, 300)),
+        "nd": np.resize(hostile, (8, 2)),
+    }
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
+        helper.make_node("Relu", ["rows"], ["act"]),
+        helper.make_node("GatherElements", ["x", "ge"], ["picked"], axis=1),
+        helper.make_node("GatherND", ["grid", "nd"], ["cells"]),
+    ]
+    model = make_model(nodes, feeds, ["act", "picked", "cells"], {"table": table, "x": x, "grid": grid})
+    graph = import_onnx(model)
+    kernels = _kernels(graph, "hostile_ids")
+    assert any("welder_index(" in k.source for k in kernels)
+    ours = run_native(graph, kernels, GpuModule(compile_cubin([k.source for k in kernels], sm)), feeds)
+
+    def clamp(v: np.ndarray, n) -> np.ndarray:
+        return np.clip(np.where(v < 0, v + n, v), 0, np.asarray(n) - 1)
+
+    nd = clamp(feeds["nd"], np.array([50, 7]))
+    expected = {
+        "act": np.maximum(table[clamp(feeds["ids"], 1000)], 0),
+        "picked": np.take_along_axis(x, clamp(feeds["ge"], 300), axis=1),
+        "cells": grid[nd[:, 0], nd[:, 1]],
+    }
+    for name, value in expected.items():
+        np.testing.assert_array_equal(ours[name], value)

@@ -55,7 +55,8 @@ CLAIMED_OPS = frozenset(
         *("Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization"),
         *("InstanceNormalization", "GroupNormalization"),
         *("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Split", "Concat"),
-        *("Pad", "Expand", "Tile", "Gather", "GatherElements", "DepthToSpace", "SpaceToDepth"),
+        *("Pad", "Expand", "Tile", "Gather", "GatherElements", "GatherND", "OneHot"),
+        *("DepthToSpace", "SpaceToDepth"),
         *("Resize", "Range", "Shape", "Size", "ConstantOfShape", "Constant", "Identity", "Dropout"),
     )
 )

@@ -21,3 +21,9 @@ class UnsupportedError(WelderError):
 
 class ShapeError(WelderError):
     """Shapes are missing, symbolic or do not match."""
+
+
+class IndexRangeError(WelderError):
+    """A tensor value used as an index (Gather's indices, a token id) lies outside the
+    dimension it indexes.  The message names the ONNX node, the value and the valid range,
+    and the model input when the value came straight from one."""

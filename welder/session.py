@@ -7,7 +7,9 @@ Back ends: ``interpret`` (the numpy reference), ``emulate`` (generated kernels o
 and ``gpu`` (the runtime ``welder tune`` built in a PREFIX folder; the default for such a
 folder on a machine with a GPU).  A back end is anything with
 ``run(feeds) -> {output name: array}`` built from the imported graph; ``BACKENDS`` maps
-the names users pass to their constructors.
+the names users pass to their constructors.  ``run`` checks the feeds first, whatever the
+back end: dtypes and shapes, and integer inputs used as indices against the dimensions they
+index (``welder.index_check``; a GPU kernel would only clamp a bad index).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from welder.check import (
 from welder.errors import ModelError, WelderError
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph, TensorInfo
+from welder.index_check import check_index_inputs, index_sites
 from welder.ir.interpret import np_dtype
 
 
@@ -125,6 +128,7 @@ class InferenceSession:
         self.path = os.fspath(path)
         self.backend_name = backend
         self.graph = import_onnx(path, input_shapes)
+        self._index_sites = index_sites(self.graph)
         self._backend = BACKENDS[backend](self.graph, **options)
 
     def get_inputs(self) -> list[NodeArg]:
@@ -140,6 +144,8 @@ class InferenceSession:
         self, output_names: Sequence[str] | None, input_feed: Mapping[str, object], run_options: object = None
     ) -> list[np.ndarray]:
         feeds = self._validate(input_feed)
+        # Every back end, because GPU kernels would only clamp a bad index.
+        check_index_inputs(self.graph, self._index_sites, feeds)
         names = list(output_names) if output_names else list(self.graph.outputs)
         unknown = [n for n in names if n not in self.graph.outputs]
         if unknown:

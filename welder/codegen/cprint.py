@@ -3,7 +3,9 @@
 Value arithmetic on ``float16`` data is carried out in ``float`` (loads widen, stores
 narrow, an explicit Cast to float16 rounds), so fp16 kernels accumulate and evaluate
 activations in fp32.  Index arithmetic is ``int``; floor division and modulo print as
-plain ``/`` and ``%`` only where both operands are provably non-negative.
+plain ``/`` and ``%`` only where both operands are provably non-negative.  A data value
+used as an index prints as ``welder_index(value, extent, "node")`` (welder_math.cuh), which
+clamps on the GPU and reports under the emulator.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from welder.ir.expr import INDEX, Binary, Call, Cast, Const, Expr, Load, Select, Var
+from welder.ir.expr import INDEX, Binary, Call, Cast, Const, DataIndex, Expr, Load, Select, Var
 
 # Storage type in memory, and the type arithmetic on the value happens in.
 STORAGE_TYPES = {
@@ -63,6 +65,23 @@ _FLOAT_FN = {
 }
 
 
+# Longest node name a kernel carries into its error messages.
+_ORIGIN_CHARS = 200
+
+
+def c_string(text: str) -> str:
+    """``text`` as a C string literal: printable ASCII kept, everything else (and the
+    characters that could end or alter the literal) as three-digit octal escapes."""
+    out = []
+    for byte in text.encode():
+        ch = chr(byte)
+        if 0x20 <= byte < 0x7F and ch not in '"\\?':
+            out.append(ch)
+        else:
+            out.append(f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
+
+
 def literal(value: int | float | bool, dtype: str) -> str:
     """A C literal of the compute type of ``dtype``."""
     if dtype == "bool":
@@ -93,6 +112,8 @@ def nonnegative(e: Expr, nonneg_vars: frozenset[str] | set[str]) -> bool:
         return e.name in nonneg_vars
     if isinstance(e, Const):
         return e.value >= 0
+    if isinstance(e, DataIndex):
+        return True
     if isinstance(e, Binary) and e.op in ("add", "mul", "floordiv", "mod", "max", "min"):
         a, b = nonnegative(e.a, nonneg_vars), nonnegative(e.b, nonneg_vars)
         if e.op == "max":
@@ -133,6 +154,9 @@ class CPrinter:
             return self._binary(e)
         if isinstance(e, Call):
             return self._call(e)
+        if isinstance(e, DataIndex):
+            value = self.expr(e.value)
+            return f"welder_index((long long)({value}), {e.extent}, {c_string(e.origin[:_ORIGIN_CHARS])})"
         raise TypeError(f"cannot print {e!r}")
 
     def _cast(self, e: Cast) -> str:

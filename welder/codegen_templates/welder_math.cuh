@@ -58,3 +58,20 @@ template <class T>
 __device__ __forceinline__ void welder_argmin_step(T& best, int& at, T v, int i) {
   if (v < best || (v == best && i < at) || (v != v && best == best)) { best = v; at = i; }
 }
+
+// A tensor value used as an index into a dimension of n >= 1 (Gather's indices, token ids).
+// Negative values count from the end, as ONNX allows; anything outside [-n, n) is bad input.  On
+// the GPU the position is clamped into [0, n), so no input value makes a kernel touch memory
+// outside a tensor (the host checks model inputs before a run; see docs/runtime.md).  Under the
+// emulator the launch fails instead, naming `node`, the value and the range -- unless
+// WELDER_UNCHECKED_INDICES asks for the GPU behaviour (tests of memory safety use that).
+__device__ __forceinline__ int welder_index(long long i, int n, const char* node) {
+  const long long w = i < 0 ? i + n : i;
+#if defined(WELDER_EMULATE) && !defined(WELDER_UNCHECKED_INDICES)
+  if (w < 0 || w >= n)
+    ::welder_emu::detail::raise_error(
+        ::welder_emu::detail::format("%s: index %lld is out of range [%d, %d]", node, i, -n, n - 1));
+#endif
+  (void)node;
+  return w < 0 ? 0 : (w >= n ? n - 1 : static_cast<int>(w));
+}

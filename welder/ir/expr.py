@@ -7,7 +7,10 @@ tests can compare expressions directly.
 
 Two kinds of integers are kept apart on purpose: ``index`` is the type of loop axes and of
 all address arithmetic (32-bit in generated code), while ``int64``/``int32`` are tensor
-data.  A data value becomes an index only through an explicit ``Cast`` (e.g. Gather).
+data.  A data value becomes an index through an explicit ``Cast`` where the lowering
+proves it in range, and through :class:`DataIndex` where only the input data decide (Gather's
+indices): that node carries the dimension's extent and the ONNX node it came from, so every
+back end can check or clamp it.
 """
 
 from __future__ import annotations
@@ -254,6 +257,36 @@ class Load(Expr):
         return f"Load({self.tensor}, {list(self.indices)!r})"
 
 
+@dataclass(frozen=True, eq=True, repr=False)
+class DataIndex(Expr):
+    """A tensor value used as a position along a dimension of ``extent``.
+
+    Values in ``[-extent, -1]`` count from the end, as ONNX's index operators allow; any
+    other value outside ``[0, extent)`` is bad input.  The interpreter and the emulator raise
+    an error naming ``origin`` (the ONNX node), the value and the range; GPU kernels clamp it
+    into the dimension so that no input makes them touch memory outside a tensor.
+    ``origin`` serves messages only: it is left out of equality and printing so that
+    repeated layers still compare, hash and tune alike.
+    """
+
+    value: Expr
+    extent: int
+    origin: str = field(default="", compare=False)
+    dtype: ClassVar[str] = INDEX
+
+    def __post_init__(self) -> None:
+        if self.value.dtype not in INT_DTYPES:
+            raise TypeError(f"a data index needs integer data, got {self.value.dtype}")
+        if self.extent < 1:
+            raise ValueError(f"a data index into an empty dimension ({self.origin or 'unnamed'})")
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.value,)
+
+    def __repr__(self) -> str:
+        return f"DataIndex({self.value!r}, {self.extent})"
+
+
 def _check_dtype(dtype: str) -> None:
     if dtype not in DTYPES:
         raise TypeError(f"unknown dtype {dtype!r}")
@@ -463,6 +496,8 @@ def rewrite(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
         new = cast(rewrite(e.x, fn), e.dtype)
     elif isinstance(e, Load):
         new = Load(e.tensor, tuple(rewrite(i, fn) for i in e.indices), e.dtype)
+    elif isinstance(e, DataIndex):
+        new = DataIndex(rewrite(e.value, fn), e.extent, e.origin)
     else:
         raise TypeError(f"not an expression: {e!r}")
     out = fn(new)
@@ -536,4 +571,6 @@ def format_expr(e: Expr) -> str:
         return f"{e.dtype}({format_expr(e.x)})"
     if isinstance(e, Load):
         return f"{format_tensor_name(e.tensor)}[{', '.join(format_expr(i) for i in e.indices)}]"
+    if isinstance(e, DataIndex):
+        return f"index({format_expr(e.value)}, {e.extent})"
     raise TypeError(f"not an expression: {e!r}")

@@ -11,7 +11,9 @@ seconds.  Two ideas make that possible:
   instead of materialising the whole iteration space.
 
 Indices that fall outside a tensor are clamped before the gather.  Lowerings guard every
-such access with a ``select`` (padding, bounds), so the clamped value is never used.
+such access with a ``select`` (padding, bounds), so the clamped value is never used.  Data
+values used as indices (:class:`~welder.ir.expr.DataIndex`) are different: nothing guards
+them, so one outside its dimension raises :class:`~welder.errors.IndexRangeError`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from welder.errors import IndexRangeError
 from welder.ir.compute import Compute, reduce_identity
 from welder.ir.expr import (
     BOOL,
@@ -28,6 +31,7 @@ from welder.ir.expr import (
     Call,
     Cast,
     Const,
+    DataIndex,
     Expr,
     Load,
     Select,
@@ -215,6 +219,8 @@ class _Evaluator:
             return _binary(e.op, self(e.a), self(e.b), e.a.dtype)
         if isinstance(e, Call):
             return _call(e.fn, [self(a) for a in e.args], e.args[0].dtype)
+        if isinstance(e, DataIndex):
+            return data_index(self(e.value), e.extent, e.origin)
         raise TypeError(f"cannot evaluate {e!r}")
 
     def _load(self, e: Load) -> np.ndarray:
@@ -225,6 +231,24 @@ class _Evaluator:
             return t.astype(np_dtype(e.dtype), copy=False)
         idx = [np.clip(self(i), 0, n - 1) if n > 0 else self(i) for i, n in zip(e.indices, t.shape)]
         return t[tuple(np.asarray(i, dtype=np.int64) for i in idx)].astype(np_dtype(e.dtype), copy=False)
+
+
+def data_index(values: np.ndarray, extent: int, origin: str) -> np.ndarray:
+    """``values`` as positions in a dimension of ``extent``, negative ones counted from the
+    end; raises IndexRangeError naming ``origin`` for the first value outside
+    ``[-extent, extent)``."""
+    v = np.asarray(values)
+    if v.dtype.kind == "u":
+        bad = v >= extent
+    else:
+        bad = (v < -extent) | (v >= extent)
+    if np.any(bad):
+        first = int(v[bad].flat[0]) if v.ndim else int(v)
+        raise IndexRangeError(
+            f"{origin or 'a data-dependent index'}: index {first} is out of range [{-extent}, {extent - 1}]"
+        )
+    v = v.astype(np.int64)
+    return np.where(v < 0, v + extent, v)
 
 
 def _cast(x: np.ndarray, src: str, dst: str) -> np.ndarray:

@@ -17,12 +17,21 @@ from welder.runtime.emu import compile_kernels
 class EmulatedModel:
     """Compiled kernels of a model plus the order to launch them in."""
 
-    def __init__(self, graph: Graph, kernels: Sequence[Kernel], check_races: bool = True) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        kernels: Sequence[Kernel],
+        check_races: bool = True,
+        defines: Sequence[str] = (),
+    ) -> None:
+        """``defines`` are preprocessor macros for the build, e.g. ``WELDER_UNCHECKED_INDICES``
+        to give data-dependent indices the GPU's clamping instead of the emulator's error."""
         self.graph = graph
         self.kernels = list(kernels)
         self.check_races = check_races
+        flags = [f"-I{TEMPLATE_DIR}", *(f"-D{d}" for d in defines)]
         self.module = compile_kernels(
-            model_source(self.kernels), [k.name for k in self.kernels], extra_flags=[f"-I{TEMPLATE_DIR}"]
+            model_source(self.kernels), [k.name for k in self.kernels], extra_flags=flags
         )
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

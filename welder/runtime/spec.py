@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from welder.check import integer_input_bounds
 from welder.codegen import Kernel, sanitize_comment, sanitize_identifier
-from welder.codegen.cprint import STORAGE_TYPES
+from welder.codegen.cprint import STORAGE_TYPES, c_string
 from welder.graph import Graph
 from welder.ir.interpret import np_dtype
 from welder.ir.views import aliased_input
@@ -378,16 +378,3 @@ def _address(storage: Storage, extra_bytes: int = 0) -> str:
 
 def _aligned(nbytes: int) -> int:
     return -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT
-
-
-def c_string(text: str) -> str:
-    """``text`` as a C string literal: printable ASCII kept, everything else (and the
-    characters that could end or alter the literal) as three-digit octal escapes."""
-    out = []
-    for byte in text.encode():
-        ch = chr(byte)
-        if 0x20 <= byte < 0x7F and ch not in '"\\?':
-            out.append(ch)
-        else:
-            out.append(f"\\{byte:03o}")
-    return '"' + "".join(out) + '"'

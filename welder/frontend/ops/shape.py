@@ -5,7 +5,8 @@ dimensions whose sizes multiply to the same number, so ``[B, S, 768] -> [B, S, 1
 reads ``x[b, s, h * 64 + d]`` rather than a chain of divisions of a flat offset.  Index
 expressions stay affine (plus floordiv/mod by constants) wherever the operator allows it,
 because tile propagation bounds them exactly; only gathers with data-dependent indices
-load an index from a tensor.
+load an index from a tensor, as a ``DataIndex`` that knows its extent and its node (see
+docs/ir.md, "Data-dependent indices").
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from welder.errors import ModelError
 from welder.frontend.ops.elementwise import broadcast_shape
 from welder.frontend.registry import LowerContext, Tensor, register
-from welder.ir.expr import INDEX, Expr, as_expr, cast, ge, logical_and, lt, select
+from welder.ir.expr import DataIndex, Expr, as_expr, cast, eq, ge, logical_and, lt, select
 
 # -- shared helpers ------------------------------------------------------------------------
 
@@ -466,16 +467,21 @@ def tile(ctx: LowerContext) -> Tensor:
 # -- gathers ---------------------------------------------------------------------------------
 
 
-def wrap_index(value: Expr, n: int) -> Expr:
-    """A data value used as an index into a dimension of ``n``: negative counts from the end."""
-    idx = cast(value, INDEX)
-    return select(lt(idx, 0), idx + n, idx)
+def wrap_index(ctx: LowerContext, value: Expr, n: int) -> Expr:
+    """A data value used as an index into a dimension of ``n``: negative counts from the
+    end, anything outside ``[-n, n)`` is reported (interpreter, emulator) or clamped (GPU)
+    in the name of this node.  With ``n == 0`` the indices are empty (checked before), so
+    the output is too and no index is ever evaluated."""
+    return DataIndex(value, n, ctx.label) if n else as_expr(0)
 
 
 def _checked_indices(ctx: LowerContext, n: int) -> np.ndarray | None:
     """Input 1 when it is constant, with negative entries resolved; out-of-range entries
-    are an error here rather than an unguarded load later."""
+    are an error here rather than an unguarded load later.  Runtime indices into an empty
+    dimension are an error too: no value could be valid."""
     values = ctx.const_value(1)
+    if n == 0 and ctx.has_input(1) and ctx.input(1).size:
+        raise ModelError(f"{ctx.label}: indices into an empty dimension")
     if values is None:
         return None
     values = values.astype(np.int64)
@@ -506,7 +512,7 @@ def _gather_position(ctx: LowerContext, indices: Tensor, n: int) -> Callable[[Se
     if prog is not None:
         first, step = prog
         return lambda j: j[0] * step + first if j else as_expr(first)
-    return lambda j: wrap_index(indices[tuple(j)], n)
+    return lambda j: wrap_index(ctx, indices[tuple(j)], n)
 
 
 @register("Gather")
@@ -533,6 +539,72 @@ def gather_elements(ctx: LowerContext) -> Tensor:
     _checked_indices(ctx, n)
 
     def fn(*i: Expr) -> Expr:
-        return data[(*i[:axis], wrap_index(indices[i], n), *i[axis + 1 :])]
+        return data[(*i[:axis], wrap_index(ctx, indices[i], n), *i[axis + 1 :])]
 
     return ctx.compute(indices.shape, fn)
+
+
+@register("GatherND")
+def gather_nd(ctx: LowerContext) -> Tensor:
+    """``out[o..., j...] = data[o[:b]..., indices[o..., 0], ..., indices[o..., k-1], j...]``
+    where ``o`` spans ``indices.shape[:-1]``, ``b`` is batch_dims and ``k`` the length of
+    the last axis of ``indices``."""
+    data, indices = ctx.input(0), ctx.input(1)
+    b = ctx.attr("batch_dims", 0)
+    q, r = indices.rank, data.rank
+    if q < 1 or not 0 <= b < min(q, r):
+        raise ModelError(f"{ctx.label}: batch_dims={b} does not fit data rank {r} and indices rank {q}")
+    k = indices.shape[-1]
+    if k > r - b or indices.shape[:b] != data.shape[:b]:
+        raise ModelError(
+            f"{ctx.label}: indices of shape {list(indices.shape)} do not fit data {list(data.shape)} "
+            f"with batch_dims={b}"
+        )
+    dims = data.shape[b : b + k]
+    values = ctx.const_value(1)
+    if values is not None and values.size:
+        values = values.astype(np.int64).reshape(-1, k)
+        bad = (values < -np.asarray(dims)) | (values >= np.asarray(dims))
+        if bad.any():
+            m = int(np.nonzero(bad.any(axis=0))[0][0])
+            raise ModelError(f"{ctx.label}: indices out of range [{-dims[m]}, {dims[m] - 1}] in column {m}")
+    if indices.size and 0 in dims:
+        raise ModelError(f"{ctx.label}: indices into an empty dimension")
+    shape = indices.shape[:-1] + data.shape[b + k :]
+
+    def fn(*i: Expr) -> Expr:
+        outer = i[: q - 1]
+        pos = [wrap_index(ctx, indices[(*outer, m)], n) for m, n in enumerate(dims)]
+        return data[(*outer[:b], *pos, *i[q - 1 :])]
+
+    return ctx.compute(shape, fn)
+
+
+@register("OneHot")
+def one_hot(ctx: LowerContext) -> Tensor:
+    """``out[..., j, ...] = on if indices[...] (negative counting from the end) == j else
+    off``.  An index outside ``[-depth, depth)`` selects no position: ONNX defines that row
+    as all ``off``, so it is compared, never used as an address, and is not an error."""
+    indices, values = ctx.input(0), ctx.input(2)
+    depth_value = ctx.const_input(1, "depth").reshape(-1)
+    if depth_value.size != 1:
+        raise ModelError(f"{ctx.label}: depth must be one value, got {depth_value.size}")
+    depth = int(depth_value[0])
+    if depth < 1:
+        raise ModelError(f"{ctx.label}: depth must be positive, got {depth}")
+    if values.shape != (2,):
+        raise ModelError(f"{ctx.label}: values must be [off_value, on_value], got shape {list(values.shape)}")
+    axis = ctx.axis(ctx.attr("axis", -1), indices.rank + 1)
+    known = ctx.const_value(2)
+    if known is not None:
+        off, on = (as_expr(v.item(), values.dtype) for v in known.reshape(-1))
+    else:
+        off, on = values[0], values[1]
+    shape = (*indices.shape[:axis], depth, *indices.shape[axis:])
+
+    def fn(*i: Expr) -> Expr:
+        v = cast(indices[i[:axis] + i[axis + 1 :]], "int64")
+        pos = select(lt(v, 0), v + depth, v)
+        return select(eq(pos, cast(i[axis], "int64")), on, off)
+
+    return ctx.compute(shape, fn)

@@ -327,11 +327,11 @@ def _compiler_identity() -> str:
 
 
 def _emulator_digest() -> str:
-    """Hash of the prelude headers (welder_mma.cuh, ...) and the emulator's own files: editing
-    them invalidates the cache."""
+    """Hash of the shared kernel headers and every emulator header: editing them invalidates
+    the cache."""
     digest = hashlib.sha256()
-    headers = sorted({PRELUDE, *PRELUDE_DIR.glob("*.cuh")})
-    for path in [*headers, *sorted(EMU_DIR.glob("*.h")), *sorted(EMU_DIR.glob("*.cpp"))]:
+    shared = sorted(PRELUDE_DIR.glob("*.cuh"))
+    for path in [*shared, *sorted(EMU_DIR.glob("*.h")), *sorted(EMU_DIR.glob("*.cpp"))]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
