@@ -749,7 +749,11 @@ def test_a_failing_kernel_is_reported_not_fatal(builds: Builds, tmp_path: Path) 
     feeds = builds("views").feeds
     with RuntimeLibrary(broken) as lib:
         for _ in range(2):
-            with pytest.raises(RuntimeLibraryError, match=rf"(?s)launching {name}.*past its end"):
+            # Replayed from a CUDA graph (the default) the failure surfaces at the graph's launch;
+            # either way the message names the kernel and the fault.
+            with pytest.raises(
+                RuntimeLibraryError, match=rf"(?s)(launching {name}|kernel {name}:).*past its end"
+            ):
                 lib.run(feeds)
 
 

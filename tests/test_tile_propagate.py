@@ -531,6 +531,8 @@ def _hand_built() -> Iterator[tuple[str, onnx.ModelProto]]:
     yield "Einsum", _op("Einsum", qk, {"equation": "bhqd,bhkd->bhqk"})
     yield "Gather range", _op("Gather", {"x": _f32(rng, 10, 6)}, {"axis": 0}, {"i": _ints(1, 3, 5, 7)})
     yield "Gather table", _op("Gather", {"x": _f32(rng, 10, 6)}, {"axis": 1}, {"i": _ints(5, 0, 0, 2)})
+    hot = {"depth": _ints(7), "values": np.asarray([0.5, 2.0], np.float32)}
+    yield "OneHot", _op("OneHot", {"i": np.asarray([[1, 6], [0, 3], [9, 2]], np.int64)}, {"axis": 1}, hot)
     cat = helper.make_node("Concat", ["a", "b", "a"], ["y"], axis=1)
     yield "Concat", make_model([cat], {"a": _f32(rng, 4, 3), "b": _f32(rng, 4, 5)}, ["y"], opset=MAX_OPSET)
     split = {"split": _ints(2, 5, 3)}
