@@ -57,7 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="compare a back end with onnxruntime on random inputs")
     _add_model_args(p)
-    p.add_argument("--backend", default="interpret", help="back end to check (default: interpret)")
+    p.add_argument(
+        "--backend",
+        default="interpret",
+        choices=("interpret", "emulate", "gpu"),  # welder.session.BACKENDS, without importing it
+        help="back end to check: the IR interpreter, the runtime on the CPU emulator, or the "
+        "runtime built under a PREFIX on the GPU (default: interpret)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
 
     p = sub.add_parser("tune", help="compile a model: fuse, choose configs, generate and build the runtime")
