@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from welder.errors import WelderError
@@ -263,6 +264,8 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    shown = warnings.showwarning
+    warnings.showwarning = _plain_warnings(args.command, shown)
     try:
         return COMMANDS[args.command](args)
     except WelderError as e:
@@ -271,6 +274,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"welder {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.showwarning = shown
+
+
+def _plain_warnings(command: str, fallback: Callable[..., None]) -> Callable[..., None]:
+    """Welder's own warnings (an upgraded opset, a shape inference disagreement) as one
+    line like the errors, without the file and source line Python adds for programmers."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if category.__module__.startswith("welder"):
+            print(f"welder {command}: warning: {message}", file=file or sys.stderr)
+        else:
+            fallback(message, category, filename, lineno, file, line)
+
+    return show
 
 
 if __name__ == "__main__":
