@@ -30,7 +30,7 @@ class PrefixBusyError(WelderError):
     """Another running welder process is writing the same PREFIX."""
 
 
-def describe_self(command: str) -> str:
+def _describe_self(command: str) -> str:
     """Who holds a lock, as the lock file records it."""
     args = " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith(("welder", "cli.py")) else ""
     return f"pid {os.getpid()} on host {socket.gethostname()} ({command}{' ' + args if args else ''})"
@@ -64,7 +64,7 @@ def prefix_lock(prefix: str | os.PathLike[str], command: str) -> Iterator[None]:
                 "elsewhere with -o"
             ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{describe_self(command)}\n".encode(), 0)
+        os.pwrite(fd, f"{_describe_self(command)}\n".encode(), 0)
         _held[key] = 1
         try:
             yield

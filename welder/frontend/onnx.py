@@ -56,8 +56,8 @@ _FOLD_MIN_ELEMENTS = 1 << 16
 
 @dataclass(frozen=True)
 class MemoryLimit:
-    """The most bytes any one tensor may take, and all constants together (the weights
-    and everything folded into them).  ``what`` names that memory in messages."""
+    """The most bytes any one tensor may take, and the initializers together.  ``what``
+    names that memory in messages."""
 
     bytes: int
     what: str
