@@ -113,10 +113,9 @@ def test_bad_input_shape_overrides(shapes, message):
         import_onnx(model, shapes)
 
 
-@pytest.mark.parametrize("opset", [10, 22])
-def test_opset_outside_range(opset):
-    model, _ = small_model(opset)
-    with pytest.raises(UnsupportedError, match=f"opset {opset}"):
+def test_opset_above_range():
+    model, _ = small_model(22)
+    with pytest.raises(UnsupportedError, match="opset 22"):
         import_onnx(model)
 
 

@@ -21,7 +21,15 @@ ROOT = Path(welder.__file__).resolve().parent
 
 #: Layers, earliest first; a module belongs to the layer of its longest listed prefix.
 LAYERS: list[tuple[str, ...]] = [
-    ("welder.errors", "welder.resources", "welder.arch", "welder.ir", "welder.graph", "welder.check"),
+    (
+        "welder.errors",
+        "welder.resources",
+        "welder.lock",
+        "welder.arch",
+        "welder.ir",
+        "welder.graph",
+        "welder.check",
+    ),
     ("welder.frontend",),
     ("welder.tile",),
     ("welder.schedule",),

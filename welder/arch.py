@@ -6,6 +6,10 @@ published per product; ``l2_bw_gbs`` is a conservative estimate of about two to 
 half times the DRAM bandwidth, in line with micro-benchmark reports for these parts.
 Shared-memory bandwidth is derived as 32 banks x 4 bytes per clock per SM at the boost
 clock.  ``auto`` reads the local GPU and picks the matching description.
+
+``memory_bytes`` is the device memory of the product's largest model (V100 32 GB, A100
+80 GB, H200 141 GB): ``welder tune`` refuses a tensor larger than it; ``auto`` through
+pycuda reads the actual size from the driver.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class Arch:
     fp32_tflops: float
     fp16_tc_tflops: float  # dense tensor-core throughput with fp32 accumulation
     tf32_tc_tflops: float
+    memory_bytes: int  # device memory: the largest model of the product unless read from the GPU
     tensor_core_shapes: dict[str, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
     warp_size: int = 32
     read_transaction: int = 32  # DRAM sector size in bytes
@@ -83,6 +88,7 @@ ARCHS: dict[str, Arch] = {
         fp32_tflops=15.7,
         fp16_tc_tflops=125,
         tf32_tc_tflops=0.0,
+        memory_bytes=32 * 2**30,
         tensor_core_shapes=_VOLTA_TC,
         source="NVIDIA Tesla V100 GPU Architecture whitepaper (2017), SXM2; CUDA C++ Programming "
         "Guide, compute capability 7.0 limits",
@@ -106,6 +112,7 @@ ARCHS: dict[str, Arch] = {
         fp32_tflops=19.5,
         fp16_tc_tflops=312,
         tf32_tc_tflops=156,
+        memory_bytes=80 * 2**30,
         tensor_core_shapes=_AMPERE_TC,
         source="NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), SXM4 40 GB; CUDA C++ "
         "Programming Guide, compute capability 8.0 limits",
@@ -129,6 +136,7 @@ ARCHS: dict[str, Arch] = {
         fp32_tflops=35.6,
         fp16_tc_tflops=71,
         tf32_tc_tflops=35.6,
+        memory_bytes=24 * 2**30,
         tensor_core_shapes=_AMPERE_TC,
         source="NVIDIA Ampere GA102 GPU Architecture whitepaper (2020), GeForce RTX 3090; CUDA C++ "
         "Programming Guide, compute capability 8.6 limits",
@@ -152,6 +160,7 @@ ARCHS: dict[str, Arch] = {
         fp32_tflops=82.6,
         fp16_tc_tflops=165,
         tf32_tc_tflops=82.6,
+        memory_bytes=24 * 2**30,
         tensor_core_shapes=_AMPERE_TC,
         source="NVIDIA Ada GPU Architecture whitepaper (2022), GeForce RTX 4090; CUDA C++ "
         "Programming Guide, compute capability 8.9 limits",
@@ -175,6 +184,7 @@ ARCHS: dict[str, Arch] = {
         fp32_tflops=67,
         fp16_tc_tflops=989,
         tf32_tc_tflops=494,
+        memory_bytes=80 * 2**30,
         tensor_core_shapes=_AMPERE_TC,
         source="NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022) and datasheet, SXM5 80 GB; "
         "CUDA C++ Programming Guide, compute capability 9.0 limits",
@@ -198,6 +208,7 @@ ARCHS: dict[str, Arch] = {
         fp32_tflops=67,
         fp16_tc_tflops=989,
         tf32_tc_tflops=494,
+        memory_bytes=141 * 10**9,
         tensor_core_shapes=_AMPERE_TC,
         source="NVIDIA H200 Tensor Core GPU datasheet (2024), SXM 141 GB (same SM as H100); L2 size "
         "as reported by the CUDA driver on the device machine",
@@ -254,15 +265,19 @@ def detect_local_arch() -> Arch:
     )
 
 
-def match_gpu_name(gpu_name: str, sm_count: int | None = None) -> Arch:
+def match_gpu_name(gpu_name: str, sm_count: int | None = None, memory_bytes: int | None = None) -> Arch:
     """The description whose name appears in a driver-reported GPU name, e.g.
-    'NVIDIA H100 80GB HBM3' -> H100; the SM count, when known, overrides ours (PCIe
-    variants have fewer SMs than SXM)."""
+    'NVIDIA H100 80GB HBM3' -> H100; the SM count and memory size, when known, override
+    ours (PCIe variants have fewer SMs than SXM, and many products come in two sizes)."""
     compact = re.sub(r"[\s_-]", "", gpu_name.upper())
     for key in ("H200", "H100", "A100", "V100", "RTX4090", "RTX3090"):
         if key in compact:
             arch = ARCHS[key]
-            return replace(arch, sm_count=sm_count) if sm_count and sm_count != arch.sm_count else arch
+            if sm_count and sm_count != arch.sm_count:
+                arch = replace(arch, sm_count=sm_count)
+            if memory_bytes and memory_bytes != arch.memory_bytes:
+                arch = replace(arch, memory_bytes=memory_bytes)
+            return arch
     raise WelderError(f"GPU {gpu_name!r} has no description in welder.arch; pass --arch explicitly")
 
 
@@ -273,4 +288,4 @@ def _from_pycuda() -> Arch:
     dev = drv.Device(0)
     attrs = dev.get_attributes()
     sm = attrs[drv.device_attribute.MULTIPROCESSOR_COUNT]
-    return match_gpu_name(dev.name(), sm)
+    return match_gpu_name(dev.name(), sm, dev.total_memory())

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from welder.errors import WelderError
@@ -57,7 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="compare a back end with onnxruntime on random inputs")
     _add_model_args(p)
-    p.add_argument("--backend", default="interpret", help="back end to check (default: interpret)")
+    p.add_argument(
+        "--backend",
+        default="interpret",
+        choices=("interpret", "emulate", "gpu"),  # welder.session.BACKENDS, without importing it
+        help="back end to check: the IR interpreter, the runtime on the CPU emulator, or the "
+        "runtime built under a PREFIX on the GPU (default: interpret)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
 
     p = sub.add_parser("tune", help="compile a model: fuse, choose configs, generate and build the runtime")
@@ -289,6 +296,8 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    shown = warnings.showwarning
+    warnings.showwarning = _plain_warnings(args.command, shown)
     try:
         return COMMANDS[args.command](args)
     except WelderError as e:
@@ -297,6 +306,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"welder {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.showwarning = shown
+
+
+def _plain_warnings(command: str, fallback: Callable[..., None]) -> Callable[..., None]:
+    """Welder's own warnings (an upgraded opset, a shape inference disagreement) as one
+    line like the errors, without the file and source line Python adds for programmers."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if category.__module__.startswith("welder"):
+            print(f"welder {command}: warning: {message}", file=file or sys.stderr)
+        else:
+            fallback(message, category, filename, lineno, file, line)
+
+    return show
 
 
 if __name__ == "__main__":

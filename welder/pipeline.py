@@ -24,10 +24,11 @@ from welder.arch import Arch, get_arch
 from welder.codegen import Kernel, generate_model
 from welder.device.gpu import GpuDevice, gpu_available
 from welder.errors import WelderError
-from welder.frontend.onnx import import_onnx, load_model
+from welder.frontend.onnx import MemoryLimit, import_onnx, load_model
 from welder.graph import Graph
-from welder.runtime.build import build_runtime, find_nvcc
-from welder.runtime.emit import emit_runtime
+from welder.lock import prefix_lock
+from welder.runtime.build import build_runtime, check_cuda_arch, find_nvcc
+from welder.runtime.emit import emit_runtime, normalize_cuda_arch
 from welder.runtime.library import parse_summary
 from welder.schedule.plan import Plan, plan_model, tuned_json, write_json
 from welder.tune.cache import TuningCache
@@ -101,14 +102,40 @@ def tune(
     options: TuneOptions,
     progress: Callable[[int, int], None] | None = None,
 ) -> TuneResult:
+    """Compile ``model`` into ``out``.  Everything the user gave is checked -- the model
+    imports, the arch exists, nvcc supports ``cuda_arch`` -- before ``out`` is created, so
+    bad input leaves nothing behind; then ``out`` is locked against a second tune."""
     if options.topk < 1:
         raise WelderError("--topk must be at least 1")
     start = time.perf_counter()
     notes: list[str] = []
-    out.mkdir(parents=True, exist_ok=True)
-    _place_model(Path(model), out)
+    source = Path(model) / "model.onnx" if Path(model).is_dir() else Path(model)
+    proto = load_model(source)
     arch = get_arch(options.arch)
-    graph = import_onnx(out / "model.onnx", options.input_shapes, name=Path(model).stem)
+    _check_cuda_arch(options)
+    device = MemoryLimit(arch.memory_bytes, f"device memory of the {arch.name} (--arch)")
+    graph = import_onnx(proto, options.input_shapes, name=Path(model).stem, memory=device)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WelderError(f"cannot create the output folder {out}: {e.strerror}") from None
+    with prefix_lock(out, "welder tune"):
+        return _tune_into(out, str(model), source, proto, graph, arch, options, progress, start, notes)
+
+
+def _tune_into(
+    out: Path,
+    model: str,
+    source: Path,
+    proto: onnx.ModelProto,
+    graph: Graph,
+    arch: Arch,
+    options: TuneOptions,
+    progress: Callable[[int, int], None] | None,
+    start: float,
+    notes: list[str],
+) -> TuneResult:
+    _place_model(source, proto, out)
     graph.write_json(str(out / "model.json"))
     if options.cost_model:
         plan = plan_model(
@@ -153,14 +180,26 @@ def tune(
     return TuneResult(out, graph, plan, kernels, built, seconds, notes, build_seconds, runtime)
 
 
-def _place_model(model: Path, out: Path) -> None:
+def _check_cuda_arch(options: TuneOptions) -> None:
+    """A --cuda-arch that is malformed, or that the local nvcc cannot compile for, is an
+    error before any tuning (an absent nvcc is a note later: the sources are still made)."""
+    arch = normalize_cuda_arch(options.cuda_arch)
+    if arch is None or not options.build:
+        return
+    try:
+        nvcc = find_nvcc()
+    except WelderError:
+        return
+    check_cuda_arch(arch, nvcc)
+
+
+def _place_model(source: Path, proto: onnx.ModelProto, out: Path) -> None:
     """PREFIX must hold model.onnx (test_acc and the session read it there); a model from
-    elsewhere is copied in, with its external-data files."""
-    source = model / "model.onnx" if model.is_dir() else model
+    elsewhere is copied in, with its external-data files.  ``proto`` is ``source`` as
+    ``load_model`` read it (external data checked to stay inside its folder)."""
     target = out / "model.onnx"
     if target.exists() and source.resolve() == target.resolve():
         return
-    proto = load_model(source)  # validates, and refuses external data outside its folder
     if any(
         t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
         for t in onnx.load(str(source), load_external_data=False).graph.initializer
@@ -228,7 +267,10 @@ def _build(out: Path, options: TuneOptions, notes: list[str]) -> Path | None:
         notes.append(f"runtime not built: {' and '.join(missing)} not found; run `welder build` later")
         return None
     if options.cuda_arch is None and shutil.which("nvidia-smi") is None:
-        notes.append("runtime not built: no GPU here; pass --cuda-arch (e.g. 90) or run `welder build`")
+        notes.append(
+            "runtime not built: no GPU here to build for; rerun with --cuda-arch 90 (your GPU's "
+            f"compute capability) or run `welder build {out} --cuda-arch 90`"
+        )
         return None
     return build_runtime(out, options.cuda_arch)
 

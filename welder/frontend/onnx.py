@@ -3,24 +3,34 @@
 Stages, each a function so tests and tools can run them one at a time:
 
 1. ``load_model``: parse the file and its external data (never outside the model folder);
+   ``check_graph``: one producer per tensor, distinct and existing graph outputs;
+   ``upgrade_opset``: models older than opset 11 go through ``onnx.version_converter``;
 2. ``fix_input_shapes``: apply ``--input-shape`` overrides, reject symbolic dimensions;
 3. ``check_model``: opset range and the list of unsupported operators, before any work;
 4. ``simplify``: graph-level rewrites on ONNX (BatchNormalization folded into Conv);
 5. ``lower``: one registered lowering per node, constant folding as it goes, shapes
    cross-checked against ONNX shape inference, dead nodes removed.
+
+Every tensor's size is checked against a :class:`MemoryLimit` as soon as its shape is
+known (inputs, weights, each compute a lowering creates, before anything is allocated),
+so a model that cannot fit fails at import naming the tensor, not later in numpy or the
+kernel's out-of-memory killer.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import os
+import re
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import numpy_helper, version_converter
 
 import welder.frontend.ops  # noqa: F401  (registers every lowering)
 from welder.errors import ModelError, ShapeError, UnsupportedError
@@ -44,19 +54,64 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 _FOLD_MIN_ELEMENTS = 1 << 16
 
 
+@dataclass(frozen=True)
+class MemoryLimit:
+    """The most bytes any one tensor may take, and the initializers together.  ``what``
+    names that memory in messages."""
+
+    bytes: int
+    what: str
+
+
+def host_memory() -> MemoryLimit:
+    """The interpreter's limit: host memory the kernel says a process can still get --
+    Linux's ``MemAvailable`` (free memory plus the cache it can reclaim), elsewhere
+    ``sysconf``'s available pages, and the physical memory where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            found = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M)
+        if found:
+            return MemoryLimit(int(found.group(1)) * 1024, "available host memory")
+    except OSError:
+        pass
+    for pages, what in (("SC_AVPHYS_PAGES", "available host memory"), ("SC_PHYS_PAGES", "host memory")):
+        try:
+            return MemoryLimit(os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE"), what)
+        except (ValueError, OSError, AttributeError):
+            continue
+    return MemoryLimit(1 << 62, "host memory")
+
+
+def format_bytes(n: int) -> str:
+    """``2.9 TiB (3,199,999,999,968 bytes)``: binary units, as memory is sized, and the
+    exact count, which tells apart sizes that round alike."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit} ({n:,} bytes)"
+    return f"{n:,} bytes"
+
+
 def import_onnx(
     model: str | os.PathLike | onnx.ModelProto,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     name: str | None = None,
+    memory: MemoryLimit | None = None,
 ) -> Graph:
-    """Import an ONNX model (a path or a loaded ModelProto) into a Graph."""
+    """Import an ONNX model (a path or a loaded ModelProto) into a Graph.
+
+    ``memory`` bounds every tensor (default :func:`host_memory`, where the interpreter runs
+    it; ``welder tune`` passes the target GPU's memory)."""
     if not isinstance(model, onnx.ModelProto):
         name = name or Path(model).stem
         model = load_model(model)
+    check_graph(model)
+    model = upgrade_opset(model)
     model = fix_input_shapes(model, input_shapes or {})
     check_model(model)
+    memory = memory or host_memory()
+    check_input_sizes(model, memory, input_shapes or {})
     model = simplify(model)
-    return lower(model, name=name or model.graph.name or "model")
+    return lower(model, name=name or model.graph.name or "model", memory=memory)
 
 
 # -- 1. loading --------------------------------------------------------------------------
@@ -68,10 +123,15 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         path = path / "model.onnx"
     if not path.is_file():
         raise ModelError(f"no ONNX model at {str(path)!r}")
+    if path.stat().st_size == 0:
+        raise ModelError(f"{str(path)!r} is empty (0 bytes); an unfinished download or export?")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf raises a bare DecodeError with no file name
         raise ModelError(f"{str(path)!r} is not a readable ONNX model: {e}") from None
+    if not model.HasField("graph") and not model.opset_import:
+        # Protobuf accepts many byte strings as a message of unknown fields only.
+        raise ModelError(f"{str(path)!r} is not an ONNX model: it holds no graph")
     base = path.resolve().parent
     for t in _external_tensors(model):
         location = next((e.value for e in t.external_data if e.key == "location"), "")
@@ -96,6 +156,154 @@ def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
         for t in onnx.external_data_helper._get_all_tensors(model)
         if t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
     ]
+
+
+def check_graph(model: onnx.ModelProto) -> None:
+    """Reject what ONNX forbids in a graph's wiring -- no outputs, a tensor with two
+    producers, an output listed twice or produced by nothing -- naming every tensor at
+    fault, before the lowering trips over the consequences and names something else."""
+    g = model.graph
+    if not g.output:
+        raise ModelError(
+            "the model declares no graph outputs, so it computes nothing; "
+            "list the wanted tensors in graph.output"
+        )
+    problems: list[str] = []
+    producer: dict[str, str] = {}
+    for vi in g.input:
+        if vi.name in producer:
+            problems.append(f"graph input {vi.name!r} is listed twice")
+        producer[vi.name] = "is a graph input"
+    initializers: set[str] = set()
+    for t in g.initializer:
+        if t.name in initializers:
+            problems.append(f"initializer {t.name!r} is listed twice")
+        initializers.add(t.name)
+        producer.setdefault(t.name, "is an initializer")  # old exporters list weights as inputs too
+    for node in g.node:
+        for o in node.output:
+            if not o:
+                continue
+            if o in producer:
+                problems.append(f"tensor {o!r} {producer[o]} and is also written by {_node_label(node)}")
+            else:
+                producer[o] = f"is written by {_node_label(node)}"
+    listed: set[str] = set()
+    for o in g.output:
+        if o.name in listed:
+            problems.append(f"graph output {o.name!r} is listed twice")
+        elif o.name not in producer:
+            problems.append(f"graph output {o.name!r} is not produced by any node, input or initializer")
+        listed.add(o.name)
+    if problems:
+        raise ModelError("the graph is malformed:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _node_label(node: onnx.NodeProto) -> str:
+    return f"{node.op_type} node {node.name or next((o for o in node.output if o), '?')!r}"
+
+
+class OpsetUpgradeWarning(UserWarning):
+    """The model predates opset 11 and was upgraded with ``onnx.version_converter``."""
+
+
+def upgrade_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A model older than opset :data:`MIN_OPSET` converted to it by
+    ``onnx.version_converter`` (the model zoo's opset-9 classics convert and then match
+    onnxruntime); newer models are returned as they are.  What the converter cannot
+    upgrade is a ModelError naming the opset and the converter's reason."""
+    opset = model_opset(model)
+    if opset >= MIN_OPSET:
+        return model
+    foreign = _unsupported_operators(model, opset, foreign_only=True)
+    if foreign:  # the converter knows no other domain; they could not be imported anyway
+        raise UnsupportedError(foreign)
+    for node in model.graph.node:
+        try:
+            onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            raise ModelError(
+                f"the model uses opset {opset}, older than welder's {MIN_OPSET} to {MAX_OPSET}, and its "
+                f"{_node_label(node)} is no operator of ONNX opset {opset}, so onnx.version_converter "
+                "cannot upgrade it"
+            ) from None
+    try:
+        upgraded = version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:  # the converter raises bare RuntimeErrors from C++ assertions
+        raise ModelError(
+            f"the model uses opset {opset}, older than welder's {MIN_OPSET} to {MAX_OPSET}, and "
+            f"onnx.version_converter cannot upgrade it to opset {MIN_OPSET}: {_converter_reason(e)}"
+        ) from None
+    _keep_pre11_resize_rounding(upgraded)
+    warnings.warn(
+        f"the model uses opset {opset}; imported after upgrading it to opset {MIN_OPSET} with "
+        "onnx.version_converter",
+        OpsetUpgradeWarning,
+        stacklevel=3,
+    )
+    return upgraded
+
+
+def _keep_pre11_resize_rounding(model: onnx.ModelProto) -> None:
+    """Give the Resize nodes that ``onnx.version_converter`` made from opset-9 Upsample and
+    opset-10 Resize the coordinates those had, in place.  The converter leaves opset 11's
+    default (half_pixel), which moves every linear sample.  Before opset 11 the source
+    coordinate was ``x / scale``, and nearest rounded down on an upsampled axis and up on
+    a downsampled one (as onnxruntime runs them); one opset-11 node has one rounding mode,
+    so a nearest resize that does both becomes two nodes, one per direction."""
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    nodes: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        if node.op_type != "Resize" or "coordinate_transformation_mode" in attrs:
+            nodes.append(node)
+            continue
+        node.attribute.append(onnx.helper.make_attribute("coordinate_transformation_mode", "asymmetric"))
+        mode = onnx.helper.get_attribute_value(attrs["mode"]).decode() if "mode" in attrs else "nearest"
+        if mode != "nearest":
+            nodes.append(node)
+            continue
+        scales = values.get(node.input[2]) if len(node.input) > 2 else None
+        if scales is None:
+            raise ModelError(
+                f"{_node_label(node)} (a nearest resize before opset 11) takes its scales from a "
+                "tensor computed at run time; its rounding depends on them, so it cannot be upgraded"
+            )
+        scales = np.asarray(scales, np.float64).reshape(-1)
+        if (scales >= 1).all() or (scales <= 1).all():
+            rounding = "floor" if (scales >= 1).all() else "ceil"
+            node.attribute.append(onnx.helper.make_attribute("nearest_mode", rounding))
+            nodes.append(node)
+            continue
+        out = node.output[0]
+        up, down, middle = f"{out}:scales_up", f"{out}:scales_down", f"{out}:upsampled"
+        model.graph.initializer.extend(
+            [
+                numpy_helper.from_array(np.where(scales >= 1, scales, 1).astype(np.float32), up),
+                numpy_helper.from_array(np.where(scales >= 1, 1, scales).astype(np.float32), down),
+            ]
+        )
+        for inputs, output, rounding in ((up, middle, "floor"), (down, out, "ceil")):
+            part = onnx.NodeProto()
+            part.CopyFrom(node)
+            part.name = f"{node.name or out}:{rounding}"
+            part.input[0] = node.input[0] if rounding == "floor" else middle
+            part.input[2] = inputs
+            part.output[0] = output
+            part.attribute.append(onnx.helper.make_attribute("nearest_mode", rounding))
+            nodes.append(part)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def _converter_reason(e: Exception) -> str:
+    """The converter's message without the C++ file, line and assertion text around it."""
+    text = str(e).strip()
+    text = text.split("failed: ", 1)[-1] if "failed: " in text else text
+    return (text.splitlines() or [type(e).__name__])[0]
 
 
 # -- 2. input shapes ---------------------------------------------------------------------
@@ -154,6 +362,39 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
     return model
 
 
+def tensor_bytes(shape: Sequence[int], dtype: str) -> int:
+    """Bytes of a dense tensor, in Python integers (no overflow for absurd shapes)."""
+    try:
+        itemsize = np_dtype(dtype).itemsize
+    except KeyError:
+        itemsize = 8
+    return math.prod(int(d) for d in shape) * itemsize
+
+
+def check_fits(what: str, shape: Sequence[int], dtype: str, memory: MemoryLimit, fix: str = "") -> None:
+    """A ModelError (ShapeError where the user set the shape) when a tensor of this shape
+    cannot fit in ``memory``; called before anything of that size is allocated."""
+    size = tensor_bytes(shape, dtype)
+    if size > memory.bytes:
+        error = ShapeError if fix else ModelError
+        raise error(
+            f"{what} ({dtype} {list(shape)}) takes {format_bytes(size)}, more than the "
+            f"{format_bytes(memory.bytes)} of {memory.what}{fix}"
+        )
+
+
+def check_input_sizes(
+    model: onnx.ModelProto, memory: MemoryLimit, overridden: Mapping[str, Sequence[int]] | None = None
+) -> None:
+    """Every (static) model input must fit in ``memory``."""
+    for vi in graph_inputs(model):
+        tt = vi.type.tensor_type
+        shape = [d.dim_value for d in tt.shape.dim]
+        dtype = dtype_from_onnx(tt.elem_type, f"model input {vi.name!r}")
+        fix = "; pass a smaller --input-shape" if vi.name in (overridden or {}) else ""
+        check_fits(f"model input {vi.name!r}", shape, dtype, memory, fix)
+
+
 def _fmt_dims(dims) -> str:
     return (
         "["
@@ -189,26 +430,35 @@ def check_model(model: onnx.ModelProto) -> None:
     """Reject what cannot be imported, listing every problem at once."""
     opset = model_opset(model)
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        target = MAX_OPSET if opset > MAX_OPSET else 13
         raise UnsupportedError(
-            f"the model uses opset {opset}; welder supports opsets {MIN_OPSET} to {MAX_OPSET}. "
-            f"Convert it with onnx.version_converter.convert_version(model, {target})"
+            f"the model uses opset {opset}; welder supports opsets {MIN_OPSET} to {MAX_OPSET} "
+            f"(older ones are upgraded on import). Convert it with "
+            f"onnx.version_converter.convert_version(model, {MAX_OPSET})"
         )
+    unsupported = _unsupported_operators(model, opset)
+    if unsupported:
+        raise UnsupportedError(unsupported)
+
+
+def _unsupported_operators(model: onnx.ModelProto, opset: int, foreign_only: bool = False) -> str:
+    """One message listing every operator type welder has no lowering for (only those of
+    domains other than ONNX's with ``foreign_only``), or "" if there is none."""
     missing: dict[tuple[str, str], str] = {}
     for node in model.graph.node:
         domain = node.domain or ""
+        if foreign_only and domain in DEFAULT_DOMAINS:
+            continue
         if domain not in DEFAULT_DOMAINS or node.op_type not in LOWERINGS:
             key = (node.op_type if domain in DEFAULT_DOMAINS else f"{domain}.{node.op_type}", domain)
             missing.setdefault(key, node.name or node.output[0])
-    if missing:
-        lines = [
-            f"  {op} (opset {opset if dom in DEFAULT_DOMAINS else _domain_version(model, dom)}), "
-            f"first at node {first!r}"
-            for (op, dom), first in missing.items()
-        ]
-        raise UnsupportedError(
-            f"the model uses {len(missing)} unsupported operator type(s):\n" + "\n".join(lines)
-        )
+    if not missing:
+        return ""
+    lines = [
+        f"  {op} (opset {opset if dom in DEFAULT_DOMAINS else _domain_version(model, dom)}), "
+        f"first at node {first!r}"
+        for (op, dom), first in missing.items()
+    ]
+    return f"the model uses {len(missing)} unsupported operator type(s):\n" + "\n".join(lines)
 
 
 def _domain_version(model: onnx.ModelProto, domain: str) -> str:
@@ -221,7 +471,8 @@ def _domain_version(model: onnx.ModelProto, domain: str) -> str:
 class _Builder:
     """The graph under construction; LowerContext appends to it."""
 
-    def __init__(self, reserved: set[str]) -> None:
+    def __init__(self, reserved: set[str], memory: MemoryLimit) -> None:
+        self.memory = memory
         self.computes: dict[str, Compute] = {}
         self.origin: dict[str, tuple[str, str]] = {}
         self.constants: dict[str, np.ndarray] = {}
@@ -240,8 +491,12 @@ class _Builder:
         return name
 
     def add_compute(self, c: Compute, ctx: LowerContext) -> None:
+        self.check_fits(f"{ctx.label}: tensor {c.name!r}", c.shape, c.dtype)
         self.computes[c.name] = c
         self.origin[c.name] = (ctx.op_type, ctx.node.name)
+
+    def check_fits(self, what: str, shape: Sequence[int], dtype: str) -> None:
+        check_fits(what, shape, dtype, self.memory)
 
     def add_constant(self, name: str, value: np.ndarray) -> None:
         self.used.add(name)
@@ -284,18 +539,29 @@ class _Builder:
             self.used.add(new)
 
 
-def lower(model: onnx.ModelProto, name: str = "model") -> Graph:
-    """Lower every node of a checked model; returns the dead-code-free Graph."""
+def lower(model: onnx.ModelProto, name: str = "model", memory: MemoryLimit | None = None) -> Graph:
+    """Lower every node of a checked model; returns the dead-code-free Graph.  Every
+    tensor must fit in ``memory`` (default: :func:`host_memory`), and so must the
+    initializers together."""
+    memory = memory or host_memory()
     opset = model_opset(model)
     g = model.graph
     reserved = {v for n in g.node for v in (*n.input, *n.output)} | {t.name for t in g.initializer}
-    b = _Builder(reserved)
+    b = _Builder(reserved, memory)
     env: dict[str, str] = {}  # ONNX tensor name -> our tensor name
 
+    weights = 0
     for init in g.initializer:
         arr = _to_numpy(init)
+        check_fits(f"initializer {init.name!r}", arr.shape, array_dtype(arr, init.name), memory)
+        weights += arr.nbytes
         b.add_constant(init.name, arr)
         env[init.name] = init.name
+    if weights > memory.bytes:
+        raise ModelError(
+            f"the model's {len(g.initializer)} initializers take {format_bytes(weights)} together, more "
+            f"than the {format_bytes(memory.bytes)} of {memory.what}"
+        )
     for vi in graph_inputs(model):
         shape = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
         dtype = dtype_from_onnx(vi.type.tensor_type.elem_type, f"model input {vi.name!r}")

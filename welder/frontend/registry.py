@@ -218,6 +218,11 @@ class LowerContext:
         self.created.append(c.name)
         return Tensor(c.name, c.shape, c.dtype)
 
+    def check_fits(self, shape: Sequence[int], dtype: str, what: str = "output") -> None:
+        """Raise, naming this node, if a tensor of ``shape`` cannot fit in the memory the
+        model is imported for; call it before allocating an array of that shape."""
+        self._builder.check_fits(f"{self.label}: {what}", shape, dtype)
+
     def constant(self, value: np.ndarray | float | int, hint: str = "") -> Tensor:
         value = np.asarray(value)
         array_dtype(value, self.label)

@@ -9,6 +9,7 @@ two, or was copied from another place.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -17,8 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from welder.errors import WelderError
+from welder.lock import prefix_lock
 from welder.resources import EMU_DIR
-from welder.runtime.emit import normalize_cuda_arch
+from welder.runtime.emit import CudaArchError, normalize_cuda_arch
 from welder.runtime.layout import BUILD_SUBDIR, LIBRARY_NAME, MAIN_TEST_NAME, existing_runtime_dir
 
 #: How much of a failed build's output an error shows (the end: where compilers report).
@@ -41,9 +43,16 @@ def build_runtime(
 
     ``cuda_arch`` overrides the architecture the runtime was emitted for (e.g. "90").
     ``jobs`` defaults to the number of CPU cores.  Raises :class:`RuntimeBuildError` with the
-    compiler's messages when something fails.
+    compiler's messages when something fails, and before CMake runs when there is no
+    architecture to build for or nvcc does not support it.  Holds ``prefix``'s lock (see
+    :mod:`welder.lock`) while it builds.
     """
     source = existing_runtime_dir(prefix)
+    with prefix_lock(prefix, "welder build"):
+        return _build(source, cuda_arch, emulate, jobs)
+
+
+def _build(source: Path, cuda_arch: str | None, emulate: bool, jobs: int | None) -> Path:
     build = source / BUILD_SUBDIR
     cmake = shutil.which("cmake")
     if cmake is None:
@@ -54,10 +63,20 @@ def build_runtime(
             raise RuntimeBuildError("no C++ compiler (g++) was found on PATH to build the emulated runtime")
         options.append(f"-DWELDER_EMU_DIR={EMU_DIR}")
     else:
-        options.append(f"-DCMAKE_CUDA_COMPILER={find_nvcc()}")
+        nvcc = find_nvcc()
+        options.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
         arch = normalize_cuda_arch(cuda_arch)
         if arch is not None:
             options.append(f"-DCMAKE_CUDA_ARCHITECTURES={arch}")
+        target = arch or emitted_cuda_arch(source)
+        if target is None and shutil.which("nvidia-smi") is None:
+            raise RuntimeBuildError(
+                "No GPU found to build for (nvidia-smi is not on PATH) and the runtime was generated "
+                f"for none. Name the architecture: `welder build {source.parents[1]} --cuda-arch 90` "
+                "(your GPU's compute capability)"
+            )
+        if target is not None:
+            check_cuda_arch(target, nvcc)
     _reset_stale_build(build, emulate)
     _run([cmake, "-S", str(source), "-B", str(build), *options], "configuring the runtime (cmake)")
     cores = jobs or os.cpu_count() or 1
@@ -77,6 +96,44 @@ def find_nvcc() -> str:
     raise RuntimeBuildError(
         "nvcc was not found (looked at $CUDACXX, PATH and /usr/local/cuda/bin); install the CUDA toolkit "
         "or set CUDACXX to its nvcc"
+    )
+
+
+def emitted_cuda_arch(source: Path) -> str | None:
+    """The architecture the runtime in ``source`` was generated for, if one was named."""
+    cmake = source / "CMakeLists.txt"
+    found = re.search(r"^\s*set\(CMAKE_CUDA_ARCHITECTURES (\w+)\)", cmake.read_text(), re.M)
+    return found.group(1) if found else None
+
+
+@functools.cache
+def nvcc_architectures(nvcc: str) -> tuple[str, ...] | None:
+    """The compute capabilities ``nvcc --list-gpu-arch`` names (``("75", "80", ...)``), or
+    None when this nvcc cannot tell (releases before CUDA 11)."""
+    try:
+        done = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.findall(r"\bcompute_(\d+)", done.stdout)
+    if done.returncode != 0 or not found:
+        return None
+    return tuple(sorted(set(found), key=int))
+
+
+def check_cuda_arch(arch: str, nvcc: str | None = None) -> None:
+    """A :class:`CudaArchError` naming what nvcc supports when it cannot compile for
+    ``arch`` ("90", "sm_70", ...): checked up front, as CMake buries nvcc's refusal in a
+    failed compiler identification."""
+    arch = normalize_cuda_arch(arch) or ""
+    nvcc = nvcc or find_nvcc()
+    supported = nvcc_architectures(nvcc)
+    number = re.match(r"\d+", arch)
+    if supported is None or number is None or number.group(0) in supported:
+        return
+    raise CudaArchError(
+        f"{nvcc} cannot compile for CUDA architecture {arch} (sm_{arch}); it supports "
+        f"{', '.join(supported)}. Pass one of those as --cuda-arch, or install a CUDA toolkit "
+        f"that still supports sm_{arch}"
     )
 
 

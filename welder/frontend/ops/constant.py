@@ -96,6 +96,7 @@ def range_op(ctx: LowerContext) -> Tensor:
     if delta == 0:
         raise ModelError(f"{ctx.label}: delta must be non-zero")
     count = max(math.ceil(float(limit - start) / float(delta)), 0)
+    ctx.check_fits((count,), dtype)
     wide = np.float64 if np.issubdtype(start.dtype, np.floating) else np.int64
     values = start.astype(wide) + np.arange(count, dtype=wide) * delta.astype(wide)
     return ctx.constant(values.astype(np_dtype(dtype)))
