@@ -599,11 +599,14 @@ OPS: dict[str, tuple[Op, float]] = {
 }
 
 
-def random_graph(seed: int, index: int = 0, fp16_share: float = 0.25) -> FuzzGraph:
-    """Graph ``index`` of the run seeded ``seed``: always the same graph for the same pair."""
+def random_graph(seed: int, index: int = 0, fp16_share: float = 0.25, large_share: float = 0.25) -> FuzzGraph:
+    """Graph ``index`` of the run seeded ``seed``: always the same graph for the same
+    arguments.  ``fp16_share`` and ``large_share`` are the chances of a float16 graph and
+    of a graph with large extents."""
     rng = np.random.default_rng([seed, index])
     dtype = np.float16 if rng.random() < fp16_share else np.float32
-    b = _GraphBuilder(rng, f"{seed}:{index}", f"g{seed}_{index}_", dtype, large=rng.random() < 0.25)
+    large = rng.random() < large_share
+    b = _GraphBuilder(rng, f"{seed}:{index}", f"g{seed}_{index}_", dtype, large)
     rank = int(b.choice([1, 2, 2, 3, 3, 4, 4, 4]))
     b.new_input(b.shape(rank))
     if b.chance(0.3):
@@ -720,11 +723,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=10, help="graphs compiled together")
     p.add_argument("--backends", default="interpret,emulate")
     p.add_argument("--save", help="with --index: write the graph's model here")
+    p.add_argument("--fp16-share", type=float, default=0.25, help="chance of a float16 graph")
+    p.add_argument("--large-share", type=float, default=0.25, help="chance of a graph with large extents")
     args = p.parse_args(argv)
     seed = int(np.random.SeedSequence().entropy % 10**6) if args.seed == "random" else int(args.seed)
     backends = args.backends.split(",")
     if args.index is not None:
-        g = random_graph(seed, args.index)
+        g = random_graph(seed, args.index, args.fp16_share, args.large_share)
         print(g.describe())
         if args.save:
             onnx.save(g.model(), args.save)
@@ -734,10 +739,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if bad else 0
     start, failures = time.time(), 0
     for first in range(0, args.cases, args.batch):
-        graphs = [random_graph(seed, i) for i in range(first, min(first + args.batch, args.cases))]
+        stop = min(first + args.batch, args.cases)
+        graphs = [random_graph(seed, i, args.fp16_share, args.large_share) for i in range(first, stop)]
         for m in check_batch(graphs, backends):
             failures += 1
-            print(f"FAIL --seed {seed} --index {m.graph.label.split(':')[1]}  {m.format()}", flush=True)
+            index = m.graph.label.split(":")[1]
+            share = f"--fp16-share {args.fp16_share} --large-share {args.large_share}"
+            print(f"FAIL --seed {seed} --index {index} {share}  {m.format()}", flush=True)
         print(
             f"[{first + len(graphs)}/{args.cases} graphs, {time.time() - start:.0f} s, {failures} failures]",
             flush=True,

@@ -24,6 +24,7 @@ import onnx
 import pytest
 from fuzz_graphs import OPS, FuzzGraph, batch_model, check_batch, random_graph
 from hypothesis import settings
+from onnx import helper
 
 from welder import session
 from welder.graph import Graph
@@ -91,3 +92,66 @@ def test_batched_graphs_are_valid_onnx() -> None:
     model = batch_model(_graphs(range(min(FUZZ_CASES, 20))))
     onnx.checker.check_model(model, full_check=True)
     assert len(model.graph.output) >= 20
+
+
+# -- graphs the fuzzer failed on -------------------------------------------------------------
+
+
+def _case(
+    label: str,
+    dtype: type,
+    nodes: list[onnx.NodeProto],
+    feeds: Mapping[str, np.ndarray],
+    consts: Mapping[str, np.ndarray],
+    outputs: list[str],
+) -> FuzzGraph:
+    """A fixed graph, written out so that it no longer depends on the generator; every
+    name gets ``label`` as a prefix, so that variants can share one model (one build)."""
+
+    def named(n: str) -> str:
+        return f"{label}_{n}" if n else n
+
+    renamed = []
+    for n in nodes:
+        m = onnx.NodeProto()
+        m.CopyFrom(n)
+        m.input[:] = [named(i) for i in n.input]
+        m.output[:] = [named(o) for o in n.output]
+        m.name = named(n.name or n.output[0])
+        renamed.append(m)
+    return FuzzGraph(
+        label,
+        dtype,
+        renamed,
+        {named(k): np.asarray(v, dtype) for k, v in feeds.items()},
+        {named(k): np.asarray(v) for k, v in consts.items()},
+        [named(o) for o in outputs],
+        ["fixed"],
+    )
+
+
+def _assert_matches(graphs: list[FuzzGraph], tmp_path) -> None:
+    found = check_batch(graphs, ("interpret", "emulate"), tmp_path)
+    assert not found, "\n".join(m.format() for m in found)
+
+
+def test_an_output_that_another_output_stands_for(tmp_path) -> None:
+    """Seed 5, index 203 (float16, large): ``r = Reshape(x)`` and ``e = Expand(r)`` to the
+    shape r already has, both graph outputs.  The Expand makes ``r`` stand for ``e``; the
+    import renamed ``r`` to ``e`` for the first output and left the second without a
+    producer ("graph output 'r' is not produced by any node")."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"]),
+        helper.make_node("Expand", ["r", "shape"], ["e"]),
+        helper.make_node("Relu", ["e"], ["y"]),
+    ]
+    consts = {"shape": np.array([21], np.int64)}
+    x = rng.standard_normal((3, 7))
+    cases = []
+    for dt in (np.float16, np.float32):
+        name = np.dtype(dt).name
+        cases.append(_case(f"{name}_a", dt, nodes[:2], {"x": x}, consts, ["e", "r"]))
+        # The other order, and a third output reading the shared tensor.
+        cases.append(_case(f"{name}_b", dt, nodes, {"x": x}, consts, ["r", "y", "e"]))
+    _assert_matches(cases, tmp_path)
