@@ -59,6 +59,7 @@ ONNX_TYPE = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
 class Value:
     name: str
     shape: tuple[int, ...]
+    integer: bool = False  # an index (ArgMax): only ever a graph output
 
     @property
     def rank(self) -> int:
@@ -117,6 +118,7 @@ class _GraphBuilder:
         self.prefix = prefix
         self.g = FuzzGraph(label, dtype)
         self.values: list[Value] = []
+        self.integers: set[str] = set()
         self._count = 0
 
     # -- naming, inputs, constants ---------------------------------------------------------------
@@ -158,7 +160,7 @@ class _GraphBuilder:
         if shape is None or 0 in shape or int(np.prod(shape, dtype=np.int64)) > self.max_elements:
             return None
         self.g.ops.append(label)
-        v = Value(name, shape)
+        v = Value(name, shape, integer=name in self.integers)
         self.values.append(v)
         return v
 
@@ -181,6 +183,9 @@ class _GraphBuilder:
                     return None
                 return tuple(d.dim_value for d in dims)
         return None
+
+    def floats(self) -> list[Value]:
+        return [v for v in self.values if not v.integer]
 
     def checkpoint(self) -> tuple[int, int, int]:
         return len(self.g.nodes), len(self.g.feeds), len(self.g.initializers)
@@ -260,10 +265,16 @@ def _unary(b: _GraphBuilder, x: Value) -> str:
 
 def _other_operand(b: _GraphBuilder, x: Value) -> str:
     """A second operand broadcasting with ``x``: an earlier value, a new input or a constant."""
-    earlier = [v for v in b.values if v.name != x.name and _broadcasts(v.shape, x.shape)]
+    earlier = [v for v in b.floats() if v.name != x.name and _broadcasts(v.shape, x.shape)]
     if earlier and b.chance(0.35):
         return b.choice(earlier).name
     shape = b.broadcast_shape(x.shape)
+    if b.chance(0.2):  # an operand that makes the result larger than x: x broadcasts too
+        grown = [b.dim() if d == 1 else d for d in x.shape]
+        lead = [b.dim()] if len(grown) < 4 and b.chance(0.5) else []
+        shape = tuple(lead + grown)
+        if int(np.prod(shape)) > b.max_elements // 2:
+            shape = b.broadcast_shape(x.shape)
     if b.chance(0.5):
         return b.new_input(shape).name
     return b.const(b.rng.standard_normal(shape).astype(b.g.dtype))
@@ -315,6 +326,8 @@ def _matmul(b: _GraphBuilder, x: Value) -> str | None:
     k = x.shape[-1]
     n = b.dim()
     mode = b.choice(["weight", "weight", "input", "left"])
+    if x.rank >= 2 and b.chance(0.1):  # a vector on the right drops the last axis
+        return b.node("MatMul", [x.name, b.weight((k,), k)])
     if mode == "weight" or x.rank == 1:
         return b.node("MatMul", [x.name, b.weight((k, n), k)])
     if mode == "input":  # both operands computed: batched, broadcasting batch dims
@@ -506,7 +519,7 @@ def _concat(b: _GraphBuilder, x: Value) -> str | None:
     parts = [x.name]
     for _ in range(int(b.rng.integers(1, 3))):
         shape = list(x.shape)
-        same = [v for v in b.values if v.rank == x.rank and all(
+        same = [v for v in b.floats() if v.rank == x.rank and all(
             s == d for i, (s, d) in enumerate(zip(v.shape, x.shape)) if i != axis % x.rank)]  # fmt: skip
         if same and b.chance(0.5):
             parts.append(b.choice(same).name)
@@ -578,7 +591,39 @@ def _split(b: _GraphBuilder, x: Value) -> str | None:
     return outs[0]
 
 
+def _select(b: _GraphBuilder, x: Value) -> str | None:
+    """Where, ArgMax/ArgMin and comparisons, on graph inputs only: their results jump, so
+    they must read values both sides hold bit for bit.  Integer results are compared
+    exactly; an index becomes a float again through Cast."""
+    inputs = [v for v in b.values if v.name in b.g.feeds]
+    src = b.choice(inputs)
+    kind = b.choice(["Where", "ArgMax", "ArgMin", "Greater-cast"])
+    if kind == "Where":
+        cond = b.node(
+            b.choice(["Greater", "Less", "LessOrEqual"]), [src.name, b.const(np.array(0.3, b.g.dtype))]
+        )
+        other = x.name if _broadcasts(src.shape, x.shape) or _broadcasts(x.shape, src.shape) else src.name
+        return b.node("Where", [cond, other, b.node("Neg", [src.name])])
+    if kind == "Greater-cast":
+        if not (_broadcasts(src.shape, x.shape) or _broadcasts(x.shape, src.shape)) or src.name == x.name:
+            return None
+        flag = b.node(
+            "Cast",
+            [b.node("Greater", [src.name, b.const(np.array(0.0, b.g.dtype))])],
+            to=ONNX_TYPE[b.g.dtype],
+        )
+        return b.node("Mul", [x.name, flag])
+    if src.rank == 0:
+        return None
+    idx = b.node(kind, [src.name], axis=int(b.rng.integers(-src.rank, src.rank)), keepdims=int(b.chance(0.5)))
+    if b.chance(0.3):
+        b.integers.add(idx)
+        return idx  # an int64 result, compared exactly
+    return b.node("Cast", [idx], to=ONNX_TYPE[b.g.dtype])
+
+
 OPS: dict[str, tuple[Op, float]] = {
+    "select": (_select, 0.6),
     "unary": (_unary, 3.0),
     "binary": (_binary, 3.0),
     "reduce": (_reduce, 2.0),
@@ -617,7 +662,8 @@ def random_graph(seed: int, index: int = 0, fp16_share: float = 0.25, large_shar
     attempts = 0
     while len(b.g.ops) < target and attempts < 60:
         attempts += 1
-        x = b.values[-1] if b.chance(0.7) else b.choice(b.values)
+        operands = b.floats()
+        x = operands[-1] if b.chance(0.7) else b.choice(operands)
         kind = names[int(rng.choice(len(names), p=weights / weights.sum()))]
         mark = b.checkpoint()
         out = OPS[kind][0](b, x)
@@ -671,20 +717,99 @@ def reference_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> d
     return onnxruntime_outputs(model, feeds)
 
 
+# Beyond half the float16 range, whether a value overflows depends on where an
+# implementation keeps float32 (onnxruntime runs many float16 operators in float32).
+FP16_RANGE = 32768.0
+
+
+def fp16_unfit_outputs(graphs: Sequence[FuzzGraph], reference: dict[str, np.ndarray]) -> dict[str, str]:
+    """Outputs of float16 graphs that float16 cannot decide, with the reason.  The graph
+    runs in onnxruntime in float32 twice: exactly, and with every value rounded to float16
+    as the graph's types demand.  An output is unfit when a value leaves half the float16
+    range, or when rounding the values moves it, or onnxruntime's float16 result (which
+    keeps many values in float32) lies off the exact one, by over half the float16
+    threshold: the graph is ill-conditioned (a cancelling sum of large terms, say), and
+    two correct implementations may differ by more than the threshold.  Such outputs
+    measure float16 rounding, not the compiler, and are reported rather than compared."""
+    from welder.check import error_metric, threshold_for
+
+    half = [g for g in graphs if g.dtype == np.float16]
+    if not half:
+        return {}
+    runs = []
+    for rounded in (False, True):
+        twins = [_fp32_twin(g, rounded) for g in half]
+        runs.append(reference_outputs(batch_model(twins), {k: v for t in twins for k, v in t.feeds.items()}))
+    exact, rounded_values = runs
+    unfit = {}
+    for g in half:
+        peak = max(
+            (float(np.max(np.abs(v))) for n in g.nodes for o in n.output if (v := exact.get(o)) is not None
+             and v.dtype == np.float32 and v.size),
+            default=0.0,
+        )  # fmt: skip
+        for o in g.outputs:
+            want = exact[o].astype(np.float16).astype(np.float32)
+            drift = max(error_metric(v[o].astype(np.float32), want) for v in (reference, rounded_values))
+            if peak > FP16_RANGE:
+                unfit[o] = f"a float32 value reaches {peak:.3g}"
+            elif drift > threshold_for("float16") / 2:
+                unfit[o] = f"rounding to float16 moves it by {drift:.2e}"
+    return unfit
+
+
+_NOT_FLOAT = {"ArgMax", "ArgMin", "Greater", "Less", "LessOrEqual"}
+
+
+def _fp32_twin(g: FuzzGraph, rounded: bool) -> FuzzGraph:
+    """``g`` in float32 with every value an output; ``rounded``: every float value
+    rounded to float16 and back, as the float16 graph stores it."""
+    nodes = []
+    for n in g.nodes:
+        m = onnx.NodeProto()
+        m.CopyFrom(n)
+        for a in m.attribute:
+            if n.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT16:
+                a.i = TensorProto.FLOAT
+        nodes.append(m)
+        if rounded and n.op_type not in _NOT_FLOAT:
+            for k, o in enumerate(n.output):
+                if o:
+                    m.output[k] = f"{o}_exact"
+                    nodes.append(
+                        helper.make_node("Cast", [f"{o}_exact"], [f"{o}_half"], to=TensorProto.FLOAT16)
+                    )
+                    nodes.append(helper.make_node("Cast", [f"{o}_half"], [o], to=TensorProto.FLOAT))
+    return FuzzGraph(
+        g.label,
+        np.float32,
+        nodes,
+        {k: v.astype(np.float32) for k, v in g.feeds.items()},
+        {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in g.initializers.items()},
+        g.outputs if rounded else [o for n in g.nodes for o in n.output if o],
+        g.ops,
+    )
+
+
 def check_batch(
     graphs: Sequence[FuzzGraph],
     backends: Sequence[str] = ("interpret", "emulate"),
     folder: Path | None = None,
+    unfit: dict[str, str] | None = None,
 ) -> list[Mismatch]:
     """Run the graphs merged into one model through each back end and onnxruntime; the
     mismatches, per graph.  A back end that raises is retried graph by graph so the error
-    is pinned on the graph that causes it."""
+    is pinned on the graph that causes it.  Outputs float16 cannot decide
+    (``fp16_unfit_outputs``) are not compared; ``unfit`` receives them."""
     from welder.check import error_metric, threshold_for
     from welder.session import InferenceSession
 
     model = batch_model(graphs)
     feeds = {k: v for g in graphs for k, v in g.feeds.items()}
     reference = reference_outputs(model, feeds)
+    skip = fp16_unfit_outputs(graphs, reference)
+    if unfit is not None:
+        unfit.update(skip)
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         path = Path(tmp) / "fuzz.onnx"
         onnx.save(model, str(path))
@@ -706,12 +831,9 @@ def check_batch(
                     got = ours[name]
                     err = error_metric(got, ref)
                     limit = threshold_for(ref.dtype.name)
-                    if got.dtype != ref.dtype or not err <= limit:
-                        found.append(
-                            Mismatch(
-                                g, backend, f"output {name}: error {err:.3e} > {limit:.0e} ({got.dtype})"
-                            )
-                        )
+                    if got.dtype != ref.dtype or not (err <= limit or name in skip):
+                        detail = f"output {name}: error {err:.3e} > {limit:.0e} ({got.dtype})"
+                        found.append(Mismatch(g, backend, detail))
     return found
 
 
@@ -737,17 +859,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for m in bad:
             print(m.format())
         return 1 if bad else 0
-    start, failures = time.time(), 0
+    start, failures, unfit = time.time(), 0, {}
     for first in range(0, args.cases, args.batch):
         stop = min(first + args.batch, args.cases)
         graphs = [random_graph(seed, i, args.fp16_share, args.large_share) for i in range(first, stop)]
-        for m in check_batch(graphs, backends):
+        for m in check_batch(graphs, backends, unfit=unfit):
             failures += 1
             index = m.graph.label.split(":")[1]
             share = f"--fp16-share {args.fp16_share} --large-share {args.large_share}"
             print(f"FAIL --seed {seed} --index {index} {share}  {m.format()}", flush=True)
         print(
-            f"[{first + len(graphs)}/{args.cases} graphs, {time.time() - start:.0f} s, {failures} failures]",
+            f"[{first + len(graphs)}/{args.cases} graphs, {time.time() - start:.0f} s, {failures} failures, "
+            f"{len(unfit)} float16 outputs not compared]",
             flush=True,
         )
     return 1 if failures else 0

@@ -55,8 +55,12 @@ def _graphs(indices: range) -> list[FuzzGraph]:
 @pytest.mark.parametrize("indices", BATCHES, ids=[f"seed{SEED}-{r.start}-{r.stop - 1}" for r in BATCHES])
 def test_random_graphs_match_onnxruntime(indices: range, tmp_path) -> None:
     """Each batch is one model of disjoint graphs: one g++ build for all of them."""
-    found = check_batch(_graphs(indices), ("interpret", "emulate"), tmp_path)
+    unfit: dict[str, str] = {}
+    graphs = _graphs(indices)
+    found = check_batch(graphs, ("interpret", "emulate"), tmp_path, unfit)
     assert not found, f"{len(found)} mismatch(es):\n" + "\n".join(m.format() for m in found)
+    # Outputs float16 cannot decide are rare; a generator making many would test little.
+    assert len(unfit) <= max(1, sum(len(g.outputs) for g in graphs) // 10), unfit
 
 
 def test_the_generator_covers_every_operator_and_both_dtypes() -> None:
@@ -155,3 +159,24 @@ def test_an_output_that_another_output_stands_for(tmp_path) -> None:
         # The other order, and a third output reading the shared tensor.
         cases.append(_case(f"{name}_b", dt, nodes, {"x": x}, consts, ["r", "y", "e"]))
     _assert_matches(cases, tmp_path)
+
+
+def test_float16_overflow_the_reference_hides_is_reported_not_compared(tmp_path) -> None:
+    """Seed 22, index 102 (float16, large): a sum of 4096 squares cubed leaves the float16
+    range.  welder overflows to inf as float16 arithmetic must; onnxruntime keeps that
+    chain in float32 and returns a finite value.  A float16 matter, not a compiler bug:
+    the output is reported as unfit rather than compared (or counted as passing)."""
+    nodes = [
+        helper.make_node("ReduceSumSquare", ["x"], ["s"], keepdims=0),
+        helper.make_node("Pow", ["s", "three"], ["p"]),
+        helper.make_node("Log", ["p"], ["y"]),
+    ]
+    x = np.random.default_rng(1).standard_normal((64, 64))
+    g = _case("overflow", np.float16, nodes, {"x": x}, {"three": np.array(3.0, np.float16)}, ["y"])
+    unfit: dict[str, str] = {}
+    assert check_batch([g], ("interpret",), tmp_path, unfit) == []
+    assert "reaches" in unfit["overflow_y"]
+    # The same graph in float32 is compared as usual.
+    g32 = _case("overflow32", np.float32, nodes, {"x": x}, {"three": np.array(3.0, np.float32)}, ["y"])
+    unfit.clear()
+    assert check_batch([g32], ("interpret",), tmp_path, unfit) == [] and not unfit
