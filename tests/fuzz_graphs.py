@@ -115,6 +115,7 @@ class _GraphBuilder:
         self.rng = rng
         self.large = large
         self.max_elements = MAX_ELEMENTS_LARGE if large else MAX_ELEMENTS
+        self.coarse = bool(rng.random() < 0.15)
         self.prefix = prefix
         self.g = FuzzGraph(label, dtype)
         self.values: list[Value] = []
@@ -129,7 +130,10 @@ class _GraphBuilder:
 
     def new_input(self, shape: Sequence[int]) -> Value:
         name = self.fresh("in")
-        self.g.feeds[name] = self.rng.standard_normal(tuple(shape)).astype(self.g.dtype)
+        if self.coarse:  # few distinct values: ties for max and argmax, exact zeros
+            self.g.feeds[name] = self.rng.integers(-3, 4, tuple(shape)).astype(self.g.dtype)
+        else:
+            self.g.feeds[name] = self.rng.standard_normal(tuple(shape)).astype(self.g.dtype)
         v = Value(name, tuple(shape))
         self.values.append(v)
         return v
@@ -622,7 +626,59 @@ def _select(b: _GraphBuilder, x: Value) -> str | None:
     return b.node("Cast", [idx], to=ONNX_TYPE[b.g.dtype])
 
 
+def _norm(b: _GraphBuilder, x: Value) -> str | None:
+    """BatchNormalization (folded into a Conv before it, when there is one) or
+    InstanceNormalization, over axis 1."""
+    if x.rank < 2 or (x.rank < 3 and b.chance(0.5)):
+        return None
+    c = x.shape[1]
+    scale = b.const((1 + 0.3 * b.rng.standard_normal(c)).astype(b.g.dtype))
+    bias = b.const(b.rng.standard_normal(c).astype(b.g.dtype))
+    if x.rank >= 3 and b.chance(0.4):
+        return b.node("InstanceNormalization", [x.name, scale, bias], epsilon=1e-5)
+    mean = b.const(b.rng.standard_normal(c).astype(b.g.dtype))
+    var = b.const(b.rng.uniform(0.5, 2.0, c).astype(b.g.dtype))
+    return b.node("BatchNormalization", [x.name, scale, bias, mean, var], epsilon=1e-5)
+
+
+def _conv_transpose(b: _GraphBuilder, x: Value) -> str | None:
+    if x.rank not in (3, 4):
+        return None
+    c = x.shape[1]
+    group = b.choice([1, 1, c]) if c > 1 else 1
+    m = group * int(b.rng.integers(1, 4))
+    kernel = [int(b.rng.integers(1, 4)) for _ in x.shape[2:]]
+    strides = [int(b.choice([1, 2])) for _ in kernel]
+    pads = [int(b.rng.integers(0, k)) for k in kernel for _ in range(2)]
+    attrs: dict[str, object] = {"group": group, "strides": strides, "pads": pads[0::2] + pads[1::2]}
+    if b.chance(0.3):
+        attrs["output_padding"] = [int(b.rng.integers(0, s)) for s in strides]
+    fan_in = c // group * int(np.prod(kernel))
+    args = [x.name, b.weight((c, m // group, *kernel), fan_in)]
+    if b.chance(0.5):
+        args.append(b.const(b.rng.standard_normal(m).astype(b.g.dtype)))
+    return b.node("ConvTranspose", args, **attrs)
+
+
+def _rearrange(b: _GraphBuilder, x: Value) -> str | None:
+    """Tile, DepthToSpace, SpaceToDepth."""
+    kind = b.choice(["Tile", "DepthToSpace", "SpaceToDepth"])
+    if kind == "Tile" and x.rank:
+        return b.node("Tile", [x.name, b.ints([int(b.choice([1, 1, 2, 3])) for _ in x.shape])])
+    if x.rank != 4:
+        return None
+    _, c, h, w = x.shape
+    if kind == "DepthToSpace" and c % 4 == 0:
+        return b.node(kind, [x.name], blocksize=2, mode=b.choice(["DCR", "CRD"]))
+    if kind == "SpaceToDepth" and h % 2 == 0 and w % 2 == 0:
+        return b.node(kind, [x.name], blocksize=2)
+    return None
+
+
 OPS: dict[str, tuple[Op, float]] = {
+    "norm": (_norm, 0.5),
+    "conv_transpose": (_conv_transpose, 0.4),
+    "rearrange": (_rearrange, 0.5),
     "select": (_select, 0.6),
     "unary": (_unary, 3.0),
     "binary": (_binary, 3.0),
@@ -652,13 +708,13 @@ def random_graph(seed: int, index: int = 0, fp16_share: float = 0.25, large_shar
     dtype = np.float16 if rng.random() < fp16_share else np.float32
     large = rng.random() < large_share
     b = _GraphBuilder(rng, f"{seed}:{index}", f"g{seed}_{index}_", dtype, large)
-    rank = int(b.choice([1, 2, 2, 3, 3, 4, 4, 4]))
+    rank = int(b.choice([0, 1, 2, 2, 3, 3, 4, 4, 4]))
     b.new_input(b.shape(rank))
     if b.chance(0.3):
         b.new_input(b.shape(int(b.rng.integers(1, 5))))
     names = list(OPS)
     weights = np.array([OPS[n][1] for n in names])
-    target = int(rng.integers(2, 8))
+    target = int(rng.integers(2, 8) if rng.random() < 0.85 else rng.integers(8, 15))
     attempts = 0
     while len(b.g.ops) < target and attempts < 60:
         attempts += 1
@@ -791,6 +847,25 @@ def _fp32_twin(g: FuzzGraph, rounded: bool) -> FuzzGraph:
     )
 
 
+def _emulate_other_configs(path: Path, spec: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``emulate@ARCH#K``: the emulated kernels planned for ARCH, each group taking one of
+    its K best configs (chosen by a hash of the group's name), since ``welder tune``
+    measures all K on the GPU and any of them must compute the right thing."""
+    import zlib
+
+    from welder.arch import get_arch
+    from welder.codegen import generate_model
+    from welder.frontend.onnx import import_onnx
+    from welder.runtime.emulate import EmulatedModel
+    from welder.schedule.plan import plan_model
+
+    arch, _, k = spec.removeprefix("emulate@").partition("#")
+    graph = import_onnx(path)
+    plan = plan_model(graph, get_arch(arch), topk=int(k or 1))
+    chosen = [(p.group, p.configs[zlib.crc32(p.group.root.encode()) % len(p.configs)]) for p in plan.groups]
+    return EmulatedModel(graph, generate_model(graph, chosen)).run(feeds)
+
+
 def check_batch(
     graphs: Sequence[FuzzGraph],
     backends: Sequence[str] = ("interpret", "emulate"),
@@ -816,8 +891,11 @@ def check_batch(
         found: list[Mismatch] = []
         for backend in backends:
             try:
-                sess = InferenceSession(path, backend=backend)
-                ours = dict(zip(sess.graph.outputs, sess.run(None, feeds)))
+                if backend.startswith("emulate@"):
+                    ours = _emulate_other_configs(path, backend, feeds)
+                else:
+                    sess = InferenceSession(path, backend=backend)
+                    ours = dict(zip(sess.graph.outputs, sess.run(None, feeds)))
             except Exception:
                 if len(graphs) > 1:
                     for g in graphs:
@@ -843,7 +921,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", default="random", help="an integer, or 'random' for a fresh one")
     p.add_argument("--index", type=int, help="rebuild only graph INDEX of the seed")
     p.add_argument("--batch", type=int, default=10, help="graphs compiled together")
-    p.add_argument("--backends", default="interpret,emulate")
+    p.add_argument(
+        "--backends",
+        default="interpret,emulate",
+        help="comma-separated; emulate@ARCH#K emulates ARCH's plan with one of each group's K best configs",
+    )
     p.add_argument("--save", help="with --index: write the graph's model here")
     p.add_argument("--fp16-share", type=float, default=0.25, help="chance of a float16 graph")
     p.add_argument("--large-share", type=float, default=0.25, help="chance of a graph with large extents")
