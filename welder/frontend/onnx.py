@@ -24,6 +24,7 @@ import math
 import os
 import re
 import warnings
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -595,10 +596,17 @@ def lower(model: onnx.ModelProto, name: str = "model", memory: MemoryLimit | Non
                 _check_against_inference(label, onnx_name, b.tensor(env[onnx_name]), inferred)
 
     outputs = []
+    # A tensor that stands for several graph outputs (an Expand or Reshape that changes
+    # nothing makes its input stand for its output), or that is a graph output by name,
+    # must keep its name: each other output gets a copy.
+    output_names = {o.name for o in g.output}
+    standing_for = Counter(env.get(o.name) for o in g.output)
     for o in g.output:
         if o.name not in env:
             raise ModelError(f"graph output {o.name!r} is not produced by any node")
-        outputs.append(_materialise_output(o.name, env[o.name], b, outputs))
+        ours = env[o.name]
+        renamable = standing_for[ours] == 1 and ours not in output_names
+        outputs.append(_materialise_output(o.name, ours, b, outputs, renamable))
     nodes = [
         Node(c, op_type=b.origin.get(n, ("Copy", ""))[0], source=b.origin.get(n, ("", ""))[1])
         for n, c in b.computes.items()
@@ -663,11 +671,12 @@ def _fold_constants(created: list[str], inputs: list[Tensor | None], b: _Builder
         b.origin.pop(name, None)
 
 
-def _materialise_output(onnx_name: str, ours: str, b: _Builder, done: list[str]) -> str:
-    """Make the graph output carry the ONNX output name, renaming or copying as needed."""
+def _materialise_output(onnx_name: str, ours: str, b: _Builder, done: list[str], renamable: bool) -> str:
+    """Make the graph output carry the ONNX output name, renaming (where ``renamable``)
+    or copying as needed."""
     if ours == onnx_name and onnx_name not in done:
         return onnx_name
-    if ours in b.computes and ours not in done and onnx_name not in b.used:
+    if renamable and ours in b.computes and ours not in done and onnx_name not in b.used:
         b.rename({ours: onnx_name})
         return onnx_name
     t = b.tensor(ours)
