@@ -29,6 +29,7 @@ from welder.graph import Graph
 from welder.runtime.build import build_runtime, find_nvcc
 from welder.runtime.emit import emit_runtime
 from welder.runtime.library import parse_summary
+from welder.schedule.kinds import Options
 from welder.schedule.plan import Plan, plan_model, tuned_json, write_json
 from welder.tune.cache import TuningCache
 from welder.tune.tuner import tune_model
@@ -42,6 +43,13 @@ class TuneOptions:
     nofusion: bool = False
     measure_fusion: bool = False
     skip_dot: bool = False  # matrix products to cuBLAS
+    tensor_cores: bool = True  # False: --no-tc, every stage on CUDA cores
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kernel kinds that may propose configs."""
+        return Options.kinds if self.tensor_cores else ("simt",)
+
     cuda_arch: str | None = None  # e.g. "90"; default: the GPU present
     build: bool = True
     input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
@@ -119,6 +127,7 @@ def tune(
             model=str(model),
             progress=progress,
             skip_dot=options.skip_dot,
+            kinds=options.kinds,
         )
     else:
         plan = _tune_on_gpu(graph, arch, options, str(model))
@@ -192,6 +201,7 @@ def _tune_on_gpu(graph: Graph, arch: Arch, options: TuneOptions, model: str) -> 
             model=model,
             progress_stream=sys.stderr,
             skip_dot=options.skip_dot,
+            kinds=options.kinds,
         )
 
 
