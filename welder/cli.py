@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip-dot", action="store_true", help="compute matrix products with cuBLAS, schedule the rest"
     )
     p.add_argument(
+        "--no-tc",
+        action="store_true",
+        help="no tensor cores: half-precision contractions run on CUDA cores like everything else",
+    )
+    p.add_argument(
         "--measure-fusion", action="store_true", help="decide fusion by measured latencies (slower)"
     )
     p.add_argument(
@@ -187,6 +192,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         nofusion=args.nofusion,
         measure_fusion=args.measure_fusion,
         skip_dot=args.skip_dot,
+        tensor_cores=not args.no_tc,
         cuda_arch=args.cuda_arch,
         build=not args.no_build,
         input_shapes=dict(args.input_shape),

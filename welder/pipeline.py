@@ -30,6 +30,7 @@ from welder.lock import prefix_lock
 from welder.runtime.build import build_runtime, check_cuda_arch, find_nvcc
 from welder.runtime.emit import emit_runtime, normalize_cuda_arch
 from welder.runtime.library import parse_summary
+from welder.schedule.kinds import Options
 from welder.schedule.plan import Plan, plan_model, tuned_json, write_json
 from welder.tune.cache import TuningCache
 from welder.tune.tuner import tune_model
@@ -43,6 +44,13 @@ class TuneOptions:
     nofusion: bool = False
     measure_fusion: bool = False
     skip_dot: bool = False  # matrix products to cuBLAS
+    tensor_cores: bool = True  # False: --no-tc, every stage on CUDA cores
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kernel kinds that may propose configs."""
+        return Options.kinds if self.tensor_cores else ("simt",)
+
     cuda_arch: str | None = None  # e.g. "90"; default: the GPU present
     build: bool = True
     input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
@@ -146,6 +154,7 @@ def _tune_into(
             model=str(model),
             progress=progress,
             skip_dot=options.skip_dot,
+            kinds=options.kinds,
         )
     else:
         plan = _tune_on_gpu(graph, arch, options, str(model))
@@ -231,6 +240,7 @@ def _tune_on_gpu(graph: Graph, arch: Arch, options: TuneOptions, model: str) -> 
             model=model,
             progress_stream=sys.stderr,
             skip_dot=options.skip_dot,
+            kinds=options.kinds,
         )
 
 

@@ -72,6 +72,7 @@ class StageCtx:
     comment: str
     origins: list[dict] = field(default_factory=list)
     barrier_after: bool = False
+    headers: tuple[str, ...] = ()  # headers the kind's code needs beyond the prelude
 
 
 @cache
@@ -86,9 +87,10 @@ def environment() -> jinja2.Environment:
     )
 
 
-def render_prelude() -> str:
-    """The includes every kernel source starts with."""
-    return '#include "welder_prelude.cuh"\n#include "welder_math.cuh"\n'
+def render_prelude(headers: Sequence[str] = ()) -> str:
+    """The includes a kernel source starts with: the prelude, then ``headers``."""
+    names = dict.fromkeys(("welder_prelude.cuh", "welder_math.cuh", *headers))
+    return "".join(f'#include "{name}"\n' for name in names)
 
 
 def read_value(access: str, dtype: str) -> str:

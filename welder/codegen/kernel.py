@@ -25,7 +25,7 @@ from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.group import Group
 from welder.tile.propagate import propagate_group
 
-from . import simt
+from . import mma, simt
 from .common import (
     STORAGE_TYPES,
     Kernel,
@@ -45,7 +45,7 @@ from .cprint import CPrinter
 StageEmitter = Callable[["KernelBuilder", int, StageConfig], StageCtx]
 STAGE_EMITTERS: dict[str, StageEmitter] = {
     "simt": simt.emit_stage,
-    # "mma": mma.emit_stage,  -- tensor cores: the next kind
+    "mma": mma.emit_stage,
 }
 
 
@@ -117,7 +117,7 @@ class KernelBuilder:
         body = environment().get_template("group_kernel.cu.j2").render(k=ctx, stages=stage_ctxs)
         return Kernel(
             self.name,
-            render_prelude() + body,
+            render_prelude([h for s in stage_ctxs for h in s.headers]) + body,
             list(self.params.values()),
             self.cfg.num_blocks,
             self.cfg.threads,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from welder.arch import Arch
@@ -166,11 +166,13 @@ def plan_model(
     model: str = "",
     progress: Callable[[int, int], None] | None = None,
     skip_dot: bool = False,
+    kinds: Sequence[str] = Options.kinds,
 ) -> Plan:
     """Fuse ``graph`` and pick configs with the cost model; with ``skip_dot`` every matrix
-    product the library can compute is a cuBLAS call instead of a kernel."""
+    product the library can compute is a cuBLAS call instead of a kernel.  ``kinds`` are the
+    kernel kinds that may propose configs (``("simt",)``: no tensor cores)."""
     start = time.perf_counter()
-    cost = CostModel(graph, arch, Options(topk=topk))
+    cost = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)))
     library = {lg.group.root: lg for lg in find_gemm_groups(graph, arch)} if skip_dot else {}
     result = fuse(graph, cost, nofusion=nofusion, progress=progress, library=list(library.values()))
     groups = []

@@ -328,8 +328,10 @@ def _one_line(text: str, limit: int = 300) -> str:
 # -- the cache ------------------------------------------------------------------------------------
 
 
-def cache_key(signature: str, arch: Arch, device: Device) -> CacheKey:
-    return CacheKey(signature, arch.name, device.name, device.compiler)
+def cache_key(signature: str, arch: Arch, device: Device, kinds: Sequence[str] = Options.kinds) -> CacheKey:
+    """The key of a group's tuning result; the kernel kinds that proposed the candidates are
+    part of it (a tune without tensor cores must not reuse one with them)."""
+    return CacheKey(signature, f"{arch.name}/{'+'.join(kinds)}", device.name, device.compiler)
 
 
 def _to_canonical(cfg: GroupConfig, group: Group) -> GroupConfig:
@@ -426,20 +428,21 @@ def tune_group(
     *,
     seed: int = 0,
     configs: Sequence[GroupConfig] | None = None,
+    kinds: Sequence[str] = Options.kinds,
 ) -> TunedConfig | None:
     """The fastest correct of the cost model's ``topk`` configs of ``group`` (or of
     ``configs``), measured on ``device`` (default: the local GPU); None if none is valid.
     With a ``cache``, a group tuned before with at least this ``topk`` costs a lookup."""
     if device is None:
         with default_device() as dev:
-            return tune_group(graph, group, arch, topk, cache, dev, seed=seed, configs=configs)
+            return tune_group(graph, group, arch, topk, cache, dev, seed=seed, configs=configs, kinds=kinds)
     signature = group_signature(graph, group)
-    key = cache_key(signature, arch, device)
+    key = cache_key(signature, arch, device, kinds)
     hit, result = _cached(cache, key, group, topk)
     if hit:
         return result
     if configs is None:
-        configs = CostModel(graph, arch, Options(topk=topk)).configs(group)
+        configs = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds))).configs(group)
     cands = compile_candidates(device, prepare_candidates(graph, group, configs))
     return finish_candidates(graph, cands, device, cache, key, topk, seed)
 
@@ -489,7 +492,7 @@ class GpuMeasure:
     def tuned(self, group: Group) -> TunedConfig | None:
         signature = group_signature(self.graph, group)
         if signature not in self._results:
-            key = cache_key(signature, self.arch, self.device)
+            key = cache_key(signature, self.arch, self.device, self.cost.options.kinds)
             hit, result = _cached(self.cache, key, group, self.topk)
             dropped: list[Dropped] | None = None
             if not hit:
@@ -527,7 +530,7 @@ class GpuMeasure:
         return [result.config] if result is not None else []
 
     def cache_key(self, group: Group) -> CacheKey:
-        return cache_key(group_signature(self.graph, group), self.arch, self.device)
+        return cache_key(group_signature(self.graph, group), self.arch, self.device, self.cost.options.kinds)
 
     @staticmethod
     def _own(result: TunedConfig | None, group: Group) -> TunedConfig | None:
@@ -632,6 +635,7 @@ class _ModelTuner:
         workers: int | None,
         stream: TextIO | None,
         library: Sequence[LibraryGroup] = (),
+        kinds: Sequence[str] = Options.kinds,
     ) -> None:
         self.graph = graph
         self.library = {lg.group.root: lg for lg in library}
@@ -641,7 +645,7 @@ class _ModelTuner:
         self.device = device
         self.workers = workers or os.cpu_count() or 1
         self.stream = stream
-        self.cost = CostModel(graph, arch, Options(topk=topk))
+        self.cost = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)))
         self.measure = GpuMeasure(graph, arch, device, cache, topk, seed, self.cost)
         self.log: list[str] = []
         self.split_failures: list[SplitFailure] = []
@@ -861,6 +865,7 @@ def tune_model(
     workers: int | None = None,
     progress_stream: TextIO | None = None,
     skip_dot: bool = False,
+    kinds: Sequence[str] = Options.kinds,
 ) -> Plan:
     """Fuse ``graph`` and tune every group on ``device`` (default: the local GPU).
 
@@ -870,7 +875,8 @@ def tune_model(
     threads.  The result is a :class:`Plan` of :class:`TunedGroup` (measured latencies);
     ``Plan.measure`` says on which GPU and how fusion and the unfused baseline were rated.
     With ``skip_dot`` the matrix products go to cuBLAS: they are fixed groups that are
-    neither tuned nor measured (their latency is the library estimate)."""
+    neither tuned nor measured (their latency is the library estimate).  ``kinds`` are the
+    kernel kinds that may propose configs (``("simt",)``: no tensor cores)."""
     if topk < 1:
         raise WelderError("topk must be at least 1")
     if device is None:
@@ -888,10 +894,11 @@ def tune_model(
                 workers=workers,
                 progress_stream=progress_stream,
                 skip_dot=skip_dot,
+                kinds=kinds,
             )
     start = time.perf_counter()
     library = find_gemm_groups(graph, arch) if skip_dot else []
-    tuner = _ModelTuner(graph, arch, topk, cache, device, seed, workers, progress_stream, library)
+    tuner = _ModelTuner(graph, arch, topk, cache, device, seed, workers, progress_stream, library, kinds)
     note = target_note(arch, device)
     if note:
         log.warning(note)

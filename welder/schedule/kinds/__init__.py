@@ -3,13 +3,14 @@
 =========  ===============================================  =========================================
 kind       stage config, policy rule                        template
 =========  ===============================================  =========================================
+mma        :mod:`.mma` -- fp16 contractions on tensor cores  ``codegen_templates/stages/mma.cu.j2``
+           (the group's first stage; later stages SIMT)
 simt       :mod:`.simt` -- every group                      ``codegen_templates/stages/simt.cu.j2``
 library    :mod:`.library` -- products as cuBLAS calls      ``codegen_templates/runtime/cublas.j2``
            (claimed before fusion with ``--skip-dot``)      (a call the runtime makes, no kernel)
 =========  ===============================================  =========================================
 
-Adding a kind -- ``mma`` (tensor-core contractions: mma.sync fed by ldmatrix, a cp.async
-pipeline, epilogues on the accumulators) is next -- takes its own module here (a
+Adding a kind takes its own module here (a
 :class:`~welder.schedule.config.StageConfig` subclass and a rule implementing
 :class:`~.base.KernelKind`), its template under ``codegen_templates/stages/``, its stage
 emitter in ``welder/codegen/``, and one line in :data:`KINDS` and in
@@ -28,13 +29,13 @@ from typing import Any
 from welder.errors import WelderError
 from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
 from welder.schedule.group import Group
-from welder.schedule.kinds import library, simt
+from welder.schedule.kinds import library, mma, simt
 from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext
 
 KINDS: dict[str, KernelKind] = {
     simt.KIND.name: simt.KIND,
     library.KIND.name: library.KIND,
-    # mma.KIND.name: mma.KIND,  -- tensor cores: the next kind
+    mma.KIND.name: mma.KIND,
 }
 
 

@@ -38,7 +38,7 @@ class Options:
     topk: int = 1
     max_candidates: int = 256
     max_threads: int = MAX_THREADS
-    kinds: tuple[str, ...] = ("simt",)
+    kinds: tuple[str, ...] = ("mma", "simt")
 
 
 @dataclass(frozen=True)

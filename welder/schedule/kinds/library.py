@@ -42,18 +42,16 @@ import numpy as np
 
 from welder.arch import Arch
 from welder.graph import Graph
-from welder.ir.compute import Axis, Compute
-from welder.ir.expr import INDEX, Binary, Expr, Load, free_vars, row_major_offset, walk
+from welder.ir.compute import Compute
+from welder.ir.expr import INDEX, Binary, Load, row_major_offset, walk
 from welder.ir.interpret import evaluate, np_dtype
+from welder.ir.layout import MAX_PROOF_POINTS, affine_layout, affine_strides, row_major_strides
 from welder.schedule.config import Estimate, GroupConfig, StageConfig
 from welder.schedule.group import Group, make_group
 from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, ScheduleContext
 
 #: Element types the library computes (inputs and output alike; products accumulate in fp32).
 GEMM_DTYPES = frozenset({"float32", "float16"})
-#: Largest box of axes evaluated to prove an operand's addressing affine; beyond it the
-#: product stays a generated kernel rather than costing a long proof.
-MAX_PROOF_POINTS = 1 << 22
 #: Most library calls one product may take when its batch is two axes no single stride spans
 #: (windows x heads): one strided batched call per index of the outer axis.
 MAX_OUTER_CALLS = 16
@@ -282,7 +280,7 @@ def _output_strides(group: Group, product: str, out: str) -> list[int] | None:
     flat offset over the output's points gives, inverted, each product element's place."""
     compute = group.computes[product]
     if out == product:
-        return _row_major_strides(compute.shape)
+        return row_major_strides(compute.shape)
     stage = group.computes[out]
     size = math.prod(compute.shape)
     if not isinstance(stage.body, Load) or stage.body.tensor != product or math.prod(stage.shape) != size:
@@ -296,7 +294,7 @@ def _output_strides(group: Group, product: str, out: str) -> list[int] | None:
         return None
     where = np.empty(size, dtype=np.int64)
     where[landed] = np.arange(size)
-    found = _affine_strides(where.reshape(compute.shape), compute.axes, 0)
+    found = affine_strides(where.reshape(compute.shape), compute.axes, 0)
     return None if found is None else [found[a.name] for a in compute.axes]
 
 
@@ -372,11 +370,11 @@ def match_gemm(
         return None
     assert isinstance(c.body, Binary) and isinstance(c.body.a, Load) and isinstance(c.body.b, Load)
     axes = (*c.axes, *c.reduce_axes)
-    first = _affine_layout(c.body.a, shape_of(c.body.a.tensor), axes)
-    second = _affine_layout(c.body.b, shape_of(c.body.b.tensor), axes)
+    first = affine_layout(c.body.a, shape_of(c.body.a.tensor), axes)
+    second = affine_layout(c.body.b, shape_of(c.body.b.tensor), axes)
     if first is None or second is None:
         return None
-    out_strides = _row_major_strides(c.shape) if out_strides is None else out_strides
+    out_strides = row_major_strides(c.shape) if out_strides is None else out_strides
     spatial = [
         _Dim(a.extent, first[1][a.name], second[1][a.name], out_strides[k])
         for k, a in enumerate(c.axes)
@@ -542,86 +540,6 @@ def _row_major_ld(rows: int, row_stride: int, cols: int, col_stride: int) -> int
 
 
 # -- affine addressing --------------------------------------------------------------------------
-
-
-def _affine_layout(
-    load: Load, shape: Sequence[int], axes: Sequence[Axis]
-) -> tuple[int, dict[str, int]] | None:
-    """(offset, stride per axis) with ``flat(load) = offset + sum(stride[a] * a)`` at every
-    point of the axes, every index inside its dimension; None if the load is not that.
-
-    Each index expression uses the axes of one component (axes that appear together); the
-    flat offset is then a sum of one function per component, affine exactly when each is,
-    so evaluating every component over its own box proves it."""
-    if any(isinstance(e, Load) for i in load.indices for e in walk(i)):
-        return None
-    components = _components(axes, load.indices)
-    if any(math.prod(a.extent for a in comp) > MAX_PROOF_POINTS for comp in components):
-        return None
-    values = [_index_values(index, components) for index in load.indices]
-    if any(np.any(v < 0) or np.any(v >= extent) for v, extent in zip(values, shape)):
-        return None
-    strides = _row_major_strides(shape)
-    at_origin = [int(v.reshape(-1)[0]) for v in values]
-    offset = sum(s * v for s, v in zip(strides, at_origin))
-    per_axis: dict[str, int] = {a.name: 0 for a in axes}
-    for comp in components:
-        names = {a.name for a in comp}
-        flat = offset + sum(
-            s * (v - o)
-            for s, v, o, index in zip(strides, values, at_origin, load.indices)
-            if free_vars(index) & names
-        )
-        found = _affine_strides(np.asarray(flat), comp, offset)
-        if found is None:
-            return None
-        per_axis.update(found)
-    return offset, per_axis
-
-
-def _components(axes: Sequence[Axis], indices: Sequence[Expr]) -> list[tuple[Axis, ...]]:
-    """The axes grouped so that no index expression uses axes of two groups."""
-    group = {a.name: k for k, a in enumerate(axes)}
-    for index in indices:
-        used = sorted({group[n] for n in free_vars(index)})
-        for g in used[1:]:
-            group = {n: used[0] if k == g else k for n, k in group.items()}
-    by_group: dict[int, list[Axis]] = {}
-    for a in axes:
-        by_group.setdefault(group[a.name], []).append(a)
-    return [tuple(g) for g in by_group.values()]
-
-
-def _index_values(index: Expr, components: Sequence[tuple[Axis, ...]]) -> np.ndarray:
-    """``index`` over the box of the component whose axes it uses (a scalar if none)."""
-    used = free_vars(index)
-    comp = next((c for c in components if used & {a.name for a in c}), ())
-    return np.asarray(evaluate(Compute("gemm_layout", tuple(comp), index, INDEX), {}), dtype=np.int64)
-
-
-def _affine_strides(flat: np.ndarray, comp: tuple[Axis, ...], offset: int) -> dict[str, int] | None:
-    """Stride per axis of ``comp`` if ``flat`` (over the component's box) is
-    ``offset + sum(stride * axis)``."""
-    if flat.ndim == 0:
-        flat = np.broadcast_to(flat, tuple(a.extent for a in comp))
-    strides = {}
-    predicted = np.full(flat.shape, offset, dtype=np.int64)
-    for k, a in enumerate(comp):
-        unit = tuple(1 if j == k and a.extent > 1 else 0 for j in range(len(comp)))
-        stride = int(flat[unit]) - offset
-        strides[a.name] = stride
-        shape = [1] * len(comp)
-        shape[k] = a.extent
-        predicted = predicted + stride * np.arange(a.extent, dtype=np.int64).reshape(shape)
-    return strides if np.array_equal(flat, predicted) else None
-
-
-def _row_major_strides(shape: Sequence[int]) -> list[int]:
-    strides, step = [], 1
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= extent
-    return strides[::-1]
 
 
 # -- the config ---------------------------------------------------------------------------------

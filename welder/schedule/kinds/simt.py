@@ -126,7 +126,7 @@ def schedule_group(
 ) -> list[GroupConfig]:
     """The ``topk`` best valid configs, best first; empty if none fits the arch."""
     shape_of, dtype_of = _memo(shape_of), _memo(dtype_of)
-    info = _group_info(group, shape_of, dtype_of, arch)
+    info = group_info(group, shape_of, dtype_of, arch)
     root_shape = shape_of(group.root)
     base = base_tile(group, shape_of)
     axis_choices = [axis_candidates(e, b) for e, b in zip(root_shape, base)]
@@ -276,7 +276,7 @@ class _GroupInfo:
     itemsize: Callable[[str], int]
 
 
-def _group_info(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> _GroupInfo:
+def group_info(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> _GroupInfo:
     def itemsize(t: str) -> int:
         return np_dtype(dtype_of(t)).itemsize
 
@@ -313,7 +313,7 @@ def _group_info(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) 
             [(ld.tensor, itemsize(ld.tensor)) for ld in stageable],
             min((itemsize(ld.tensor) for ld in stageable), default=4),
             coalescing_units(c, stageable, itemsize, arch),
-            _point_flops(c),
+            point_flops(c),
         )
     return _GroupInfo(stages, _io_bytes(group, shape_of, dtype_of), itemsize)
 
@@ -486,7 +486,7 @@ def tile_configs(
     gives each thread a larger register tile (each loaded value feeds more outputs) and
     lets more blocks share an SM, so one block's barrier waits are covered by another's
     work.  Empty if no block size fits the arch."""
-    info = info or _group_info(group, shape_of, dtype_of, arch)
+    info = info or group_info(group, shape_of, dtype_of, arch)
     facts = _tile_facts(group, info, tile, shape_of, dtype_of, arch)
     if facts is None:
         return []
@@ -580,7 +580,7 @@ def _config(
     smem = choose_steps(info, stages, staging, threads, arch)
     if smem is None:
         return None
-    regs = max(_registers(st) for st in stages)
+    regs = max(registers(st) for st in stages)
     if regs > arch.max_regs_per_thread:
         return None
     estimate = estimate_cost(info, facts, stages, threads, smem, regs, arch)
@@ -654,14 +654,14 @@ def choose_steps(
     smallest plan allows.  Steps that cut loads below a transaction are the last resort,
     before the tile is given up."""
     if not staging:
-        smem = _plan_smem(info, stages)
+        smem = plan_smem(info, stages)
         return smem if smem <= arch.smem_per_block else None
     at = {k: 0 for k in staging}
 
     def apply() -> int:
         for k, opts in staging.items():
             _apply_step(stages[k], opts.get(at[k]), opts.whole)
-        return _plan_smem(info, stages)
+        return plan_smem(info, stages)
 
     def shrink(budget: int, coalesced_only: bool) -> tuple[bool, int]:
         for k in at:
@@ -682,7 +682,7 @@ def choose_steps(
                 return False, smem
 
     apply()  # the largest steps' vector widths: staging's registers count against occupancy
-    regs = max(_registers(st) for st in stages)
+    regs = max(registers(st) for st in stages)
     blocks = max(1, min(_blocks_per_sm_without_smem(threads, regs, arch)))
     budget = min(arch.smem_per_block, arch.smem_per_sm // blocks)
     for coalesced_only in (True, False):
@@ -739,7 +739,7 @@ def vector_aligned(region: Region, shape: Sequence[int], extents: Sequence[int],
     )
 
 
-def _plan_smem(info: _GroupInfo, stages: list[SimtConfig]) -> int:
+def plan_smem(info: _GroupInfo, stages: list[SimtConfig]) -> int:
     """Lay out intermediate tiles and staging buffers; fills in their offsets."""
     buffers: list[Buffer] = []
     for k, st in enumerate(stages):
@@ -763,7 +763,7 @@ def _plan_smem(info: _GroupInfo, stages: list[SimtConfig]) -> int:
     return total
 
 
-def _registers(stage: SimtConfig) -> int:
+def registers(stage: SimtConfig) -> int:
     staging = sum(sd.vector for sd in stage.staged)
     return BASE_REGISTERS + math.prod(stage.reg_tile) + staging
 
@@ -864,7 +864,7 @@ def _kernel_time(
     return t + LAUNCH_OVERHEAD_US
 
 
-def _point_flops(c: Compute) -> int:
+def point_flops(c: Compute) -> int:
     """Arithmetic per output point: the body's operations once per reduction point, plus
     the reduction's own combine (the add of a multiply-add: a matmul of M x N x K is
     2*M*N*K flops, as peak rates count them).  An injective copy counts one."""

@@ -1,0 +1,255 @@
+"""welder's tensor-core kernels beside cuBLAS (``torch.matmul``) on the same fp16 shapes, in one run.
+
+For each shape the ``mma`` kind's best ``--candidates`` configs (cost model order) are
+generated, compiled into one cubin with nvcc and timed; the fastest is reported beside
+``torch.matmul`` on the same inputs, with the floor max(FLOPs / peak, bytes / bandwidth)
+from the arch description.  Timing: many back-to-back launches between one pair of CUDA
+events, inputs rotated over enough copies to exceed twice the L2 cache (so weights come
+from DRAM as in a model), median of repeats.  Every welder kernel's output is checked
+against torch's first.  ``--json`` writes the rows; ``--ptxas`` prints registers and spills.
+
+    python scripts/mma_bench.py [--candidates 8] [--json out.json]
+
+Needs a GPU with torch and cupy (the GPU machine has both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from welder.arch import match_gpu_name  # noqa: E402
+from welder.codegen import generate_kernel, model_source  # noqa: E402
+from welder.device.gpu import compile_cubin, nvcc_path  # noqa: E402
+from welder.frontend.onnx import import_onnx  # noqa: E402
+from welder.resources import TEMPLATE_DIR  # noqa: E402
+from welder.schedule.group import make_group  # noqa: E402
+from welder.schedule.kinds import Options, ScheduleContext, mma  # noqa: E402
+
+#: (batch, M, K, N): BERT-base at sequence 128, batch 1 (QKV, FFN up and down) and batch 64
+#: (8192 rows), and attention's per-head products (12 heads of 128 x 64 x 128).
+SHAPES = [
+    (1, 128, 768, 2304),
+    (1, 128, 768, 3072),
+    (1, 128, 3072, 768),
+    (1, 8192, 768, 3072),
+    (1, 8192, 3072, 768),
+    (12, 128, 64, 128),
+]
+
+
+@dataclass
+class Row:
+    shape: str
+    floor_us: float
+    welder_us: float
+    cublas_us: float
+    ratio: float  # welder / cuBLAS: 1.0 is parity, above is slower
+    welder_tflops: float
+    cublas_tflops: float
+    config: str
+    max_error: float
+    candidates: int
+
+
+def model(batch: int, m: int, k: int, n: int) -> onnx.ModelProto:
+    a_shape = [batch, m, k] if batch > 1 else [m, k]
+    b_shape = [batch, k, n] if batch > 1 else [k, n]
+    c_shape = [batch, m, n] if batch > 1 else [m, n]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["c"])],
+        "mm",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT16, a_shape),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT16, b_shape),
+        ],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT16, c_shape)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def time_us(launch, sync, event, repeats: int = 7, target_ms: float = 20.0) -> float:
+    """Median per-launch time of back-to-back launches between one pair of events."""
+    launch()
+    sync()
+    start, end = event(), event()
+    start.record()
+    launch()
+    end.record()
+    end.synchronize()
+    one = max(start_end_ms(start, end), 1e-3)
+    count = max(10, min(2000, int(target_ms / one)))
+    samples = []
+    for _ in range(repeats):
+        start.record()
+        for _ in range(count):
+            launch()
+        end.record()
+        end.synchronize()
+        samples.append(start_end_ms(start, end) * 1e3 / count)
+    return statistics.median(samples)
+
+
+def start_end_ms(start, end) -> float:
+    try:
+        return start.elapsed_time(end)  # torch
+    except AttributeError:
+        import cupy
+
+        return cupy.cuda.get_elapsed_time(start, end)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--candidates", type=int, default=8, help="mma configs timed per shape (default 8)")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--ptxas", action="store_true", help="print ptxas' register and spill report")
+    args = parser.parse_args(argv)
+
+    import cupy
+    import torch
+
+    name = torch.cuda.get_device_name()
+    arch = match_gpu_name(name)
+    sm = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    l2 = arch.l2_bytes
+    print(f"device: {name} ({sm}); cost model {arch.name}; torch {torch.__version__}", flush=True)
+    rows = []
+    for batch, m, k, n in SHAPES:
+        graph = import_onnx(model(batch, m, k, n))
+        group = make_group(graph, list(graph.nodes))
+        ctx = ScheduleContext(
+            lambda t, g=graph: g.tensor(t).shape,
+            lambda t, g=graph: g.tensor(t).dtype,
+            arch,
+            Options(topk=args.candidates, kinds=("mma",)),
+        )
+        configs = mma.KIND.propose(group, ctx) or []
+        kernels = [generate_kernel(graph, group, cfg, f"mma_bench_{j}") for j, cfg in enumerate(configs)]
+        source = model_source(kernels)
+        cubin = compile_cubin(source, sm)
+        if args.ptxas:
+            with tempfile.TemporaryDirectory() as work:
+                src = Path(work) / "k.cu"
+                src.write_text(source)
+                report = subprocess.run(
+                    [
+                        nvcc_path(),
+                        "-cubin",
+                        "-O3",
+                        f"-arch={sm}",
+                        f"-I{TEMPLATE_DIR}",
+                        "-Xptxas",
+                        "-v",
+                        str(src),
+                        "-o",
+                        str(Path(work) / "k.cubin"),
+                    ],
+                    capture_output=True,
+                    text=True,
+                ).stderr
+            print("\n".join(ln for ln in report.splitlines() if re.search(r"registers|spill", ln)))
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(cubin)
+            f.flush()
+            module = cupy.RawModule(path=f.name)
+
+        a_elems, b_elems = batch * m * k, batch * k * n
+        copies = max(1, math.ceil(2 * l2 / ((a_elems + b_elems) * 2)))
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        a = [torch.randn(batch, m, k, device="cuda", generator=gen).half() for _ in range(copies)]
+        b = [
+            torch.randn(batch, k, n, device="cuda", generator=gen).half() / math.sqrt(k)
+            for _ in range(copies)
+        ]
+        c = torch.empty(batch, m, n, device="cuda", dtype=torch.half)
+        reference = torch.matmul(a[0], b[0])
+        turn = [0]
+        operands = {"a": a, "b": b, "c": [c] * copies}
+
+        def torch_launch(turn=turn, a=a, b=b, c=c, copies=copies):
+            i = turn[0] = (turn[0] + 1) % copies
+            torch.matmul(a[i], b[i], out=c)
+
+        cublas_us = time_us(
+            torch_launch, torch.cuda.synchronize, lambda: torch.cuda.Event(enable_timing=True)
+        )
+
+        best = None
+        for kernel, cfg in zip(kernels, configs):
+            fn = module.get_function(kernel.name)
+            if kernel.smem_bytes > 48 * 1024:
+                fn.max_dynamic_shared_size_bytes = kernel.smem_bytes
+            params = [p.tensor for p in kernel.params]
+
+            def launch(fn=fn, kernel=kernel, params=params, operands=operands, turn=turn, copies=copies):
+                i = turn[0] = (turn[0] + 1) % copies
+                ptrs = tuple(cupy.uint64(operands[t][i].data_ptr()) for t in params)
+                fn((kernel.grid,), (kernel.threads,), ptrs, shared_mem=kernel.smem_bytes)
+
+            c.fill_(float("nan"))
+            turn[0] = copies - 1
+            launch()
+            torch.cuda.synchronize()
+            err = ((c.float() - reference.float()).abs() / reference.float().abs().clamp(min=1)).max().item()
+            if not math.isfinite(err) or err > 2e-2:
+                print(f"  {kernel.name}: WRONG (error {err:.3e}), config {cfg.stages[0]}", flush=True)
+                continue
+            us = time_us(launch, torch.cuda.synchronize, cupy.cuda.Event)
+            st = cfg.stages[0]
+            label = f"{st.block_m}x{st.block_n}x{st.block_k} w{st.warps[0]}x{st.warps[1]} cp{st.copy_bytes}"
+            if best is None or us < best[0]:
+                best = (us, label, err)
+        flops = 2 * batch * m * n * k
+        nbytes = 2 * batch * (m * k + k * n + m * n)
+        floor = max(flops / (arch.fp16_tc_tflops * 1e12), nbytes / (arch.global_bw_gbs * 1e9)) * 1e6
+        if best is None:
+            print(f"{batch}x{m}x{k}x{n}: no correct welder kernel", flush=True)
+            continue
+        row = Row(
+            f"{batch}x({m}x{k}x{n})" if batch > 1 else f"{m}x{k}x{n}",
+            round(floor, 2),
+            round(best[0], 2),
+            round(cublas_us, 2),
+            round(best[0] / cublas_us, 3),
+            round(flops / best[0] / 1e6, 1),
+            round(flops / cublas_us / 1e6, 1),
+            best[1],
+            best[2],
+            len(configs),
+        )
+        rows.append(row)
+        print(f"{row.shape}: welder {row.welder_us} us ({row.config}), cuBLAS {row.cublas_us} us", flush=True)
+        time.sleep(0.1)
+
+    print(
+        f"\n{'shape (MxKxN)':<22} {'floor us':>9} {'welder us':>10} {'cuBLAS us':>10} {'ratio':>6} "
+        f"{'welder TF/s':>11} {'cuBLAS TF/s':>11}  config"
+    )
+    for r in rows:
+        print(
+            f"{r.shape:<22} {r.floor_us:>9} {r.welder_us:>10} {r.cublas_us:>10} {r.ratio:>6} "
+            f"{r.welder_tflops:>11} {r.cublas_tflops:>11}  {r.config}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"device": name, "rows": [asdict(r) for r in rows]}, indent=1))
+    return 0 if len(rows) == len(SHAPES) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

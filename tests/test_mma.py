@@ -1,0 +1,299 @@
+"""The ``mma`` kernel kind: fp16 contractions on tensor cores, run on the CPU emulator.
+
+Every graph here is half precision; each group is scheduled by the tensor-core rule under
+several of its configs (block tiles, copy widths), rendered, emulated and compared with the
+interpreter.  The shapes are chosen to reach every path of the template: ragged M, N and K,
+16-byte and 4-byte copies, both contiguity cases of each operand (A row- or column-major,
+B row-major or transposed), batches with broadcast operands, later SIMT stages (a bias and
+activation, a row softmax) reading the tile from shared memory, and the tile written both
+to shared memory and to global memory.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from onnx_util import make_model
+
+from welder.arch import get_arch
+from welder.check import error_metric, threshold_for
+from welder.codegen import generate_kernel, model_source
+from welder.frontend.onnx import import_onnx
+from welder.graph import Graph
+from welder.resources import TEMPLATE_DIR
+from welder.runtime.emu import available, compile_kernels
+from welder.schedule.config import GroupConfig
+from welder.schedule.group import Group, make_group
+from welder.schedule.kinds import Options, ScheduleContext, mma, propose
+from welder.schedule.kinds.mma import MmaConfig, contraction
+from welder.schedule.plan import plan_model
+
+ARCH = get_arch("H100")
+RNG = np.random.default_rng(7)
+
+needs_emulator = pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
+
+
+def _h(*shape: int) -> np.ndarray:
+    return (RNG.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float16)
+
+
+def _matmul(
+    m: int, k: int, n: int, trans_a: bool = False, trans_b: bool = False
+) -> tuple[onnx.ModelProto, dict]:
+    x = _h(k, m) if trans_a else _h(m, k)
+    w = _h(n, k) if trans_b else _h(k, n)
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["y"], transA=int(trans_a), transB=int(trans_b))]
+    return make_model(nodes, {"x": x}, ["y"], {"w": w}, opset=17), {"x": x}
+
+
+def _transposed_input(m: int, k: int, n: int) -> tuple[onnx.ModelProto, dict]:
+    """A read through a Transpose node inlined into the product: A is column-major."""
+    x = _h(k, m)
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["xt", "w"], ["y"]),
+    ]
+    return make_model(nodes, {"x": x}, ["y"], {"w": _h(k, n)}, opset=17), {"x": x}
+
+
+def _bias_gelu(m: int, k: int, n: int) -> tuple[onnx.ModelProto, dict]:
+    """Later stages on the tile: bias, tanh-free GELU via Erf; the product is also an output."""
+    x = _h(1, m, k)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["a"]),
+        helper.make_node("Mul", ["a", "half"], ["ah"]),
+        helper.make_node("Mul", ["a", "rsqrt2"], ["as"]),
+        helper.make_node("Erf", ["as"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["e1"]),
+        helper.make_node("Mul", ["ah", "e1"], ["y"]),
+    ]
+    consts = {
+        "w": _h(k, n),
+        "b": _h(n),
+        "half": np.array(0.5, np.float16),
+        "rsqrt2": np.array(0.7071, np.float16),
+        "one": np.array(1.0, np.float16),
+    }
+    return make_model(nodes, {"x": x}, ["y", "mm"], consts, opset=17), {"x": x}
+
+
+def _attention_scores(batch: int, heads: int, seq: int, dim: int) -> tuple[onnx.ModelProto, dict]:
+    """softmax(Q K^T * scale): B is K transposed (K-contiguous rows), a row softmax after it."""
+    q, k = _h(batch, heads, seq, dim), _h(batch, heads, seq, dim)
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["ss"]),
+        helper.make_node("Softmax", ["ss"], ["y"], axis=-1),
+    ]
+    consts = {"scale": np.array(dim**-0.5, np.float16)}
+    return make_model(nodes, {"q": q, "k": k}, ["y"], consts, opset=17), {"q": q, "k": k}
+
+
+def _broadcast_batch(batch: int, m: int, k: int, n: int) -> tuple[onnx.ModelProto, dict]:
+    """A batched A times one B shared by every matrix (batch stride 0)."""
+    x = _h(batch, 2, m, k)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    return make_model(nodes, {"x": x}, ["y"], {"w": _h(k, n)}, opset=17), {"x": x}
+
+
+CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict]]] = {
+    "square 64": lambda: _matmul(64, 64, 64),
+    "ragged 40x72x48": lambda: _matmul(40, 72, 48),
+    "ragged K and N, 4-byte copies": lambda: _matmul(37, 18, 34),
+    "large K, several slices": lambda: _matmul(48, 200, 40),
+    "A transposed (Gemm)": lambda: _matmul(32, 48, 40, trans_a=True),
+    "B transposed (Gemm)": lambda: _matmul(24, 40, 56, trans_b=True),
+    "A through a Transpose node": lambda: _transposed_input(32, 72, 48),
+    "bias + GELU, product also written": lambda: _bias_gelu(50, 64, 96),
+    "QK^T + softmax": lambda: _attention_scores(2, 3, 40, 16),
+    "broadcast batch": lambda: _broadcast_batch(3, 20, 32, 24),
+}
+
+
+def _whole_group(graph: Graph) -> Group:
+    return make_group(graph, list(graph.nodes))
+
+
+def _context(graph: Graph, topk: int = 4) -> ScheduleContext:
+    return ScheduleContext(
+        lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, ARCH, Options(topk=topk)
+    )
+
+
+def _run(graph: Graph, group: Group, configs: list[GroupConfig], feeds: dict) -> list[str]:
+    """Emulate ``group`` (the whole graph) under each config; the failures."""
+    kernels = [generate_kernel(graph, group, cfg, f"mma_case_{j}") for j, cfg in enumerate(configs)]
+    module = compile_kernels(
+        model_source(kernels), [k.name for k in kernels], extra_flags=[f"-I{TEMPLATE_DIR}"]
+    )
+    reference = graph.run(feeds)
+    failures = []
+    for kernel, cfg in zip(kernels, configs):
+        env = {**graph.constants, **feeds}
+        outputs, args = {}, []
+        for p in kernel.params:
+            if p.is_output:
+                outputs[p.tensor] = np.full(p.shape, np.nan, np.float16)  # every element must be written
+                args.append(outputs[p.tensor])
+            else:
+                args.append(np.require(env[p.tensor], requirements="C"))
+        module.launch(kernel.name, kernel.grid, kernel.threads, kernel.smem_bytes, args)
+        for name, value in outputs.items():
+            err = error_metric(value, reference[name])
+            if err > threshold_for("float16"):
+                failures.append(f"{cfg.stages[0]}: {name} error {err:.3e}")
+    return failures
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(CASES))
+def test_tensor_core_stage_matches_the_interpreter(label: str) -> None:
+    model, feeds = CASES[label]()
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    configs = mma.KIND.propose(group, _context(graph))
+    assert configs, f"{label}: the tensor-core rule proposed nothing"
+    assert all(isinstance(c.stages[0], MmaConfig) for c in configs)
+    assert _run(graph, group, configs, feeds) == []
+
+
+def test_contraction_reads_strides_and_contiguity_from_the_ir() -> None:
+    """Operand roles and strides, against the layouts numpy gives the same tensors."""
+    graph = import_onnx(_matmul(24, 40, 56, trans_b=True)[0])
+    group = _whole_group(graph)
+    con = contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape)
+    assert con is not None
+    assert (con.m, con.n, con.k_extent) == (24, 56, 40)
+    w = np.empty((56, 40), np.float16)  # B stored N x K: K runs contiguously
+    x = np.empty((24, 40), np.float16)
+    assert con.b.contiguous == "k" and con.stride(con.b, "n") == w.strides[0] // 2
+    assert con.a.contiguous == "k" and con.stride(con.a, "m") == x.strides[0] // 2
+    assert con.copy_bytes() == 16
+
+
+def test_contraction_refuses_what_tensor_cores_cannot_compute() -> None:
+    fp32 = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        {"x": np.ones((16, 16), np.float32)},
+        ["y"],
+        {"w": np.ones((16, 16), np.float32)},
+        opset=17,
+    )
+    odd_strides = _matmul(33, 40, 80, trans_a=True)[0]  # A's rows are 33 halves apart
+    square = make_model(
+        [helper.make_node("ReduceSumSquare", ["x"], ["y"], keepdims=0)],
+        {"x": np.ones((16, 16), np.float16)},
+        ["y"],
+        {},
+        opset=17,
+    )
+    for model in (fp32, odd_strides, square):
+        graph = import_onnx(model)
+        group = _whole_group(graph)
+        assert mma.KIND.propose(group, _context(graph)) is None
+
+
+def test_configs_respect_the_arch() -> None:
+    """Shared memory recomputed from the config, registers, threads and whole warps."""
+    graph = import_onnx(_bias_gelu(200, 256, 384)[0])
+    group = _whole_group(graph)
+    configs = mma.KIND.propose(group, _context(graph, topk=50))
+    assert configs
+    for cfg in configs:
+        st = cfg.stages[0]
+        assert isinstance(st, MmaConfig)
+        con = contraction(group.computes[st.node], lambda t: graph.tensor(t).shape)
+        ring = mma.ring_bytes(st, con)
+        assert st.pipeline_offset % 16 == 0 and st.pipeline_offset + ring == cfg.smem_bytes
+        assert cfg.smem_bytes <= ARCH.smem_per_block
+        assert cfg.threads == st.warps[0] * st.warps[1] * 32 <= ARCH.max_threads_per_block
+        assert (st.block_m // st.warps[0]) % 16 == 0 and (st.block_n // st.warps[1]) % 16 == 0
+        assert st.tile[-2] <= st.block_m and st.tile[-1] <= st.block_n
+        assert cfg.estimate.regs_per_thread <= ARCH.max_regs_per_thread
+
+
+def test_the_search_prefers_tensor_cores_for_large_products_and_can_be_told_not_to() -> None:
+    graph = import_onnx(_matmul(512, 768, 768)[0])
+    group = _whole_group(graph)
+    best = propose(group, _context(graph))[0]
+    assert best.stages[0].kind == "mma"
+    simt_only = ScheduleContext(
+        lambda t: graph.tensor(t).shape,
+        lambda t: graph.tensor(t).dtype,
+        ARCH,
+        Options(topk=4, kinds=("simt",)),
+    )
+    assert all(c.stages[0].kind == "simt" for c in propose(group, simt_only))
+    plan = plan_model(graph, ARCH, topk=2)
+    assert plan.groups[0].configs[0].stages[0].kind == "mma"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_generated_kernels_compile_to_tensor_core_instructions(tmp_path) -> None:
+    """nvcc builds the kernels for sm_80 and sm_90 without warnings, and their PTX holds the
+    instructions the template means: mma.sync, ldmatrix (plain and .trans), cp.async."""
+    kernels = []
+    for j, label in enumerate(("ragged 40x72x48", "A through a Transpose node", "QK^T + softmax")):
+        graph = import_onnx(CASES[label]()[0])
+        group = _whole_group(graph)
+        cfg = mma.KIND.propose(group, _context(graph))[0]
+        kernels.append(generate_kernel(graph, group, cfg, f"mma_ptx_{j}"))
+    source = tmp_path / "kernels.cu"
+    source.write_text(model_source(kernels))
+    for sm in ("sm_80", "sm_90"):
+        ptx = tmp_path / f"{sm}.ptx"
+        subprocess.run(
+            [
+                "nvcc",
+                "-std=c++17",
+                f"-arch={sm}",
+                "-Werror",
+                "all-warnings",
+                "-I",
+                str(TEMPLATE_DIR),
+                "-ptx",
+                str(source),
+                "-o",
+                str(ptx),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        text = ptx.read_text()
+        assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", text)) > 0
+        assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in text
+        assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in text
+        assert "cp.async.cg.shared.global" in text and "cp.async.wait_group" in text
+
+
+def test_tune_uses_tensor_cores_unless_told_not_to(tmp_path) -> None:
+    """``welder tune`` (cost model) puts the product of an fp16 model on tensor cores; with
+    ``--no-tc`` no stage of any group is an mma stage, and no kernel holds mma.sync."""
+    import json
+
+    from welder.cli import main
+
+    model, _ = _bias_gelu(128, 256, 256)
+    kinds = {}
+    for flags in ([], ["--no-tc"]):
+        prefix = tmp_path / ("no_tc" if flags else "tc")
+        prefix.mkdir()
+        onnx.save(model, str(prefix / "model.onnx"))
+        argv = ["tune", str(prefix), "--arch", "H100", "--cost-model", "--topk", "2", "--no-build", *flags]
+        assert main(argv) == 0
+        doc = json.loads((prefix / "tuned.json").read_text())
+        kinds[bool(flags)] = {st["kind"] for g in doc["groups"] for st in g["configs"][0]["stages"]}
+        sources = "".join(g["kernel"]["source"] for g in doc["groups"])
+        assert ("welder_mma_m16n8k16_f16f32(" in sources) == (not flags)
+    assert "mma" in kinds[False]
+    assert kinds[True] == {"simt"}

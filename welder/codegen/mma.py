@@ -1,0 +1,184 @@
+"""Code generation for tensor-core stages (``codegen_templates/stages/mma.cu.j2``).
+
+An ``mma`` stage (``welder.schedule.kinds.mma.MmaConfig``) is the group's first stage: a
+contraction whose operands are read from global memory with the strides that
+:func:`~welder.schedule.kinds.mma.contraction` proves.  :func:`emit_stage` turns those
+strides and the config into the values the template prints: where each operand's slice
+starts, which axis its shared-memory rows run along, and the per-lane ``ldmatrix``
+addresses that give the ``m16n8k16`` fragment layouts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from welder.schedule.config import StageConfig
+from welder.schedule.kinds.mma import ROW_PAD, Contraction, MmaConfig, Operand, contraction, ring_elements
+
+from .common import STORAGE_TYPES, StageCtx, sanitize_comment
+
+if TYPE_CHECKING:
+    from .kernel import KernelBuilder
+
+TEMPLATE = "stages/mma.cu.j2"
+HEADERS = ("welder_mma.cuh",)
+
+
+@dataclass
+class _Operand:
+    """One operand's slice as the template copies and reads it."""
+
+    name: str  # "a" or "b": the template's local names start with it
+    param: str
+    view: str
+    offset: str  # C: element offset of this block's matrix in the tensor
+    rows: int  # shared-memory rows per slice, and elements per row before padding
+    cols: int
+    ld: int  # padded row length
+    stage_elems: int
+    row_origin: str
+    col_origin: str
+    row_limit: int
+    col_limit: int
+    row_stride: int  # global stride of the row axis (the column axis has stride 1)
+    trans: str  # "" or "_trans": the ldmatrix flavour
+    fragment: str  # C: this lane's ldmatrix row address within a slot (uses mi / nj, kk)
+
+
+@dataclass(kw_only=True)
+class MmaStageCtx(StageCtx):
+    storage_t: str
+    warps_n: int
+    warp_m: int
+    warp_n: int
+    mi: int
+    ni: int
+    block_k: int
+    tile_m: int  # the region's rows and columns: the part of the block's products a later stage reads
+    tile_n: int
+    pipeline: int
+    k_tiles: int
+    copy_bytes: int
+    copy_elems: int
+    m_origin: str
+    n_origin: str
+    m_extent: int
+    n_extent: int
+    a: _Operand
+    b: _Operand
+    tile_view: str | None
+    out_param: str | None
+    out_offset: str
+
+
+def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
+    """The context of tensor-core stage ``k`` (config ``st``) of the kernel ``kb`` builds."""
+    assert isinstance(st, MmaConfig)
+    c = kb.group.computes[st.node]
+    con = contraction(c, kb.shape_of)
+    if con is None:
+        raise ValueError(f"{st.node}: not a tensor-core contraction, yet configured as one")
+    region = kb.regions.members[st.node]
+    origins = [
+        {"name": kb.origin_name(k, d), "expr": kb.index_c(iv.lo_expr())} for d, iv in enumerate(region.dims)
+    ]
+    o = [kb.origin_name(k, d) for d in range(len(c.axes))]
+    wm, wn = st.block_m // st.warps[0], st.block_n // st.warps[1]
+    a_elems, b_elems = ring_elements(st, con)
+    a_view, b_view = f"mma{k}_a", f"mma{k}_b"
+    dtype = c.dtype
+    kb.add_view(a_view, dtype, st.pipeline_offset, st.pipeline * a_elems)
+    kb.add_view(b_view, dtype, st.pipeline_offset + st.pipeline * a_elems * 2, st.pipeline * b_elems)
+    shape = c.shape
+    out_strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    out_offset = " + ".join(f"{o[d]} * {out_strides[d]}" for d in con.batch_axes) or "0"
+    return MmaStageCtx(
+        template=TEMPLATE,
+        headers=HEADERS,
+        comment=sanitize_comment(f"{st.node} (tensor cores, {st.block_m}x{st.block_n}x{st.block_k})"),
+        origins=origins,
+        storage_t=STORAGE_TYPES[dtype],
+        warps_n=st.warps[1],
+        warp_m=wm,
+        warp_n=wn,
+        mi=wm // 16,
+        ni=wn // 8,
+        block_k=st.block_k,
+        tile_m=st.tile[-2],
+        tile_n=st.tile[-1],
+        pipeline=st.pipeline,
+        k_tiles=-(-con.k_extent // st.block_k),
+        copy_bytes=st.copy_bytes,
+        copy_elems=st.copy_bytes // 2,
+        m_origin=o[con.m_axis],
+        n_origin=o[con.n_axis],
+        m_extent=con.m,
+        n_extent=con.n,
+        a=_operand(kb, con, con.a, "m", st, a_view, a_elems, o),
+        b=_operand(kb, con, con.b, "n", st, b_view, b_elems, o),
+        tile_view=kb.tile_views.get(st.node),
+        out_param=kb.params[st.node].name if st.node in kb.group.outputs else None,
+        out_offset=out_offset,
+    )
+
+
+def _operand(
+    kb: KernelBuilder,
+    con: Contraction,
+    op: Operand,
+    role: str,
+    st: MmaConfig,
+    view: str,
+    stage_elems: int,
+    origins: list[str],
+) -> _Operand:
+    """``role`` is the operand's own output axis: ``"m"`` for A, ``"n"`` for B."""
+    block = st.block_m if role == "m" else st.block_n
+    extent = con.m if role == "m" else con.n
+    origin = "m0" if role == "m" else "n0"
+    batch = " + ".join(
+        f"{origins[d]} * {s}" for d in con.batch_axes if (s := op.strides.get(con.compute.axes[d].name, 0))
+    )
+    offset = f"{op.offset}" + (f" + {batch}" if batch else "")
+    k_rows = op.contiguous == role  # rows run along K when the operand's own axis is contiguous
+    if k_rows:
+        rows, cols, row_origin, col_origin = st.block_k, block, "k0", origin
+        row_limit, col_limit, row_stride = con.k_extent, extent, con.stride(op, "k")
+    else:
+        rows, cols, row_origin, col_origin = block, st.block_k, origin, "k0"
+        row_limit, col_limit, row_stride = extent, con.k_extent, con.stride(op, role)
+    ld = cols + ROW_PAD
+    lane_matrix = "(lane / 8)"
+    if role == "m":
+        warp = "wm0 + mi * 16"
+        if not k_rows:  # [m][k]: lanes 0-15 rows m, lanes 16-31 the upper k half
+            fragment = f"({warp} + lane % 16) * {ld} + kk + lane / 16 * 8"
+        else:  # [k][m], transposed: matrix i covers m half i & 1 and k half i >> 1
+            fragment = f"(kk + {lane_matrix} / 2 * 8 + lane % 8) * {ld} + {warp} + {lane_matrix} % 2 * 8"
+        trans = "_trans" if k_rows else ""
+    else:
+        warp = "wn0 + nj * 16"
+        if k_rows:  # [k][n], transposed: lanes 0-15 rows k of the lower n half, 16-31 the upper
+            fragment = f"(kk + lane % 16) * {ld} + {warp} + lane / 16 * 8"
+        else:  # [n][k]: matrix i covers n half i >> 1 and k half i & 1
+            fragment = f"({warp} + {lane_matrix} / 2 * 8 + lane % 8) * {ld} + kk + {lane_matrix} % 2 * 8"
+        trans = "_trans" if k_rows else ""
+    return _Operand(
+        name="a" if role == "m" else "b",
+        param=kb.params[op.tensor].name,
+        view=view,
+        offset=offset,
+        rows=rows,
+        cols=cols,
+        ld=ld,
+        stage_elems=stage_elems,
+        row_origin=row_origin,
+        col_origin=col_origin,
+        row_limit=row_limit,
+        col_limit=col_limit,
+        row_stride=row_stride,
+        trans=trans,
+        fragment=fragment,
+    )

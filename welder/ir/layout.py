@@ -1,0 +1,103 @@
+"""Proving that a load reads memory at an affine offset of the axes.
+
+A product that a matrix unit or a library computes needs each operand as ``offset +
+sum(stride * axis)`` over the axes of the compute: :func:`affine_layout` proves that exactly
+by evaluating the load's index expressions over each group of axes that share one (so the
+proof costs the boxes of those groups, not of all axes together), and gives the strides.
+``--skip-dot`` (cuBLAS) and the tensor-core kind both read operands this way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from welder.ir.compute import Axis, Compute
+from welder.ir.expr import INDEX, Expr, Load, free_vars, walk
+from welder.ir.interpret import evaluate
+
+#: Largest box of axes evaluated to prove an operand's addressing affine; beyond it the
+#: proof gives up (a product then stays a generated SIMT kernel rather than costing a long proof).
+MAX_PROOF_POINTS = 1 << 22
+
+
+def affine_layout(
+    load: Load, shape: Sequence[int], axes: Sequence[Axis]
+) -> tuple[int, dict[str, int]] | None:
+    """(offset, stride per axis) with ``flat(load) = offset + sum(stride[a] * a)`` at every
+    point of the axes, every index inside its dimension; None if the load is not that.
+
+    Each index expression uses the axes of one component (axes that appear together); the
+    flat offset is then a sum of one function per component, affine exactly when each is,
+    so evaluating every component over its own box proves it."""
+    if any(isinstance(e, Load) for i in load.indices for e in walk(i)):
+        return None
+    components = _components(axes, load.indices)
+    if any(math.prod(a.extent for a in comp) > MAX_PROOF_POINTS for comp in components):
+        return None
+    values = [_index_values(index, components) for index in load.indices]
+    if any(np.any(v < 0) or np.any(v >= extent) for v, extent in zip(values, shape)):
+        return None
+    strides = row_major_strides(shape)
+    at_origin = [int(v.reshape(-1)[0]) for v in values]
+    offset = sum(s * v for s, v in zip(strides, at_origin))
+    per_axis: dict[str, int] = {a.name: 0 for a in axes}
+    for comp in components:
+        names = {a.name for a in comp}
+        flat = offset + sum(
+            s * (v - o)
+            for s, v, o, index in zip(strides, values, at_origin, load.indices)
+            if free_vars(index) & names
+        )
+        found = affine_strides(np.asarray(flat), comp, offset)
+        if found is None:
+            return None
+        per_axis.update(found)
+    return offset, per_axis
+
+
+def _components(axes: Sequence[Axis], indices: Sequence[Expr]) -> list[tuple[Axis, ...]]:
+    """The axes grouped so that no index expression uses axes of two groups."""
+    group = {a.name: k for k, a in enumerate(axes)}
+    for index in indices:
+        used = sorted({group[n] for n in free_vars(index)})
+        for g in used[1:]:
+            group = {n: used[0] if k == g else k for n, k in group.items()}
+    by_group: dict[int, list[Axis]] = {}
+    for a in axes:
+        by_group.setdefault(group[a.name], []).append(a)
+    return [tuple(g) for g in by_group.values()]
+
+
+def _index_values(index: Expr, components: Sequence[tuple[Axis, ...]]) -> np.ndarray:
+    """``index`` over the box of the component whose axes it uses (a scalar if none)."""
+    used = free_vars(index)
+    comp = next((c for c in components if used & {a.name for a in c}), ())
+    return np.asarray(evaluate(Compute("gemm_layout", tuple(comp), index, INDEX), {}), dtype=np.int64)
+
+
+def affine_strides(flat: np.ndarray, comp: tuple[Axis, ...], offset: int) -> dict[str, int] | None:
+    """Stride per axis of ``comp`` if ``flat`` (over the component's box) is
+    ``offset + sum(stride * axis)``."""
+    if flat.ndim == 0:
+        flat = np.broadcast_to(flat, tuple(a.extent for a in comp))
+    strides = {}
+    predicted = np.full(flat.shape, offset, dtype=np.int64)
+    for k, a in enumerate(comp):
+        unit = tuple(1 if j == k and a.extent > 1 else 0 for j in range(len(comp)))
+        stride = int(flat[unit]) - offset
+        strides[a.name] = stride
+        shape = [1] * len(comp)
+        shape[k] = a.extent
+        predicted = predicted + stride * np.arange(a.extent, dtype=np.int64).reshape(shape)
+    return strides if np.array_equal(flat, predicted) else None
+
+
+def row_major_strides(shape: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return strides[::-1]

@@ -1,0 +1,444 @@
+"""The ``mma`` kind: a half-precision contraction on tensor cores.
+
+A group qualifies when its first tile-owning stage is a contraction
+``C[..., m, n] = sum_k A[..] * B[..]`` of two fp16 loads whose flat offsets are affine in
+the axes (proved as ``--skip-dot`` proves them, :func:`~.library.affine_layout`): the
+output's last axis is N (B varies along it, A does not), the one before it M (A varies, B
+does not), every other output axis is a batch the block walks one matrix at a time, and
+one reduce axis is K.  Injective producers are already inlined into the loads, so a
+transpose or reshape in front of the product costs nothing but different strides.
+
+The stage computes a ``block_m x block_n`` tile per block with ``warps`` warps, each
+owning a ``warp_m x warp_n`` piece of ``m16n8k16`` products.  Operands reach shared memory
+through a ``pipeline``-deep ``cp.async`` ring of ``block_k``-deep slices (16-byte copies
+where every stride allows, 4-byte ones otherwise; ragged edges zero-filled), and registers
+through ``ldmatrix`` (``.trans`` where the operand's contiguous axis needs it).  Rows are
+padded by 16 bytes so that the eight rows one ``ldmatrix`` reads fall in distinct banks.
+Accumulators are fp32.  The tile lands in shared memory for later stages of the group
+(SIMT stages: bias, activations, softmax over a row, layer norms) and/or in global memory.
+
+The rule proposes nothing (None) for anything else; the SIMT kind still covers it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from welder.ir.compute import Compute
+from welder.ir.expr import Binary, Load
+from welder.ir.interpret import np_dtype
+from welder.ir.layout import affine_layout
+from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
+from welder.schedule.group import Group
+from welder.schedule.kinds import simt
+from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, ScheduleContext, ShapeOf
+from welder.tile.footprint import transaction_bytes
+from welder.tile.propagate import GroupRegions, partitions_output, propagate_group
+
+#: Operand types the kind computes (bf16 and TF32 would add rows here and to the template).
+DTYPES = frozenset({"float16"})
+#: The instruction's shape: m16n8k16.
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+#: Elements of padding at the end of every shared-memory row (16 bytes of fp16).
+ROW_PAD = 8
+#: Block tiles (block_m, block_n, warps along m, warps along n), largest first.  Each warp's
+#: piece is a multiple of 16 x 16 (``ldmatrix.x4`` feeds two n8 products at a time).
+BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
+    (128, 256, 2, 4),
+    (128, 128, 2, 4),
+    (128, 128, 2, 2),
+    (128, 64, 2, 2),
+    (64, 128, 2, 2),
+    (64, 64, 2, 2),
+    (64, 32, 2, 1),
+    (32, 64, 1, 2),
+    (32, 32, 1, 1),
+    (16, 64, 1, 2),
+    (16, 32, 1, 1),
+    (16, 16, 1, 1),
+)
+BLOCK_K = (32, 64)
+PIPELINE = 3
+#: Share of the tensor cores' dense peak that ``mma.sync`` kernels reach (Hopper's full rate
+#: needs wgmma); the ranking only needs it to be roughly right against the SIMT kind's.
+TC_EFFICIENCY = 0.45
+#: Registers besides the accumulators and fragments: addresses, loop state, the epilogue.
+BASE_REGISTERS = 48
+
+
+@dataclass
+class MmaConfig(StageConfig):
+    """How one contraction stage runs on tensor cores (see the module docstring)."""
+
+    kind: ClassVar[str] = "mma"
+
+    tile: tuple[int, ...]  # extents of the stage's region per block: 1 ... 1, rows, columns
+    block: tuple[int, int]  # block_m, block_n: the products' tile (covers the region's last two)
+    block_k: int
+    warps: tuple[int, int]  # along M, along N
+    pipeline: int  # cp.async stages in flight
+    a: str  # the tensor read as A (varies along M and K)
+    b: str  # the tensor read as B (varies along K and N)
+    copy_bytes: int  # per cp.async: 16, or 4 where strides are not multiples of 8
+    pipeline_offset: int  # byte offset of the operand ring in the group's shared pool
+    smem_offset: int | None = None  # where its tile lives when consumed inside the group
+    write_global: bool = False
+
+    @property
+    def block_m(self) -> int:
+        return self.block[0]
+
+    @property
+    def block_n(self) -> int:
+        return self.block[1]
+
+    @property
+    def threads(self) -> int:
+        return self.warps[0] * self.warps[1] * 32
+
+    def renamed(self, names: Mapping[str, str]) -> MmaConfig:
+        return replace(
+            self,
+            node=names.get(self.node, self.node),
+            a=names.get(self.a, self.a),
+            b=names.get(self.b, self.b),
+        )
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> MmaConfig:
+        return cls(**tuples_of(d, cls))
+
+
+# -- recognising a contraction ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One operand's addressing: element ``(.., m or n, k)`` of the matrix the block reads is
+    at ``offset + sum(stride[axis] * index)`` of ``tensor``; ``contiguous`` names the
+    axis of stride 1 (``"k"``, or ``"m"`` for A / ``"n"`` for B) -- the rows of its
+    shared-memory slice run along the other one."""
+
+    load: Load
+    tensor: str
+    offset: int
+    strides: Mapping[str, int]
+    contiguous: str
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """A stage compute as a batched matrix product (see the module docstring)."""
+
+    compute: Compute
+    a: Operand
+    b: Operand
+    m_axis: int  # position among the compute's axes
+    n_axis: int
+    k: str  # name of the reduce axis that is K
+    batch_axes: tuple[int, ...]
+
+    @property
+    def m(self) -> int:
+        return self.compute.axes[self.m_axis].extent
+
+    @property
+    def n(self) -> int:
+        return self.compute.axes[self.n_axis].extent
+
+    @property
+    def k_extent(self) -> int:
+        return next(a.extent for a in self.compute.reduce_axes if a.name == self.k)
+
+    @property
+    def batch(self) -> int:
+        return math.prod(self.compute.axes[d].extent for d in self.batch_axes)
+
+    def stride(self, operand: Operand, role: str) -> int:
+        """``operand``'s stride along ``role`` (``"m"``, ``"n"`` or ``"k"``)."""
+        axis = {"m": self.m_axis, "n": self.n_axis}.get(role)
+        name = self.k if axis is None else self.compute.axes[axis].name
+        return operand.strides.get(name, 0)
+
+    def copy_bytes(self) -> int | None:
+        """Widest cp.async every row of both operands allows: each copy starts at a multiple
+        of its width along the contiguous axis, so the other strides and the offset must be
+        multiples of it too."""
+        for width in (8, 2):
+            if all(
+                o.offset % width == 0
+                and all(
+                    s % width == 0 for name, s in o.strides.items() if name != self._axis_name(o.contiguous)
+                )
+                for o in (self.a, self.b)
+            ):
+                return width * 2
+        return None
+
+    def _axis_name(self, role: str) -> str:
+        axis = {"m": self.m_axis, "n": self.n_axis}.get(role)
+        return self.k if axis is None else self.compute.axes[axis].name
+
+
+def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
+    """``c`` as a tensor-core contraction, or None (see the module docstring)."""
+    body = c.body
+    if (
+        c.reduce_op != "sum"
+        or c.dtype not in DTYPES
+        or not isinstance(body, Binary)
+        or body.op != "mul"
+        or not isinstance(body.a, Load)
+        or not isinstance(body.b, Load)
+        or body.a.dtype not in DTYPES
+        or body.b.dtype not in DTYPES
+        or len(c.axes) < 2
+        or 0 in c.shape
+    ):
+        return None
+    ks = [a for a in c.reduce_axes if a.extent > 1]
+    if len(ks) != 1:
+        return None
+    axes = (*c.axes, *c.reduce_axes)
+    layouts = [affine_layout(ld, shape_of(ld.tensor), axes) for ld in (body.a, body.b)]
+    if layouts[0] is None or layouts[1] is None:
+        return None
+    m_axis, n_axis, k = len(c.axes) - 2, len(c.axes) - 1, ks[0].name
+    m_name, n_name = c.axes[m_axis].name, c.axes[n_axis].name
+    ops = list(zip((body.a, body.b), layouts))
+    # A does not move along N, B not along M; the product commutes, so either load may be A.
+    if ops[0][1][1][n_name] != 0 or ops[1][1][1][m_name] != 0:
+        ops.reverse()
+    (la, (off_a, sa)), (lb, (off_b, sb)) = ops
+    if sa[n_name] != 0 or sb[m_name] != 0 or sa[k] == 0 or sb[k] == 0:
+        return None
+    a_contig = "k" if sa[k] == 1 else "m" if sa[m_name] == 1 else None
+    b_contig = "n" if sb[n_name] == 1 else "k" if sb[k] == 1 else None
+    if a_contig is None or b_contig is None:
+        return None
+    found = Contraction(
+        c,
+        Operand(la, la.tensor, off_a, sa, a_contig),
+        Operand(lb, lb.tensor, off_b, sb, b_contig),
+        m_axis,
+        n_axis,
+        k,
+        tuple(range(len(c.axes) - 2)),
+    )
+    return found if found.copy_bytes() is not None else None
+
+
+# -- the policy --------------------------------------------------------------------------------
+
+
+def ring_elements(cfg: MmaConfig, con: Contraction) -> tuple[int, int]:
+    """Elements of one pipeline stage of A and of B in shared memory, padded rows included."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    a = bm * (bk + ROW_PAD) if con.a.contiguous == "k" else bk * (bm + ROW_PAD)
+    b = bk * (bn + ROW_PAD) if con.b.contiguous == "n" else bn * (bk + ROW_PAD)
+    return a, b
+
+
+def ring_bytes(cfg: MmaConfig, con: Contraction) -> int:
+    a, b = ring_elements(cfg, con)
+    return cfg.pipeline * (a + b) * 2
+
+
+def registers(cfg: MmaConfig) -> int:
+    wm, wn = cfg.block_m // cfg.warps[0], cfg.block_n // cfg.warps[1]
+    accumulators = (wm // MMA_M) * (wn // MMA_N) * 4
+    fragments = (wm // MMA_M) * 4 + (wn // MMA_N) * 2
+    return BASE_REGISTERS + accumulators + fragments
+
+
+class MmaKind:
+    """Tensor-core contractions (see the module docstring)."""
+
+    name = "mma"
+    config_type = MmaConfig
+
+    def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
+        first = group.stages[0]
+        con = contraction(group.computes[first], ctx.shape_of)
+        if con is None or "float16" not in ctx.arch.tensor_core_shapes:
+            return None
+        found = []
+        for bm, bn, wm, wn in BLOCK_TILES:
+            if bm // 2 >= _round_up(con.m, MMA_M) or bn // 2 >= _round_up(con.n, 16):
+                continue  # half the block would already cover the matrix: the rest is padding
+            for bk in BLOCK_K:
+                if bk > 32 and con.k_extent < 4 * bk:
+                    continue
+                cfg = _config(group, con, (bm, bn, wm, wn, bk), ctx)
+                if cfg is not None:
+                    found.append(cfg)
+        found.sort(key=lambda c: c.estimate.latency_us)
+        return found[: ctx.options.topk]
+
+
+KIND = MmaKind()
+
+
+def _round_up(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+def _root_tile(group: Group, con: Contraction, bm: int, bn: int, ctx: ScheduleContext) -> tuple | None:
+    """The root tile whose block computes one ``bm x bn`` tile of one matrix of the
+    contraction, with the regions of every stage; None where the root does not line up with
+    the contraction's axes one to one (a reshape after it, say) or a later stage needs more
+    of the contraction than one block computes.  A row-wise later stage (softmax) makes the
+    contraction's region a whole row: it fits when ``bn`` covers N."""
+    first = group.stages[0]
+    root_shape = ctx.shape_of(group.root)
+    c_shape = con.compute.shape
+    if len(root_shape) != len(c_shape) or root_shape[-2:] != c_shape[-2:]:
+        return None
+    tile = (*(1,) * (len(c_shape) - 2), min(bm, con.m), min(bn, con.n))
+    regions = propagate_group([group.computes[s] for s in group.stages], group.root, tile, ctx.shape_of)
+    region = regions.members[first].extents
+    if any(e != 1 for e in region[:-2]) or region[-2] > bm or region[-1] > bn:
+        return None
+    return tile, regions
+
+
+def _config(
+    group: Group, con: Contraction, shape: tuple[int, int, int, int, int], ctx: ScheduleContext
+) -> GroupConfig | None:
+    bm, bn, wm, wn, bk = shape
+    arch = ctx.arch
+    placed = _root_tile(group, con, bm, bn, ctx)
+    if placed is None:
+        return None
+    tile, regions = placed
+    root_shape = ctx.shape_of(group.root)
+    grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
+    for out in group.outputs:
+        if out != group.root and not partitions_output(regions.members[out], ctx.shape_of(out), tile, grid):
+            return None
+    threads = wm * wn * 32
+    first = group.stages[0]
+    stage = MmaConfig(
+        first,
+        tile=regions.members[first].extents,
+        block=(bm, bn),
+        block_k=bk,
+        warps=(wm, wn),
+        pipeline=PIPELINE,
+        a=con.a.tensor,
+        b=con.b.tensor,
+        copy_bytes=con.copy_bytes() or 4,
+        pipeline_offset=0,
+        write_global=first in group.outputs,
+    )
+    later = _later_stages(group, regions, threads)
+    if later is None:
+        return None
+    info = simt.group_info(group, ctx.shape_of, ctx.dtype_of, arch)
+    placeholder = simt.SimtConfig(first, stage.tile, (1,) * len(tile), (1,) * len(tile))
+    smem = simt.plan_smem(info, [placeholder, *later])
+    stage.smem_offset = placeholder.smem_offset
+    stage.pipeline_offset = _round_up(smem, 16)
+    smem = stage.pipeline_offset + ring_bytes(stage, con)
+    if smem > arch.smem_per_block:
+        return None
+    regs = max([registers(stage), *(simt.registers(st) for st in later)])
+    if regs > arch.max_regs_per_thread:
+        return None
+    estimate = _estimate(group, con, stage, later, regions, grid, threads, smem, regs, ctx)
+    if estimate is None:
+        return None
+    order = tuple(range(len(tile)))
+    return GroupConfig(group.root, tile, grid, order, threads, [stage, *later], smem, estimate)
+
+
+def _later_stages(group: Group, regions: GroupRegions, threads: int) -> list[simt.SimtConfig] | None:
+    """SIMT configs of the stages after the contraction: each reads global inputs directly
+    and earlier tiles from shared memory (no staging: their reductions, if any, run over a
+    tile already on chip)."""
+    later = []
+    for s in group.stages[1:]:
+        st = simt.plan_stage(group, s, regions, threads)
+        if st is None:
+            return None
+        later.append(st)
+    return later
+
+
+def _estimate(
+    group: Group,
+    con: Contraction,
+    stage: MmaConfig,
+    later: Sequence[simt.SimtConfig],
+    regions: GroupRegions,
+    grid: tuple[int, ...],
+    threads: int,
+    smem: int,
+    regs: int,
+    ctx: ScheduleContext,
+) -> Estimate | None:
+    """Tensor-core time of the padded tiles over the SMs' share of the peak, against DRAM
+    (each tensor once) and L2 (operand slices every block re-reads); later stages add
+    their arithmetic at the SIMT rate."""
+    arch = ctx.arch
+    blocks = math.prod(grid)
+    per_sm = [
+        arch.max_blocks_per_sm,
+        arch.max_threads_per_sm // threads,
+        arch.regs_per_sm // (max(regs, 32) * threads),
+        arch.smem_per_sm // smem,
+    ]
+    blocks_per_sm = min(per_sm)
+    if blocks_per_sm < 1:
+        return None
+    waves = -(-blocks // (blocks_per_sm * arch.sm_count))
+    k_padded = _round_up(con.k_extent, stage.block_k)
+    flops_block = 2 * stage.block_m * stage.block_n * k_padded
+    sm_rate = arch.fp16_tc_tflops * 1e12 * TC_EFFICIENCY / arch.sm_count  # flop/s per SM
+    tc_us = -(-blocks // arch.sm_count) * flops_block / sm_rate * 1e6
+    simt_flops = sum(
+        math.prod(regions.members[st.node].extents) * simt.point_flops(group.computes[st.node])
+        for st in later
+    )
+    simt_us = -(-blocks // arch.sm_count) * simt_flops / (arch.fp32_tflops * 1e12 / arch.sm_count) * 1e6
+    item = 2
+    operand_block = (stage.block_m + stage.block_n) * k_padded * item
+    itemsize = lambda t: np_dtype(ctx.dtype_of(t)).itemsize  # noqa: E731
+    other_inputs = [t for t in regions.inputs if t not in (con.a.tensor, con.b.tensor)]
+    read_block = operand_block + sum(
+        transaction_bytes(
+            regions.inputs[t].clipped_extents(ctx.shape_of(t)),
+            ctx.shape_of(t),
+            itemsize(t),
+            arch.read_transaction,
+        )
+        for t in other_inputs
+    )
+    write_block = sum(
+        transaction_bytes(
+            regions.members[o].clipped_extents(ctx.shape_of(o)),
+            ctx.shape_of(o),
+            itemsize(o),
+            arch.write_transaction,
+        )
+        for o in group.outputs
+    )
+    compulsory = sum(math.prod(ctx.shape_of(t)) * itemsize(t) for t in (*group.inputs, *group.outputs))
+    dram_us = compulsory / (arch.global_bw_gbs * 1e9 * simt.DRAM_EFFICIENCY) * 1e6
+    l2_us = (read_block + write_block) * blocks / (arch.l2_bw_gbs * 1e9) * 1e6
+    latency = max(tc_us + simt_us, dram_us, l2_us) + LAUNCH_OVERHEAD_US
+    return Estimate(
+        blocks=blocks,
+        blocks_per_sm=blocks_per_sm,
+        waves=waves,
+        read_bytes=read_block * blocks,
+        write_bytes=write_block * blocks,
+        compulsory_bytes=compulsory,
+        flops=flops_block * blocks + simt_flops * blocks,
+        smem_bytes=smem,
+        regs_per_thread=regs,
+        latency_us=round(latency, 4),
+    )
