@@ -3,9 +3,9 @@
 For each shape the ``mma`` kind's best ``--candidates`` configs (cost model order) are
 generated, compiled into one cubin with nvcc and timed; the fastest is reported beside
 ``torch.matmul`` on the same inputs, with the floor max(FLOPs / peak, bytes / bandwidth)
-from the arch description.  Timing: many back-to-back launches between one pair of CUDA
-events, inputs rotated over enough copies to exceed twice the L2 cache (so weights come
-from DRAM as in a model), median of repeats.  Every welder kernel's output is checked
+from the arch description.  Timing: 200 back-to-back launches captured in one CUDA graph,
+replayed between one pair of CUDA events, inputs rotated over enough copies to exceed twice
+the L2 cache (so weights come from DRAM as in a model), median of repeats.  Every welder kernel's output is checked
 against torch's first.  ``--json`` writes the rows; ``--ptxas`` prints registers and spills.
 
     python scripts/mma_bench.py [--candidates 8] [--json out.json]
@@ -83,35 +83,32 @@ def model(batch: int, m: int, k: int, n: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def time_us(launch, sync, event, repeats: int = 7, target_ms: float = 20.0) -> float:
-    """Median per-launch time of back-to-back launches between one pair of events."""
-    launch()
-    sync()
-    start, end = event(), event()
-    start.record()
-    launch()
-    end.record()
-    end.synchronize()
-    one = max(start_end_ms(start, end), 1e-3)
-    count = max(10, min(2000, int(target_ms / one)))
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        for _ in range(count):
-            launch()
-        end.record()
-        end.synchronize()
-        samples.append(start_end_ms(start, end) * 1e3 / count)
+def time_us(launch, count: int = 200, repeats: int = 7) -> float:
+    """Median per-launch time of ``count`` launches captured in one CUDA graph, replayed
+    between one pair of events (a host loop would time Python and the launch path, not the
+    kernel: a small product takes a few microseconds, a Python call about ten)."""
+    import cupy
+    import torch
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), cupy.cuda.ExternalStream(stream.cuda_stream):
+        launch()  # warm-up: module load, cuBLAS handle and workspace, outside the capture
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream), cupy.cuda.ExternalStream(stream.cuda_stream):
+            for _ in range(count):
+                launch()
+        graph.replay()
+        stream.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        samples = []
+        for _ in range(repeats):
+            start.record(stream)
+            graph.replay()
+            end.record(stream)
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / count)
     return statistics.median(samples)
-
-
-def start_end_ms(start, end) -> float:
-    try:
-        return start.elapsed_time(end)  # torch
-    except AttributeError:
-        import cupy
-
-        return cupy.cuda.get_elapsed_time(start, end)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     l2 = arch.l2_bytes
     print(f"device: {name} ({sm}); cost model {arch.name}; torch {torch.__version__}", flush=True)
     rows = []
+    work_dir = Path(tempfile.mkdtemp(prefix="welder-mma-bench-"))
     for batch, m, k, n in SHAPES:
         graph = import_onnx(model(batch, m, k, n))
         group = make_group(graph, list(graph.nodes))
@@ -164,10 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                     text=True,
                 ).stderr
             print("\n".join(ln for ln in report.splitlines() if re.search(r"registers|spill", ln)))
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(cubin)
-            f.flush()
-            module = cupy.RawModule(path=f.name)
+        path = work_dir / f"shape{len(rows)}.cubin"  # cupy loads the module lazily: keep the file
+        path.write_bytes(cubin)
+        module = cupy.RawModule(path=str(path))
 
         a_elems, b_elems = batch * m * k, batch * k * n
         copies = max(1, math.ceil(2 * l2 / ((a_elems + b_elems) * 2)))
@@ -200,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             def launch(fn=fn, kernel=kernel, params=params, operands=operands, turn=turn, copies=copies):
                 i = turn[0] = (turn[0] + 1) % copies
                 ptrs = tuple(cupy.uint64(operands[t][i].data_ptr()) for t in params)
-                fn((kernel.grid,), (kernel.threads,), ptrs, shared_mem=kernel.smem_bytes)
+                fn(
+                    (kernel.grid,),
+                    (kernel.threads,),
+                    ptrs,
+                    shared_mem=kernel.smem_bytes,
+                    stream=cupy.cuda.get_current_stream(),
+                )
 
             c.fill_(float("nan"))
             turn[0] = copies - 1
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             if not math.isfinite(err) or err > 2e-2:
                 print(f"  {kernel.name}: WRONG (error {err:.3e}), config {cfg.stages[0]}", flush=True)
                 continue
-            us = time_us(launch, torch.cuda.synchronize, cupy.cuda.Event)
+            us = time_us(launch)
             st = cfg.stages[0]
             label = f"{st.block_m}x{st.block_n}x{st.block_k} w{st.warps[0]}x{st.warps[1]} cp{st.copy_bytes}"
             if best is None or us < best[0]:
