@@ -6,7 +6,8 @@ generated, compiled into one cubin with nvcc and timed; the fastest is reported 
 from the arch description.  Timing: 200 back-to-back launches captured in one CUDA graph,
 replayed between one pair of CUDA events, inputs rotated over enough copies to exceed twice
 the L2 cache (so weights come from DRAM as in a model), median of repeats.  Every welder
-kernel's output is checked against torch's first.  ``--json`` writes the rows; ``--ptxas`` prints registers and spills.
+kernel's output is checked against torch's first.  ``--json`` writes the rows; ``--ptxas``
+prints registers and spills.
 
     python scripts/mma_bench.py [--candidates 8] [--json out.json]
 
