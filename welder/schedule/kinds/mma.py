@@ -65,6 +65,9 @@ PIPELINE = 3
 #: Share of the tensor cores' dense peak that ``mma.sync`` kernels reach (Hopper's full rate
 #: needs wgmma); the ranking only needs it to be roughly right against the SIMT kind's.
 TC_EFFICIENCY = 0.45
+#: Resident blocks per SM that saturate DRAM with a 3-deep pipeline (measured on an H100: 36
+#: blocks of 128 x 64 streaming 768 x 2304 weights reached 11% of the bandwidth).
+STREAMING_BLOCKS_PER_SM = 2
 #: Registers besides the accumulators and fragments: addresses, loop state, the epilogue.
 BASE_REGISTERS = 48
 
@@ -427,8 +430,13 @@ def _estimate(
         for o in group.outputs
     )
     compulsory = sum(math.prod(ctx.shape_of(t)) * itemsize(t) for t in (*group.inputs, *group.outputs))
-    dram_us = compulsory / (arch.global_bw_gbs * 1e9 * simt.DRAM_EFFICIENCY) * 1e6
-    l2_us = (read_block + write_block) * blocks / (arch.l2_bw_gbs * 1e9) * 1e6
+    # A block keeps only its next operand slices in flight, so DRAM and L2 reach their
+    # bandwidth only with STREAMING_BLOCKS_PER_SM resident blocks per SM; fewer blocks (128
+    # rows of a weight-streaming product in 36 blocks) get their share of it.
+    resident = min(blocks, blocks_per_sm * arch.sm_count)
+    share = min(1.0, resident / (STREAMING_BLOCKS_PER_SM * arch.sm_count))
+    dram_us = compulsory / (arch.global_bw_gbs * 1e9 * simt.DRAM_EFFICIENCY * share) * 1e6
+    l2_us = (read_block + write_block) * blocks / (arch.l2_bw_gbs * 1e9 * share) * 1e6
     latency = max(tc_us + simt_us, dram_us, l2_us) + LAUNCH_OVERHEAD_US
     return Estimate(
         blocks=blocks,
