@@ -283,7 +283,7 @@ def test_tune_uses_tensor_cores_unless_told_not_to(tmp_path) -> None:
 
     from welder.cli import main
 
-    model, _ = _bias_gelu(128, 256, 256)
+    model, _ = _bias_gelu(512, 768, 768)
     kinds = {}
     for flags in ([], ["--no-tc"]):
         prefix = tmp_path / ("no_tc" if flags else "tc")

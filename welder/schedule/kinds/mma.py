@@ -60,8 +60,13 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
     (16, 32, 1, 1),
     (16, 16, 1, 1),
 )
-BLOCK_K = (32, 64)
-PIPELINE = 3
+BLOCK_K = (32, 64, 128)
+#: Ring depths: slices in flight while one is multiplied is the depth less one.
+PIPELINES = (3, 4)
+#: Time from issuing a slice's copies to the barrier after its wait, on a loaded GPU: a block
+#: walks its K slices in a chain, ``pipeline - 1`` of them in flight (measured on an H100:
+#: 12 slices of 64 at depth 3 took 11.9 us whatever the block tile).
+SLICE_LATENCY_US = 2.0
 #: Share of the tensor cores' dense peak that ``mma.sync`` kernels reach (Hopper's full rate
 #: needs wgmma); the ranking only needs it to be roughly right against the SIMT kind's.
 TC_EFFICIENCY = 0.45
@@ -273,11 +278,12 @@ class MmaKind:
             if bm // 2 >= _round_up(con.m, MMA_M) or bn // 2 >= _round_up(con.n, 16):
                 continue  # half the block would already cover the matrix: the rest is padding
             for bk in BLOCK_K:
-                if bk > 32 and con.k_extent < 4 * bk:
+                if bk > 32 and con.k_extent < 2 * bk:
                     continue
-                cfg = _config(group, con, (bm, bn, wm, wn, bk), ctx)
-                if cfg is not None:
-                    found.append(cfg)
+                for depth in PIPELINES:
+                    cfg = _config(group, con, (bm, bn, wm, wn, bk), depth, ctx)
+                    if cfg is not None:
+                        found.append(cfg)
         found.sort(key=lambda c: c.estimate.latency_us)
         return found[: ctx.options.topk]
 
@@ -309,7 +315,7 @@ def _root_tile(group: Group, con: Contraction, bm: int, bn: int, ctx: ScheduleCo
 
 
 def _config(
-    group: Group, con: Contraction, shape: tuple[int, int, int, int, int], ctx: ScheduleContext
+    group: Group, con: Contraction, shape: tuple[int, int, int, int, int], depth: int, ctx: ScheduleContext
 ) -> GroupConfig | None:
     bm, bn, wm, wn, bk = shape
     arch = ctx.arch
@@ -330,7 +336,7 @@ def _config(
         block=(bm, bn),
         block_k=bk,
         warps=(wm, wn),
-        pipeline=PIPELINE,
+        pipeline=depth,
         a=con.a.tensor,
         b=con.b.tensor,
         copy_bytes=con.copy_bytes() or 4,
@@ -402,6 +408,8 @@ def _estimate(
     flops_block = 2 * stage.block_m * stage.block_n * k_padded
     sm_rate = arch.fp16_tc_tflops * 1e12 * TC_EFFICIENCY / arch.sm_count  # flop/s per SM
     tc_us = -(-blocks // arch.sm_count) * flops_block / sm_rate * 1e6
+    k_tiles = k_padded // stage.block_k
+    chain_us = waves * (k_tiles / (stage.pipeline - 1) + 1) * SLICE_LATENCY_US
     simt_flops = sum(
         math.prod(regions.members[st.node].extents) * simt.point_flops(group.computes[st.node])
         for st in later
@@ -437,7 +445,7 @@ def _estimate(
     share = min(1.0, resident / (STREAMING_BLOCKS_PER_SM * arch.sm_count))
     dram_us = compulsory / (arch.global_bw_gbs * 1e9 * simt.DRAM_EFFICIENCY * share) * 1e6
     l2_us = (read_block + write_block) * blocks / (arch.l2_bw_gbs * 1e9 * share) * 1e6
-    latency = max(tc_us + simt_us, dram_us, l2_us) + LAUNCH_OVERHEAD_US
+    latency = max(tc_us + simt_us, dram_us, l2_us, chain_us) + LAUNCH_OVERHEAD_US
     return Estimate(
         blocks=blocks,
         blocks_per_sm=blocks_per_sm,
