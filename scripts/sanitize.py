@@ -2,10 +2,11 @@
 compute-sanitizer tool; exit 1 on any report.
 
 The runtimes cover each code path a model can take: generated kernels only (a BERT stack
-with embeddings, a MobileNetV2 block), the same BERT with ``--skip-dot`` (cuBLAS calls in
-the runtime), and a GPT-2 whose token ids are fed from a file holding hostile values (far
-past the vocabulary, negative), which the generated Gather must survive without touching
-memory outside the embedding table.
+with embeddings, a MobileNetV2 block), half-precision products on tensor cores with SIMT
+stages after them, the same BERT with ``--skip-dot`` (cuBLAS calls in the runtime), and a
+GPT-2 whose token ids are fed from a file holding hostile values (far past the vocabulary,
+negative), which the generated Gather must survive without touching memory outside the
+embedding table.
 
     python scripts/sanitize.py [--out DIR] [--topk K] [--tools memcheck,racecheck,...]
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -71,11 +73,43 @@ def runtimes() -> list[tuple[str, onnx.ModelProto, list[str], list[np.ndarray] |
     hostile.flat[2::4] = np.iinfo(np.int64).max
     block, _ = mobilenetv2_block()
     return [
+        ("fp16-tensor-cores", half_block(), [], None),
         ("bert", bert, [], None),
         ("bert-skip-dot", bert, ["--skip-dot"], None),
         ("mobilenetv2-block", block, [], None),
         ("gpt2-hostile-ids", gpt2, [], [hostile]),
     ]
+
+
+def half_block() -> onnx.ModelProto:
+    """A half-precision MLP and attention scores: products on tensor cores (the ``mma`` kind:
+    cp.async, ldmatrix, mma.sync) with SIMT stages after them (bias, ReLU, row softmax)."""
+    rng = np.random.default_rng(0)
+
+    def half(*shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float16))
+
+    inits = {"w1": half(512, 1024), "b1": half(1024), "w2": half(1024, 512), "k": half(4, 192, 512)}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+        helper.make_node("Reshape", ["y", "heads"], ["q"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+    ]
+    tensors = [numpy_helper.from_array(np.asarray([4, 240, 512], np.int64), "heads")]
+    tensors += [numpy_helper.from_array(numpy_helper.to_array(t), name) for name, t in inits.items()]
+    graph = helper.make_graph(
+        nodes,
+        "half_block",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT16, [960, 512])],
+        [helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT16, [4, 240, 192])],
+        tensors,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def build(name: str, model: onnx.ModelProto, flags: list[str], out: Path, topk: int) -> Path:
