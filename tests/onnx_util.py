@@ -99,3 +99,31 @@ def single_op(
     outs = [f"out{k}" for k in range(n_outputs)]
     node = helper.make_node(op, names, outs, name=f"{op.lower()}_0", **(attrs or {}))
     return make_model([node], inputs, outs, initializers, opset)
+
+
+def to_half(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every float32 tensor in float16: initializers, Constant values, graph
+    inputs and outputs, value infos and the targets of Casts (what exporters produce when a
+    module is converted with ``.half()``)."""
+    half = onnx.ModelProto()
+    half.CopyFrom(model)
+    graph = half.graph
+
+    def convert(tensor: onnx.TensorProto) -> None:
+        if tensor.data_type == TensorProto.FLOAT:
+            tensor.CopyFrom(
+                numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float16), tensor.name)
+            )
+
+    for tensor in graph.initializer:
+        convert(tensor)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                convert(attr.t)
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT:
+                attr.i = TensorProto.FLOAT16
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        if info.type.tensor_type.elem_type == TensorProto.FLOAT:
+            info.type.tensor_type.elem_type = TensorProto.FLOAT16
+    return half

@@ -65,8 +65,8 @@ BLOCK_K = (32, 64, 128)
 PIPELINES = (3, 4)
 #: Time from issuing a slice's copies to the barrier after its wait, on a loaded GPU: a block
 #: walks its K slices in a chain, ``pipeline - 1`` of them in flight (measured on an H100:
-#: 12 slices of 64 at depth 3 took 11.9 us whatever the block tile).
-SLICE_LATENCY_US = 2.0
+#: 12 slices of 64 at depth 3 took 11.9 us whatever the block tile, 2 us of it the launch).
+SLICE_LATENCY_US = 1.4
 #: Share of the tensor cores' dense peak that ``mma.sync`` kernels reach (Hopper's full rate
 #: needs wgmma); the ranking only needs it to be roughly right against the SIMT kind's.
 TC_EFFICIENCY = 0.45
