@@ -201,6 +201,11 @@ def test_contraction_refuses_what_tensor_cores_cannot_compute() -> None:
         graph = import_onnx(model)
         group = _whole_group(graph)
         assert mma.KIND.propose(group, _context(graph)) is None
+    graph = import_onnx(_matmul(64, 64, 64)[0])  # what works on an H100 has no m16n8k16 on a V100
+    volta = ScheduleContext(
+        lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, get_arch("V100"), Options(topk=4)
+    )
+    assert mma.KIND.propose(_whole_group(graph), volta) is None
 
 
 def test_configs_respect_the_arch() -> None:

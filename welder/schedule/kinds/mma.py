@@ -40,6 +40,9 @@ from welder.tile.propagate import GroupRegions, partitions_output, propagate_gro
 
 #: Operand types the kind computes (bf16 and TF32 would add rows here and to the template).
 DTYPES = frozenset({"float16"})
+#: mma.sync.m16n8k16, ldmatrix and cp.async arrived with Ampere; a V100 cost model proposes
+#: no tensor-core stage of this kind.
+MIN_COMPUTE_CAPABILITY = (8, 0)
 #: The instruction's shape: m16n8k16.
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 #: Elements of padding at the end of every shared-memory row (16 bytes of fp16).
@@ -271,7 +274,7 @@ class MmaKind:
     def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
         first = group.stages[0]
         con = contraction(group.computes[first], ctx.shape_of)
-        if con is None or "float16" not in ctx.arch.tensor_core_shapes:
+        if con is None or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
             return None
         found = []
         for bm, bn, wm, wn in BLOCK_TILES:
