@@ -22,6 +22,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,7 @@ from welder.device.gpu import (
 from welder.errors import WelderError
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
+from welder.ir.compute import Compute
 from welder.ir.interpret import evaluate, np_dtype
 from welder.runtime.emu import EmulationError, compile_kernels
 from welder.schedule.engine import CostModel, fuse, group_signature
@@ -79,8 +81,14 @@ def _w(*shape: int) -> np.ndarray:
 # -- fakes ------------------------------------------------------------------------------------------
 
 
-def evaluate_outputs(graph: Graph, known: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
-    """Outputs ``names`` computed by the interpreter from the tensors in ``known``."""
+def evaluate_outputs(
+    graph: Graph,
+    known: dict[str, np.ndarray],
+    names: list[str],
+    adjust: Callable[[Compute, np.ndarray], np.ndarray] | None = None,
+) -> list[np.ndarray]:
+    """Outputs ``names`` computed by the interpreter from the tensors in ``known``; each
+    node's value passes through ``adjust`` (its compute, its value) when given."""
     env = dict(known)
 
     def value(t: str) -> np.ndarray:
@@ -90,7 +98,9 @@ def evaluate_outputs(graph: Graph, known: dict[str, np.ndarray], names: list[str
             else:
                 for i in graph.nodes[t].inputs:
                     value(i)
-                env[t] = evaluate(graph.nodes[t].compute, env)
+                compute = graph.nodes[t].compute
+                v = evaluate(compute, env)
+                env[t] = adjust(compute, v) if adjust else v
         return env[t]
 
     return [value(n) for n in names]

@@ -170,9 +170,12 @@ class Contraction:
 
     def stride(self, operand: Operand, role: str) -> int:
         """``operand``'s stride along ``role`` (``"m"``, ``"n"`` or ``"k"``)."""
+        return operand.strides.get(self.axis_name(role), 0)
+
+    def axis_name(self, role: str) -> str:
+        """The name of the axis that plays ``role``."""
         axis = {"m": self.m_axis, "n": self.n_axis}.get(role)
-        name = self.k if axis is None else self.compute.axes[axis].name
-        return operand.strides.get(name, 0)
+        return self.k if axis is None else self.compute.axes[axis].name
 
     def copy_bytes(self) -> int | None:
         """Widest cp.async every row of both operands allows: each copy starts at a multiple
@@ -182,16 +185,12 @@ class Contraction:
             if all(
                 o.offset % width == 0
                 and all(
-                    s % width == 0 for name, s in o.strides.items() if name != self._axis_name(o.contiguous)
+                    s % width == 0 for name, s in o.strides.items() if name != self.axis_name(o.contiguous)
                 )
                 for o in (self.a, self.b)
             ):
                 return width * 2
         return None
-
-    def _axis_name(self, role: str) -> str:
-        axis = {"m": self.m_axis, "n": self.n_axis}.get(role)
-        return self.k if axis is None else self.compute.axes[axis].name
 
 
 def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
@@ -342,7 +341,7 @@ def _config(
         pipeline=depth,
         a=con.a.tensor,
         b=con.b.tensor,
-        copy_bytes=con.copy_bytes() or 4,
+        copy_bytes=con.copy_bytes(),
         pipeline_offset=0,
         write_global=first in group.outputs,
     )
