@@ -25,6 +25,7 @@ from onnx_util import make_model
 from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
 from welder.codegen import generate_kernel, model_source
+from welder.codegen.kernel import KernelBuilder
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
 from welder.resources import TEMPLATE_DIR
@@ -117,6 +118,8 @@ CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict]]] = {
     "bias + GELU, product also written": lambda: _bias_gelu(50, 64, 96),
     "QK^T + softmax": lambda: _attention_scores(2, 3, 40, 16),
     "broadcast batch": lambda: _broadcast_batch(3, 20, 32, 24),
+    "odd N, scalar global stores": lambda: _matmul(24, 40, 33, trans_b=True),
+    "odd N under a softmax, scalar tile stores": lambda: _attention_scores(1, 2, 35, 16),
 }
 
 
@@ -209,7 +212,7 @@ def test_contraction_refuses_what_tensor_cores_cannot_compute() -> None:
 
 
 def test_configs_respect_the_arch() -> None:
-    """Shared memory recomputed from the config, registers, threads and whole warps."""
+    """Shared memory from the views the kernels declare, registers, threads, whole warps."""
     graph = import_onnx(_bias_gelu(200, 256, 384)[0])
     group = _whole_group(graph)
     configs = mma.KIND.propose(group, _context(graph, topk=50))
@@ -217,9 +220,18 @@ def test_configs_respect_the_arch() -> None:
     for cfg in configs:
         st = cfg.stages[0]
         assert isinstance(st, MmaConfig)
-        con = contraction(group.computes[st.node], lambda t: graph.tensor(t).shape)
-        ring = mma.ring_bytes(st, con)
-        assert st.pipeline_offset % 16 == 0 and st.pipeline_offset + ring == cfg.smem_bytes
+        # Every shared view the rendered kernel declares lies inside the pool, 16-byte aligned
+        # where cp.async writes, and the operand ring overlaps no other view.
+        builder = KernelBuilder(graph, group, cfg, "k")
+        builder.render()
+        size = {"__half": 2, "float": 4, "int": 4, "long long": 8, "double": 8}
+        views = {v["name"]: (v["offset"], v["offset"] + v["count"] * size[v["ctype"]]) for v in builder.views}
+        assert all(end <= cfg.smem_bytes for _, end in views.values())
+        ring = [span for name, span in views.items() if name.startswith("mma0_")]
+        assert len(ring) == 2 and all(start % 16 == 0 for start, _ in ring)
+        for name, (start, end) in views.items():
+            if not name.startswith("mma0_"):
+                assert all(end <= r0 or start >= r1 for r0, r1 in ring), name
         assert cfg.smem_bytes <= ARCH.smem_per_block
         assert cfg.threads == st.warps[0] * st.warps[1] * 32 <= ARCH.max_threads_per_block
         assert (st.block_m // st.warps[0]) % 16 == 0 and (st.block_n // st.warps[1]) % 16 == 0

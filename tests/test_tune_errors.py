@@ -155,7 +155,7 @@ def test_a_second_tune_into_one_prefix_names_the_holder(tmp_path: Path, capsys) 
         ):
             assert main(command) == 2
             err = capsys.readouterr().err
-            assert f"in use by another welder: pid {holder.pid} on host" in err and "welder tune" in err, err
+            assert f"in use by another welder: pid {holder.pid} on host" in err and "(welder tune" in err, err
         assert not (prefix / "tuned.json").exists()
     finally:
         holder.send_signal(signal.SIGKILL)  # the lock dies with its holder

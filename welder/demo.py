@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from welder.check import CheckReport, compare, onnxruntime_outputs, random_inputs
+from welder.check import CheckReport, compare, onnxruntime_outputs, output_thresholds, random_inputs
 from welder.errors import WelderError
 from welder.session import check_model
 
@@ -311,7 +311,8 @@ def _on_emulator(name: str, path: Path, result: TuneResult, log: Callable[[str],
     names = list(result.graph.outputs)
     ours = emulated.run(feeds)
     reference = onnxruntime_outputs(path, feeds, names)
-    return CheckReport(name, "emulate", 0, compare(ours, reference))
+    limits = output_thresholds(result.graph, names)
+    return CheckReport(name, "emulate", 0, compare(ours, reference, thresholds=limits))
 
 
 def _on_gpu(

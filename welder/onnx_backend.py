@@ -37,7 +37,7 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
-from welder.errors import UnsupportedError, WelderError
+from welder.errors import ModelError, UnsupportedError, WelderError
 from welder.frontend.onnx import (
     MAX_OPSET,
     MIN_OPSET,
@@ -45,6 +45,7 @@ from welder.frontend.onnx import (
     graph_inputs,
     import_onnx,
     model_opset,
+    upgrade_opset,
 )
 from welder.frontend.registry import array_dtype, dtype_to_onnx
 from welder.graph import Graph
@@ -72,14 +73,18 @@ def convert_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = model_opset(model)
     if MIN_OPSET <= opset <= MAX_OPSET:
         return model
-    target = MAX_OPSET if opset > MAX_OPSET else MIN_OPSET
+    if opset < MIN_OPSET:
+        try:
+            return upgrade_opset(model)  # the import's upgrade: it keeps pre-11 Resize semantics
+        except ModelError as e:
+            raise UnsupportedError(str(e)) from None
     try:
-        return version_converter.convert_version(model, target)
+        return version_converter.convert_version(model, MAX_OPSET)
     except Exception as e:  # the converter raises bare RuntimeErrors from C++ assertions
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UnsupportedError(
             f"the model uses opset {opset}; welder supports opsets {MIN_OPSET} to {MAX_OPSET} "
-            f"and onnx.version_converter cannot convert it to opset {target}: {first_line}"
+            f"and onnx.version_converter cannot convert it to opset {MAX_OPSET}: {first_line}"
         ) from None
 
 

@@ -21,6 +21,7 @@ import onnx
 
 import welder
 from welder.arch import Arch, get_arch
+from welder.check import model_file
 from welder.codegen import Kernel, generate_model
 from welder.device.gpu import GpuDevice, gpu_available
 from welder.errors import WelderError
@@ -117,7 +118,7 @@ def tune(
         raise WelderError("--topk must be at least 1")
     start = time.perf_counter()
     notes: list[str] = []
-    source = Path(model) / "model.onnx" if Path(model).is_dir() else Path(model)
+    source = Path(model_file(model))
     proto = load_model(source)
     arch = get_arch(options.arch)
     _check_cuda_arch(options)

@@ -10,10 +10,10 @@ addresses that give the ``m16n8k16`` fragment layouts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from welder.ir.layout import row_major_strides
 from welder.schedule.config import StageConfig
 from welder.schedule.kinds.mma import ROW_PAD, Contraction, MmaConfig, Operand, contraction, ring_elements
 
@@ -92,7 +92,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
     kb.add_view(a_view, dtype, st.pipeline_offset, st.pipeline * a_elems)
     kb.add_view(b_view, dtype, st.pipeline_offset + st.pipeline * a_elems * 2, st.pipeline * b_elems)
     shape = c.shape
-    out_strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    out_strides = row_major_strides(shape)
     out_offset = " + ".join(f"{o[d]} * {out_strides[d]}" for d in con.batch_axes) or "0"
     return MmaStageCtx(
         template=TEMPLATE,

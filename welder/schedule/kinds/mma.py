@@ -25,18 +25,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from welder.ir.compute import Compute
 from welder.ir.expr import Binary, Load
 from welder.ir.interpret import np_dtype
 from welder.ir.layout import affine_layout
-from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
+from welder.schedule.config import Estimate, GroupConfig, StageConfig
 from welder.schedule.group import Group
 from welder.schedule.kinds import simt
 from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, ScheduleContext, ShapeOf
 from welder.tile.footprint import transaction_bytes
-from welder.tile.propagate import GroupRegions, partitions_output, propagate_group
+from welder.tile.propagate import GroupRegions, Region, partitions_output, propagate_group
+from welder.tile.region import Affine
 
 #: Operand types the kind computes (bf16 and TF32 would add rows here and to the template).
 DTYPES = frozenset({"float16"})
@@ -91,12 +92,9 @@ class MmaConfig(StageConfig):
     block_k: int
     warps: tuple[int, int]  # along M, along N
     pipeline: int  # cp.async stages in flight
-    a: str  # the tensor read as A (varies along M and K)
-    b: str  # the tensor read as B (varies along K and N)
     copy_bytes: int  # per cp.async: 16, or 4 where strides are not multiples of 8
     pipeline_offset: int  # byte offset of the operand ring in the group's shared pool
     smem_offset: int | None = None  # where its tile lives when consumed inside the group
-    write_global: bool = False
 
     @property
     def block_m(self) -> int:
@@ -111,16 +109,7 @@ class MmaConfig(StageConfig):
         return self.warps[0] * self.warps[1] * 32
 
     def renamed(self, names: Mapping[str, str]) -> MmaConfig:
-        return replace(
-            self,
-            node=names.get(self.node, self.node),
-            a=names.get(self.a, self.a),
-            b=names.get(self.b, self.b),
-        )
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> MmaConfig:
-        return cls(**tuples_of(d, cls))
+        return replace(self, node=names.get(self.node, self.node))
 
 
 # -- recognising a contraction ----------------------------------------------------------------
@@ -325,6 +314,8 @@ def _config(
     if placed is None:
         return None
     tile, regions = placed
+    if not _aligned_origin(regions.members[group.stages[0]], con.copy_bytes() // 2):
+        return None
     root_shape = ctx.shape_of(group.root)
     grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
     for out in group.outputs:
@@ -339,11 +330,8 @@ def _config(
         block_k=bk,
         warps=(wm, wn),
         pipeline=depth,
-        a=con.a.tensor,
-        b=con.b.tensor,
         copy_bytes=con.copy_bytes(),
         pipeline_offset=0,
-        write_global=first in group.outputs,
     )
     later = _later_stages(group, regions, threads)
     if later is None:
@@ -364,6 +352,16 @@ def _config(
         return None
     order = tuple(range(len(tile)))
     return GroupConfig(group.root, tile, grid, order, threads, [stage, *later], smem, estimate)
+
+
+def _aligned_origin(region: Region, elements: int) -> bool:
+    """Whether every block's matrix tile starts at a multiple of ``elements`` along M and N:
+    the operand copies start there, and a cp.async must be aligned to its width."""
+    for interval in region.dims[-2:]:
+        lo = interval.lo
+        if not isinstance(lo, Affine) or lo.const % elements or any(c % elements for _, c in lo.terms):
+            return False
+    return True
 
 
 def _later_stages(group: Group, regions: GroupRegions, threads: int) -> list[simt.SimtConfig] | None:
