@@ -49,11 +49,12 @@ class IndexSite:
 def index_sites(graph: Graph, limit: int = CHECK_LIMIT) -> list[IndexSite]:
     """Every data-dependent index of ``graph`` whose value the host can compute from the
     model inputs cheaply (see the module docstring)."""
-    order = {n.name: k for k, n in enumerate(graph.topo_order())}
+    nodes = graph.topo_order()
+    order = {n.name: k for k, n in enumerate(nodes)}
     input_names = {t.name for t in graph.inputs}
     sites: list[IndexSite] = []
     seen: set[tuple[str, DataIndex]] = set()
-    for node in graph.topo_order():
+    for node in nodes:
         c = node.compute
         for e in walk(c.body):
             if not isinstance(e, DataIndex) or (node.name, e) in seen:

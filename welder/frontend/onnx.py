@@ -35,7 +35,7 @@ from onnx import numpy_helper, version_converter
 
 import welder.frontend.ops  # noqa: F401  (registers every lowering)
 from welder.errors import ModelError, ShapeError, UnsupportedError
-from welder.frontend.passes import simplify
+from welder.frontend.passes import constant_values, simplify
 from welder.frontend.registry import (
     LOWERINGS,
     LowerContext,
@@ -252,10 +252,7 @@ def _keep_pre11_resize_rounding(model: onnx.ModelProto) -> None:
     coordinate was ``x / scale``, and nearest rounded down on an upsampled axis and up on
     a downsampled one (as onnxruntime runs them); one opset-11 node has one rounding mode,
     so a nearest resize that does both becomes two nodes, one per direction."""
-    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    values = constant_values(model.graph)
     nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
         attrs = {a.name: a for a in node.attribute}

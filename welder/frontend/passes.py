@@ -19,7 +19,8 @@ def simplify(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+def constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Initializers and Constant-node values by tensor name."""
     values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     for n in graph.node:
         if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
@@ -36,7 +37,7 @@ def fold_batchnorm_into_conv(model: onnx.ModelProto) -> int:
     Returns the number of folds.
     """
     g = model.graph
-    consts = _constants(g)
+    consts = constant_values(g)
     producers = {o: n for n in g.node for o in n.output}
     uses: dict[str, int] = {}
     for n in g.node:
