@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -133,8 +134,9 @@ def _context(graph: Graph, topk: int = 4) -> ScheduleContext:
     )
 
 
-def _run(graph: Graph, group: Group, configs: list[GroupConfig], feeds: dict) -> list[str]:
-    """Emulate ``group`` (the whole graph) under each config; the failures."""
+def _run(graph: Graph, group: Group, configs: list[GroupConfig], feeds: dict, launches: int = 1) -> list[str]:
+    """Emulate ``group`` (the whole graph) under each config, ``launches`` times in a row
+    (state a kernel keeps between launches must not change its result); the failures."""
     kernels = [generate_kernel(graph, group, cfg, f"mma_case_{j}") for j, cfg in enumerate(configs)]
     module = compile_kernels(
         model_source(kernels), [k.name for k in kernels], extra_flags=[f"-I{TEMPLATE_DIR}"]
@@ -143,18 +145,19 @@ def _run(graph: Graph, group: Group, configs: list[GroupConfig], feeds: dict) ->
     failures = []
     for kernel, cfg in zip(kernels, configs):
         env = {**graph.constants, **feeds}
-        outputs, args = {}, []
-        for p in kernel.params:
-            if p.is_output:
-                outputs[p.tensor] = np.full(p.shape, np.nan, np.float16)  # every element must be written
-                args.append(outputs[p.tensor])
-            else:
-                args.append(np.require(env[p.tensor], requirements="C"))
-        module.launch(kernel.name, kernel.grid, kernel.threads, kernel.smem_bytes, args)
-        for name, value in outputs.items():
-            err = error_metric(value, reference[name])
-            if err > threshold_for("float16"):
-                failures.append(f"{cfg.stages[0]}: {name} error {err:.3e}")
+        for launch in range(launches):
+            outputs, args = {}, []
+            for p in kernel.params:
+                if p.is_output:
+                    outputs[p.tensor] = np.full(p.shape, np.nan, np.float16)  # every element must be written
+                    args.append(outputs[p.tensor])
+                else:
+                    args.append(np.require(env[p.tensor], requirements="C"))
+            module.launch(kernel.name, kernel.grid, kernel.threads, kernel.smem_bytes, args)
+            for name, value in outputs.items():
+                err = error_metric(value, reference[name])
+                if err > threshold_for("float16"):
+                    failures.append(f"{cfg.stages[0]} launch {launch}: {name} error {err:.3e}")
     return failures
 
 
@@ -168,6 +171,53 @@ def test_tensor_core_stage_matches_the_interpreter(label: str) -> None:
     assert configs, f"{label}: the tensor-core rule proposed nothing"
     assert all(isinstance(c.stages[0], MmaConfig) for c in configs)
     assert _run(graph, group, configs, feeds) == []
+
+
+SPLIT_CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict]]] = {
+    "K of 7 slices, the last split shorter": lambda: _matmul(48, 200, 40),
+    "ragged K, 4-byte copies": lambda: _matmul(37, 230, 34),
+    "B transposed": lambda: _matmul(24, 160, 56, trans_b=True),
+    "later stages on the reduced tile": lambda: _bias_gelu(50, 160, 96),
+    "batched QK^T + softmax": lambda: _attention_scores(2, 2, 24, 96),
+}
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(SPLIT_CASES))
+def test_split_k_matches_the_interpreter(label: str) -> None:
+    """Every split-K factor the policy allows for the proposed tiles, launched twice: the
+    second launch finds the arrival counters the first one reset."""
+    model, feeds = SPLIT_CASES[label]()
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    ctx = _context(graph, topk=200)
+    unsplit = {}  # the best unsplit config of each slice depth
+    for cfg in mma.KIND.propose(group, ctx):
+        if cfg.stages[0].splits == 1:
+            unsplit.setdefault(cfg.stages[0].block_k, cfg)
+    configs, uneven = [], False
+    for cfg in unsplit.values():
+        st = cfg.stages[0]
+        con = contraction(group.computes[st.node], ctx.shape_of)
+        k_tiles = -(-con.k_extent // st.block_k)
+        for splits in mma.split_choices(con, st, cfg.num_blocks, ctx):
+            configs.append(replace(cfg, stages=[replace(st, splits=splits), *cfg.stages[1:]]))
+            uneven |= k_tiles % splits != 0
+    assert len({c.stages[0].splits for c in configs}) >= 2, f"{label}: too few split-K factors to test"
+    assert uneven, f"{label}: no split leaves the last block fewer slices"
+    assert _run(graph, group, configs, feeds, launches=2) == []
+
+
+def test_split_k_is_proposed_where_tiles_leave_sms_idle() -> None:
+    """A weight-streaming product (128 rows, long K) gets split-K among its best configs on
+    the H100; a product with more tiles than SMs never does."""
+    few = import_onnx(_matmul(128, 3072, 768)[0])
+    best = mma.KIND.propose(_whole_group(few), _context(few, topk=8))
+    assert best[0].stages[0].splits > 1
+    assert all(c.num_blocks < ARCH.sm_count for c in best if c.stages[0].splits > 1)
+    many = import_onnx(_matmul(2048, 256, 2048)[0])
+    configs = mma.KIND.propose(_whole_group(many), _context(many, topk=500))
+    assert configs and all(c.stages[0].splits == 1 for c in configs if c.num_blocks >= ARCH.sm_count)
 
 
 def test_contraction_reads_strides_and_contiguity_from_the_ir() -> None:
@@ -265,6 +315,10 @@ def test_generated_kernels_compile_to_tensor_core_instructions(tmp_path) -> None
         group = _whole_group(graph)
         cfg = mma.KIND.propose(group, _context(graph))[0]
         kernels.append(generate_kernel(graph, group, cfg, f"mma_ptx_{j}"))
+    graph = import_onnx(_matmul(128, 3072, 768)[0])
+    group = _whole_group(graph)
+    split = next(c for c in mma.KIND.propose(group, _context(graph, topk=50)) if c.stages[0].splits > 1)
+    kernels.append(generate_kernel(graph, group, split, "mma_ptx_split"))
     source = tmp_path / "kernels.cu"
     source.write_text(model_source(kernels))
     for sm in ("sm_80", "sm_90"):
@@ -291,6 +345,8 @@ def test_generated_kernels_compile_to_tensor_core_instructions(tmp_path) -> None
         assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in text
         assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in text
         assert "cp.async.cg.shared.global" in text and "cp.async.wait_group" in text
+        # split-K: partials stored and read back through L2, one atomic arrival per block
+        assert "st.global.cg.f32" in text and "ld.global.cg.f32" in text and "atom.global.add.u32" in text
 
 
 def test_tune_uses_tensor_cores_unless_told_not_to(tmp_path) -> None:

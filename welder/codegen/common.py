@@ -73,6 +73,7 @@ class StageCtx:
     origins: list[dict] = field(default_factory=list)
     barrier_after: bool = False
     headers: tuple[str, ...] = ()  # headers the kind's code needs beyond the prelude
+    declares: bool = False  # whether the kind's ``declarations(s, k)`` macro has file-scope globals
 
 
 @cache

@@ -104,10 +104,13 @@ class KernelBuilder:
         coords = []
         for axis in reversed(self.cfg.block_order):
             coords.append({"name": f"b{axis}", "extent": self.cfg.grid[axis]})
+        splits = self.splits
         ctx = {
             "name": self.name,
             "root_comment": sanitize_comment(self.group.root),
-            "grid": self.cfg.num_blocks,
+            "grid": self.cfg.num_blocks * splits,
+            "tiles": self.cfg.num_blocks,
+            "splits": splits,
             "threads": self.cfg.threads,
             "smem_bytes": self.cfg.smem_bytes,
             "params": list(self.params.values()),
@@ -119,11 +122,18 @@ class KernelBuilder:
             self.name,
             render_prelude([h for s in stage_ctxs for h in s.headers]) + body,
             list(self.params.values()),
-            self.cfg.num_blocks,
+            self.cfg.num_blocks * splits,
             self.cfg.threads,
             self.cfg.smem_bytes,
             self.group.root,
         )
+
+    @property
+    def splits(self) -> int:
+        """Blocks per root tile: more than one where a stage splits its reduction among
+        blocks (split-K); the kernel then launches ``splits`` blocks per tile, tile-major
+        within each split, and the block's split is ``split`` in the kernel."""
+        return max(getattr(st, "splits", 1) for st in self.cfg.stages)
 
     def stage(self, k: int, st: StageConfig) -> StageCtx:
         return STAGE_EMITTERS[st.kind](self, k, st)

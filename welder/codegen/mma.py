@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING
 
 from welder.ir.layout import row_major_strides
 from welder.schedule.config import StageConfig
-from welder.schedule.kinds.mma import ROW_PAD, Contraction, MmaConfig, Operand, contraction, ring_elements
+from welder.schedule.kinds.mma import (
+    ROW_PAD,
+    Contraction,
+    MmaConfig,
+    Operand,
+    contraction,
+    ring_elements,
+    workspace_bytes,
+)
 
 from .common import STORAGE_TYPES, StageCtx, sanitize_comment
 
@@ -60,6 +68,12 @@ class MmaStageCtx(StageCtx):
     tile_n: int
     pipeline: int
     k_tiles: int
+    splits: int  # blocks per tile (split-K); each sums split_tiles slices from split * split_tiles
+    split_tiles: int
+    threads: int
+    workspace: str  # split-K: the kernel's fp32 partial tiles, and its per-tile arrival counters
+    counters: str
+    workspace_elems: int
     copy_bytes: int
     copy_elems: int
     m_origin: str
@@ -91,6 +105,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
     dtype = c.dtype
     kb.add_view(a_view, dtype, st.pipeline_offset, st.pipeline * a_elems)
     kb.add_view(b_view, dtype, st.pipeline_offset + st.pipeline * a_elems * 2, st.pipeline * b_elems)
+    k_tiles = -(-con.k_extent // st.block_k)
     shape = c.shape
     out_strides = row_major_strides(shape)
     out_offset = " + ".join(f"{o[d]} * {out_strides[d]}" for d in con.batch_axes) or "0"
@@ -109,7 +124,14 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
         tile_m=st.tile[-2],
         tile_n=st.tile[-1],
         pipeline=st.pipeline,
-        k_tiles=-(-con.k_extent // st.block_k),
+        k_tiles=k_tiles,
+        splits=st.splits,
+        split_tiles=st.split_tiles(k_tiles),
+        threads=kb.cfg.threads,
+        workspace=f"{kb.name}_partials",
+        counters=f"{kb.name}_arrivals",
+        workspace_elems=workspace_bytes(st, kb.cfg.num_blocks) // 4,
+        declares=st.splits > 1,
         copy_bytes=st.copy_bytes,
         copy_elems=st.copy_bytes // 2,
         m_origin=o[con.m_axis],

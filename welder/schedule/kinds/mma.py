@@ -17,6 +17,14 @@ padded by 16 bytes so that the eight rows one ``ldmatrix`` reads fall in distinc
 Accumulators are fp32.  The tile lands in shared memory for later stages of the group
 (SIMT stages: bias, activations, softmax over a row, layer norms) and/or in global memory.
 
+Split-K: where the output tiles cannot fill the SMs (few rows times a weight: batch-1
+transformer layers), ``splits`` blocks share each tile, each summing a contiguous run of K
+slices.  Each leaves its fp32 partial sums in a workspace; the last to arrive (an atomic
+counter per tile, which it resets for the next launch) adds all of them in split order --
+deterministic whichever block arrives last -- and carries on as an unsplit block would,
+later stages included.  The workspace and counters are device globals of the kernel's own
+module, so launches on one stream never share them.
+
 The rule proposes nothing (None) for anything else; the SIMT kind still covers it.
 """
 
@@ -67,6 +75,10 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
 BLOCK_K = (32, 64, 128)
 #: Ring depths: slices in flight while one is multiplied is the depth less one.
 PIPELINES = (3, 4)
+#: Split-K factors tried where the output tiles leave SMs idle.
+SPLITS = (2, 3, 4, 6, 8, 12, 16)
+#: Largest split-K workspace (fp32 partial tiles) one kernel may own.
+WORKSPACE_LIMIT = 32 << 20
 #: Time from issuing a slice's copies to the barrier after its wait, on a loaded GPU: a block
 #: walks its K slices in a chain, ``pipeline - 1`` of them in flight (measured on an H100:
 #: 12 slices of 64 at depth 3 took 11.9 us whatever the block tile, 2 us of it the launch).
@@ -95,6 +107,7 @@ class MmaConfig(StageConfig):
     copy_bytes: int  # per cp.async: 16, or 4 where strides are not multiples of 8
     pipeline_offset: int  # byte offset of the operand ring in the group's shared pool
     smem_offset: int | None = None  # where its tile lives when consumed inside the group
+    splits: int = 1  # blocks per output tile, each summing a part of K (split-K)
 
     @property
     def block_m(self) -> int:
@@ -110,6 +123,10 @@ class MmaConfig(StageConfig):
 
     def renamed(self, names: Mapping[str, str]) -> MmaConfig:
         return replace(self, node=names.get(self.node, self.node))
+
+    def split_tiles(self, k_tiles: int) -> int:
+        """K slices each split sums (the last split may sum fewer)."""
+        return -(-k_tiles // self.splits)
 
 
 # -- recognising a contraction ----------------------------------------------------------------
@@ -272,9 +289,7 @@ class MmaKind:
                 if bk > 32 and con.k_extent < 2 * bk:
                     continue
                 for depth in PIPELINES:
-                    cfg = _config(group, con, (bm, bn, wm, wn, bk), depth, ctx)
-                    if cfg is not None:
-                        found.append(cfg)
+                    found.extend(_configs(group, con, (bm, bn, wm, wn, bk), depth, ctx))
         found.sort(key=lambda c: c.estimate.latency_us)
         return found[: ctx.options.topk]
 
@@ -305,22 +320,24 @@ def _root_tile(group: Group, con: Contraction, bm: int, bn: int, ctx: ScheduleCo
     return tile, regions
 
 
-def _config(
+def _configs(
     group: Group, con: Contraction, shape: tuple[int, int, int, int, int], depth: int, ctx: ScheduleContext
-) -> GroupConfig | None:
+) -> list[GroupConfig]:
+    """The config of one block tile, slice depth and ring depth, unsplit and with each
+    useful split-K factor; none where the tile does not fit the group or the arch."""
     bm, bn, wm, wn, bk = shape
     arch = ctx.arch
     placed = _root_tile(group, con, bm, bn, ctx)
     if placed is None:
-        return None
+        return []
     tile, regions = placed
     if not _aligned_origin(regions.members[group.stages[0]], con.copy_bytes() // 2):
-        return None
+        return []
     root_shape = ctx.shape_of(group.root)
     grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
     for out in group.outputs:
         if out != group.root and not partitions_output(regions.members[out], ctx.shape_of(out), tile, grid):
-            return None
+            return []
     threads = wm * wn * 32
     first = group.stages[0]
     stage = MmaConfig(
@@ -335,7 +352,7 @@ def _config(
     )
     later = _later_stages(group, regions, threads)
     if later is None:
-        return None
+        return []
     info = simt.group_info(group, ctx.shape_of, ctx.dtype_of, arch)
     placeholder = simt.SimtConfig(first, stage.tile, (1,) * len(tile), (1,) * len(tile))
     smem = simt.plan_smem(info, [placeholder, *later])
@@ -343,15 +360,40 @@ def _config(
     stage.pipeline_offset = _round_up(smem, 16)
     smem = stage.pipeline_offset + ring_bytes(stage, con)
     if smem > arch.smem_per_block:
-        return None
+        return []
     regs = max([registers(stage), *(simt.registers(st) for st in later)])
     if regs > arch.max_regs_per_thread:
-        return None
-    estimate = _estimate(group, con, stage, later, regions, grid, threads, smem, regs, ctx)
-    if estimate is None:
-        return None
+        return []
     order = tuple(range(len(tile)))
-    return GroupConfig(group.root, tile, grid, order, threads, [stage, *later], smem, estimate)
+    found = []
+    for splits in (1, *split_choices(con, stage, math.prod(grid), ctx)):
+        split = replace(stage, splits=splits)
+        estimate = _estimate(group, con, split, later, regions, grid, threads, smem, regs, ctx)
+        if estimate is not None:
+            found.append(GroupConfig(group.root, tile, grid, order, threads, [split, *later], smem, estimate))
+    return found
+
+
+def split_choices(con: Contraction, cfg: MmaConfig, tiles: int, ctx: ScheduleContext) -> list[int]:
+    """Split-K factors worth trying for ``tiles`` output tiles of ``cfg``: only where the
+    tiles leave SMs idle, every split gets at least one K slice, and the workspace fits."""
+    if tiles >= ctx.arch.sm_count:
+        return []
+    k_tiles = -(-con.k_extent // cfg.block_k)
+    found = []
+    for splits in SPLITS:
+        per = -(-k_tiles // splits)
+        if (splits - 1) * per >= k_tiles or tiles * splits > 4 * ctx.arch.sm_count:
+            continue
+        if workspace_bytes(replace(cfg, splits=splits), tiles) > WORKSPACE_LIMIT:
+            continue
+        found.append(splits)
+    return found
+
+
+def workspace_bytes(cfg: MmaConfig, tiles: int) -> int:
+    """The split-K workspace of ``tiles`` output tiles: one fp32 partial tile per block."""
+    return 0 if cfg.splits == 1 else cfg.splits * tiles * cfg.block_m * cfg.block_n * 4
 
 
 def _aligned_origin(region: Region, elements: int) -> bool:
@@ -393,33 +435,42 @@ def _estimate(
     (each tensor once) and L2 (operand slices every block re-reads); later stages add
     their arithmetic at the SIMT rate."""
     arch = ctx.arch
-    blocks = math.prod(grid)
-    per_sm = [
+    splits = stage.splits
+    tiles = math.prod(grid)
+    blocks = tiles * splits
+    per = [
         arch.max_blocks_per_sm,
         arch.max_threads_per_sm // threads,
         arch.regs_per_sm // (max(regs, 32) * threads),
         arch.smem_per_sm // smem,
     ]
-    blocks_per_sm = min(per_sm)
+    blocks_per_sm = min(per)
     if blocks_per_sm < 1:
         return None
     waves = -(-blocks // (blocks_per_sm * arch.sm_count))
-    k_padded = _round_up(con.k_extent, stage.block_k)
-    flops_block = 2 * stage.block_m * stage.block_n * k_padded
+    k_tiles = -(-con.k_extent // stage.block_k)
+    split_tiles = stage.split_tiles(k_tiles)
+    flops_block = 2 * stage.block_m * stage.block_n * split_tiles * stage.block_k
     sm_rate = arch.fp16_tc_tflops * 1e12 * TC_EFFICIENCY / arch.sm_count  # flop/s per SM
     tc_us = -(-blocks // arch.sm_count) * flops_block / sm_rate * 1e6
-    k_tiles = k_padded // stage.block_k
-    chain_us = waves * (k_tiles / (stage.pipeline - 1) + 1) * SLICE_LATENCY_US
+    chain_us = waves * (split_tiles / (stage.pipeline - 1) + 1) * SLICE_LATENCY_US
     simt_flops = sum(
         math.prod(regions.members[st.node].extents) * simt.point_flops(group.computes[st.node])
         for st in later
     )
-    simt_us = -(-blocks // arch.sm_count) * simt_flops / (arch.fp32_tflops * 1e12 / arch.sm_count) * 1e6
-    item = 2
-    operand_block = (stage.block_m + stage.block_n) * k_padded * item
+    simt_us = -(-tiles // arch.sm_count) * simt_flops / (arch.fp32_tflops * 1e12 / arch.sm_count) * 1e6
+    item = 2  # fp16 operands
+    operand_block = (stage.block_m + stage.block_n) * split_tiles * stage.block_k * item
+    # Split-K: every block writes its fp32 partial tile; the last of each tile reads the
+    # others back, after one more round trip (the counter), at one SM's share of L2.
+    partial = stage.block_m * stage.block_n * 4
+    reduce_us = 0.0
+    if splits > 1:
+        reduce_us = SLICE_LATENCY_US + (splits - 1) * partial / (arch.l2_bw_gbs * 1e9 / arch.sm_count) * 1e6
     itemsize = lambda t: np_dtype(ctx.dtype_of(t)).itemsize  # noqa: E731
     other_inputs = [t for t in regions.inputs if t not in (con.a.tensor, con.b.tensor)]
-    read_block = operand_block + sum(
+    # Per tile (the last block of a split tile does the later stages and the writes).
+    tile_reads = sum(
         transaction_bytes(
             regions.inputs[t].clipped_extents(ctx.shape_of(t)),
             ctx.shape_of(t),
@@ -428,7 +479,7 @@ def _estimate(
         )
         for t in other_inputs
     )
-    write_block = sum(
+    tile_writes = sum(
         transaction_bytes(
             regions.members[o].clipped_extents(ctx.shape_of(o)),
             ctx.shape_of(o),
@@ -437,6 +488,9 @@ def _estimate(
         )
         for o in group.outputs
     )
+    workspace = 2 * partial * blocks if splits > 1 else 0
+    read_bytes = operand_block * blocks + tile_reads * tiles + workspace // 2
+    write_bytes = tile_writes * tiles + workspace // 2
     compulsory = sum(math.prod(ctx.shape_of(t)) * itemsize(t) for t in (*group.inputs, *group.outputs))
     # A block keeps only its next operand slices in flight, so DRAM and L2 reach their
     # bandwidth only with STREAMING_BLOCKS_PER_SM resident blocks per SM; fewer blocks (128
@@ -444,16 +498,16 @@ def _estimate(
     resident = min(blocks, blocks_per_sm * arch.sm_count)
     share = min(1.0, resident / (STREAMING_BLOCKS_PER_SM * arch.sm_count))
     dram_us = compulsory / (arch.global_bw_gbs * 1e9 * simt.DRAM_EFFICIENCY * share) * 1e6
-    l2_us = (read_block + write_block) * blocks / (arch.l2_bw_gbs * 1e9 * share) * 1e6
-    latency = max(tc_us + simt_us, dram_us, l2_us, chain_us) + LAUNCH_OVERHEAD_US
+    l2_us = (read_bytes + write_bytes) / (arch.l2_bw_gbs * 1e9 * share) * 1e6
+    latency = max(tc_us + simt_us, dram_us, l2_us, chain_us) + reduce_us + LAUNCH_OVERHEAD_US
     return Estimate(
         blocks=blocks,
         blocks_per_sm=blocks_per_sm,
         waves=waves,
-        read_bytes=read_block * blocks,
-        write_bytes=write_block * blocks,
+        read_bytes=read_bytes,
+        write_bytes=write_bytes,
         compulsory_bytes=compulsory,
-        flops=flops_block * blocks + simt_flops * blocks,
+        flops=flops_block * blocks + simt_flops * tiles,
         smem_bytes=smem,
         regs_per_thread=regs,
         latency_us=round(latency, 4),
