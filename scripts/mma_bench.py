@@ -40,7 +40,7 @@ from welder.device.gpu import compile_cubin, nvcc_path  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.resources import TEMPLATE_DIR  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
-from welder.schedule.kinds import Options, ScheduleContext, mma  # noqa: E402
+from welder.schedule.kinds import Options, ScheduleContext, mma, propose  # noqa: E402
 
 #: (batch, M, K, N): BERT-base at sequence 128, batch 1 (QKV, FFN up and down) and batch 64
 #: (8192 rows), and attention's per-head products (12 heads of 128 x 64 x 128).
@@ -51,6 +51,8 @@ SHAPES = [
     (1, 8192, 768, 3072),
     (1, 8192, 3072, 768),
     (12, 128, 64, 128),
+    (1, 50, 384, 1152),
+    (1, 50, 1536, 384),
 ]
 
 
@@ -126,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         default=8,
         help="mma configs timed per shape: the cost model's best unsplit and best split-K, this many of each",
     )
+    parser.add_argument(
+        "--simt", action="store_true", help="also time the SIMT kind's best --candidates configs"
+    )
     parser.add_argument("--shapes", help="comma-separated indices into the shape list (default: all)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--ptxas", action="store_true", help="print ptxas' register and spill report")
@@ -155,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         proposed = mma.KIND.propose(group, ctx) or []
         configs = [c for c in proposed if c.stages[0].splits == 1][: args.candidates]
         configs += [c for c in proposed if c.stages[0].splits > 1][: args.candidates]
+        if args.simt:  # the SIMT kind's best too: the cross-kind ranking is the cost model's weakest
+            simt_ctx = ScheduleContext(
+                ctx.shape_of, ctx.dtype_of, arch, Options(topk=args.candidates, kinds=("simt",))
+            )
+            configs += propose(group, simt_ctx)
         kernels = [generate_kernel(graph, group, cfg, f"mma_bench_{j}") for j, cfg in enumerate(configs)]
         source = model_source(kernels)
         cubin = compile_cubin(source, sm)
@@ -239,13 +249,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {kernel.name}: WRONG after timing ({again:.3e}), {cfg.stages[0]}", flush=True)
                 continue
             st = cfg.stages[0]
-            label = (
-                f"{st.block_m}x{st.block_n}x{st.block_k} w{st.warps[0]}x{st.warps[1]} "
-                f"p{st.pipeline} s{st.splits} cp{st.copy_bytes}"
-            )
+            if isinstance(st, mma.MmaConfig):
+                label = (
+                    f"{st.block_m}x{st.block_n}x{st.block_k} w{st.warps[0]}x{st.warps[1]} "
+                    f"p{st.pipeline} s{st.splits} cp{st.copy_bytes}"
+                )
+            else:
+                label = f"simt tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads}"
             predicted = cfg.estimate.latency_us
             timings.append({"config": label, "measured_us": round(us, 2), "predicted_us": predicted})
-            if best is None or us < best[0]:
+            if isinstance(st, mma.MmaConfig) and (best is None or us < best[0]):
                 best = (us, label, err)
         flops = 2 * batch * m * n * k
         nbytes = 2 * batch * (m * k + k * n + m * n)

@@ -110,3 +110,40 @@ def test_codegen_refuses_a_library_stage(bert: Graph) -> None:
     lg = find_gemm_groups(bert, ARCH)[0]
     with pytest.raises(UnsupportedStage, match="no 'library' stage"):
         generate_kernel(bert, lg.group, lg.config, "k")
+
+
+def test_every_family_of_candidates_gets_measured() -> None:
+    """Where one family's estimates are all worse than another's (SIMT against tensor cores
+    on a large fp16 product; unsplit against split-K), ``propose`` still keeps the best of
+    each, a quarter of ``topk`` apiece, in estimate order; ``topk`` 1 is the best estimate."""
+    import numpy as np
+    from onnx import helper
+    from onnx_util import make_model
+
+    from welder.schedule.kinds import Options, ScheduleContext, propose
+    from welder.schedule.kinds.base import top_by_family
+
+    x, w = np.zeros((128, 3072), np.float16), np.zeros((3072, 768), np.float16)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": x}, ["y"], {"w": w})
+    graph = import_onnx(model)
+    group = make_group(graph, list(graph.nodes))
+
+    def ctx(topk: int) -> ScheduleContext:
+        shape, dtype = (lambda t: graph.tensor(t).shape), (lambda t: graph.tensor(t).dtype)
+        return ScheduleContext(shape, dtype, get_arch("H100"), Options(topk=topk))
+
+    everything = propose(group, ctx(10_000))
+    by_estimate = sorted(everything, key=lambda c: c.estimate.latency_us)
+    families = {c.stages[0].family for c in everything}
+    assert families == {"mma", "mma/split-k", "simt"}
+    for topk in (4, 8, 12):
+        chosen = propose(group, ctx(topk))
+        assert len(chosen) == topk
+        assert [c.estimate.latency_us for c in chosen] == sorted(c.estimate.latency_us for c in chosen)
+        for family in families:
+            best = [c for c in by_estimate if c.stages[0].family == family][: topk // 4]
+            assert all(any(b is c or b.estimate == c.estimate for c in chosen) for b in best), family
+        # the places left are the best estimates of whatever family
+        assert by_estimate[0].estimate.latency_us == chosen[0].estimate.latency_us
+    assert propose(group, ctx(1))[0].estimate.latency_us == by_estimate[0].estimate.latency_us
+    assert top_by_family([], 4) == []

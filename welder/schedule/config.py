@@ -30,6 +30,12 @@ class StageConfig:
     kind: ClassVar[str] = ""
     in_kernel: ClassVar[bool] = True
 
+    @property
+    def family(self) -> str:
+        """Candidates the search measures some of whatever their estimates (see
+        ``welder.schedule.kinds.propose``): the kind, unless a kind splits its own."""
+        return self.kind
+
     def renamed(self, names: Mapping[str, str]) -> StageConfig:
         """Copy with node and tensor names mapped through ``names`` (others kept)."""
         raise NotImplementedError(f"{type(self).__name__} does not rename its tensors")

@@ -14,7 +14,7 @@ and one template in ``codegen_templates/`` that ``welder.codegen`` renders its s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,3 +66,20 @@ class KernelKind(Protocol):
         with its estimate; ``[]`` where the kind applies but nothing fits the arch; None
         where the kind cannot compute the group at all."""
         ...
+
+
+def top_by_family(ranked: Sequence[GroupConfig], topk: int) -> list[GroupConfig]:
+    """The ``topk`` best of ``ranked`` (best first) with a quarter of the places kept for
+    the best of every family (``StageConfig.family``) of the group's first stage, in
+    estimate order."""
+    keep = max(1, topk // 4) if topk > 1 else 0
+    families: dict[str, list[GroupConfig]] = {}
+    for c in ranked:
+        families.setdefault(c.stages[0].family, []).append(c)
+    chosen = [c for members in families.values() for c in members[:keep]][:topk]
+    for c in ranked:
+        if len(chosen) >= topk:
+            break
+        if not any(c is d for d in chosen):
+            chosen.append(c)
+    return sorted(chosen, key=lambda c: c.estimate.latency_us)
