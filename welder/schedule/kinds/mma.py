@@ -1,7 +1,8 @@
-"""The ``mma`` kind: a half-precision contraction on tensor cores.
+"""The ``mma`` kind: a contraction on tensor cores, fp16 always and fp32 as TF32 on request.
 
 A group qualifies when its first tile-owning stage is a contraction
-``C[..., m, n] = sum_k A[..] * B[..]`` of two fp16 loads whose flat offsets are affine in
+``C[..., m, n] = sum_k A[..] * B[..]`` of two loads of the product's dtype (an
+:class:`MmaFormat` of :data:`FORMATS`) whose flat offsets are affine in
 the axes (proved as ``--skip-dot`` proves them, :func:`~.library.affine_layout`): the
 output's last axis is N (B varies along it, A does not), the one before it M (A varies, B
 does not), every other output axis is a batch the block walks one matrix at a time, and
@@ -9,13 +10,24 @@ one reduce axis is K.  Injective producers are already inlined into the loads, s
 transpose or reshape in front of the product costs nothing but different strides.
 
 The stage computes a ``block_m x block_n`` tile per block with ``warps`` warps, each
-owning a ``warp_m x warp_n`` piece of ``m16n8k16`` products.  Operands reach shared memory
-through a ``pipeline``-deep ``cp.async`` ring of ``block_k``-deep slices (16-byte copies
-where every stride allows, 4-byte ones otherwise; ragged edges zero-filled), and registers
-through ``ldmatrix`` (``.trans`` where the operand's contiguous axis needs it).  Rows are
-padded by 16 bytes so that the eight rows one ``ldmatrix`` reads fall in distinct banks.
-Accumulators are fp32.  The tile lands in shared memory for later stages of the group
-(SIMT stages: bias, activations, softmax over a row, layer norms) and/or in global memory.
+owning a ``warp_m x warp_n`` piece of ``m16n8k<mma_k>`` products.  Operands reach shared
+memory through a ``pipeline``-deep ``cp.async`` ring of ``block_k``-deep slices (16-byte
+copies where every stride allows, 4-byte ones otherwise; ragged edges zero-filled), and
+registers through ``ldmatrix`` (``.trans`` where the operand's contiguous axis needs it) or,
+for 32-bit elements whose rows run along K (``ldmatrix`` cannot transpose them), plain
+32-bit shared loads.  Rows are padded so that a fragment load touches distinct banks: 16
+bytes for ``ldmatrix`` (its eight 16-byte rows), 8 words for 32-bit loads (four rows of
+eight consecutive words).  Accumulators are fp32.
+
+fp32 contractions run as TF32 (``m16n8k8``): each operand element is rounded to TF32 with
+``cvt.rna`` (to nearest) as it reaches registers -- the tensor core would otherwise drop the
+low 13 mantissa bits, a truncation with twice the error, all of it towards zero.  TF32 keeps
+10 mantissa bits, so results differ from exact fp32 by up to about 1e-3 relative: only the
+``mma_tf32`` kind proposes them, and the default :attr:`~.base.Options.kinds` does not list
+it (``welder tune --tf32`` does).
+
+The tile lands in shared memory for later stages of the group (SIMT stages: bias,
+activations, softmax over a row, layer norms) and/or in global memory.
 
 The rule proposes nothing (None) for anything else; the SIMT kind still covers it.
 """
@@ -39,15 +51,52 @@ from welder.tile.footprint import transaction_bytes
 from welder.tile.propagate import GroupRegions, Region, partitions_output, propagate_group
 from welder.tile.region import Affine
 
-#: Operand types the kind computes (bf16 and TF32 would add rows here and to the template).
-DTYPES = frozenset({"float16"})
-#: mma.sync.m16n8k16, ldmatrix and cp.async arrived with Ampere; a V100 cost model proposes
-#: no tensor-core stage of this kind.
+#: mma.sync (m16n8k16 and m16n8k8.tf32), ldmatrix and cp.async arrived with Ampere; a V100
+#: cost model proposes no tensor-core stage of this kind.
 MIN_COMPUTE_CAPABILITY = (8, 0)
-#: The instruction's shape: m16n8k16.
-MMA_M, MMA_N, MMA_K = 16, 8, 16
-#: Elements of padding at the end of every shared-memory row (16 bytes of fp16).
-ROW_PAD = 8
+#: The instructions' tile of the output: m16n8 (K is the format's ``mma_k``).
+MMA_M, MMA_N = 16, 8
+
+
+@dataclass(frozen=True)
+class MmaFormat:
+    """What differs between the operand types the kind computes: plain data that the policy,
+    the emitter and the template read, so that every type runs through the same code."""
+
+    precision: str  # the arithmetic's name in welder.check.THRESHOLDS
+    dtype: str  # the operands' and the product's IR dtype
+    elem_bytes: int
+    mma_k: int  # the instruction's K: m16n8k<mma_k>
+    instruction: str  # the welder_mma.cuh function of one product
+    convert: str | None  # the welder_mma.cuh function rounding a loaded element, if any
+    peak: str  # the Arch field with the dense tensor-core rate of this type
+    block_ks: tuple[int, ...]  # slice depths tried, in elements (64 to 256 bytes a row)
+
+    def loader(self, k_rows: bool) -> str:
+        """How an operand slice reaches registers: ``"ldmatrix"`` where its rows run along
+        M or N (K contiguous), ``"ldmatrix_trans"`` where they run along K; ``.trans``
+        swaps 16-bit elements only, so 32-bit elements there take ``"lds"`` (32-bit loads)."""
+        if not k_rows:
+            return "ldmatrix"
+        return "ldmatrix_trans" if self.elem_bytes == 2 else "lds"
+
+    def row_pad(self, k_rows: bool) -> int:
+        """Elements of padding at the end of every shared-memory row: 16 bytes, so that the
+        eight 16-byte rows one ``ldmatrix`` matrix reads start in distinct bank groups (rows
+        are a multiple of 64 bytes long); 8 words for 32-bit loads, whose 32 lanes read
+        eight consecutive words of four rows (rows a multiple of 16 words long: the four
+        then start 8, 16 and 24 banks apart)."""
+        return 8 if self.loader(k_rows) == "lds" else 16 // self.elem_bytes
+
+
+FP16 = MmaFormat(
+    "fp16", "float16", 2, 16, "welder_mma_m16n8k16_f16f32", None, "fp16_tc_tflops", (32, 64, 128)
+)
+TF32 = MmaFormat(
+    "tf32", "float32", 4, 8, "welder_mma_m16n8k8_tf32", "welder_float_to_tf32", "tf32_tc_tflops", (16, 32, 64)
+)
+#: The formats by the IR dtype of a contraction they compute (bf16 would add a row).
+FORMATS = {f.dtype: f for f in (FP16, TF32)}
 #: Block tiles (block_m, block_n, warps along m, warps along n), largest first.  Each warp's
 #: piece is a multiple of 16 x 16 (``ldmatrix.x4`` feeds two n8 products at a time).
 BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
@@ -64,7 +113,6 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
     (16, 32, 1, 1),
     (16, 16, 1, 1),
 )
-BLOCK_K = (32, 64, 128)
 #: Ring depths: slices in flight while one is multiplied is the depth less one.
 PIPELINES = (3, 4)
 #: Time from issuing a slice's copies to the barrier after its wait, on a loaded GPU: a block
@@ -92,7 +140,7 @@ class MmaConfig(StageConfig):
     block_k: int
     warps: tuple[int, int]  # along M, along N
     pipeline: int  # cp.async stages in flight
-    copy_bytes: int  # per cp.async: 16, or 4 where strides are not multiples of 8
+    copy_bytes: int  # per cp.async: 16, or 4 where strides are not multiples of 16 bytes
     pipeline_offset: int  # byte offset of the operand ring in the group's shared pool
     smem_offset: int | None = None  # where its tile lives when consumed inside the group
 
@@ -134,6 +182,7 @@ class Contraction:
     """A stage compute as a batched matrix product (see the module docstring)."""
 
     compute: Compute
+    fmt: MmaFormat
     a: Operand
     b: Operand
     m_axis: int  # position among the compute's axes
@@ -167,10 +216,11 @@ class Contraction:
         return self.k if axis is None else self.compute.axes[axis].name
 
     def copy_bytes(self) -> int | None:
-        """Widest cp.async every row of both operands allows: each copy starts at a multiple
-        of its width along the contiguous axis, so the other strides and the offset must be
-        multiples of it too."""
-        for width in (8, 2):
+        """Widest cp.async (16 or 4 bytes) every row of both operands allows: each copy
+        starts at a multiple of its width along the contiguous axis, so the other strides and
+        the offset must be multiples of it too (in elements: 8 or 2 halves, 4 or 1 floats)."""
+        item = self.fmt.elem_bytes
+        for width in (16 // item, 4 // item):
             if all(
                 o.offset % width == 0
                 and all(
@@ -178,7 +228,7 @@ class Contraction:
                 )
                 for o in (self.a, self.b)
             ):
-                return width * 2
+                return width * item
         return None
 
 
@@ -187,13 +237,13 @@ def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
     body = c.body
     if (
         c.reduce_op != "sum"
-        or c.dtype not in DTYPES
+        or c.dtype not in FORMATS
         or not isinstance(body, Binary)
         or body.op != "mul"
         or not isinstance(body.a, Load)
         or not isinstance(body.b, Load)
-        or body.a.dtype not in DTYPES
-        or body.b.dtype not in DTYPES
+        or body.a.dtype != c.dtype
+        or body.b.dtype != c.dtype
         or len(c.axes) < 2
         or 0 in c.shape
     ):
@@ -220,6 +270,7 @@ def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
         return None
     found = Contraction(
         c,
+        FORMATS[c.dtype],
         Operand(la, la.tensor, off_a, sa, a_contig),
         Operand(lb, lb.tensor, off_b, sb, b_contig),
         m_axis,
@@ -235,15 +286,15 @@ def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
 
 def ring_elements(cfg: MmaConfig, con: Contraction) -> tuple[int, int]:
     """Elements of one pipeline stage of A and of B in shared memory, padded rows included."""
-    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    a = bm * (bk + ROW_PAD) if con.a.contiguous == "k" else bk * (bm + ROW_PAD)
-    b = bk * (bn + ROW_PAD) if con.b.contiguous == "n" else bn * (bk + ROW_PAD)
+    bm, bn, bk, pad = cfg.block_m, cfg.block_n, cfg.block_k, con.fmt.row_pad
+    a = bm * (bk + pad(False)) if con.a.contiguous == "k" else bk * (bm + pad(True))
+    b = bk * (bn + pad(True)) if con.b.contiguous == "n" else bn * (bk + pad(False))
     return a, b
 
 
 def ring_bytes(cfg: MmaConfig, con: Contraction) -> int:
     a, b = ring_elements(cfg, con)
-    return cfg.pipeline * (a + b) * 2
+    return cfg.pipeline * (a + b) * con.fmt.elem_bytes
 
 
 def registers(cfg: MmaConfig) -> int:
@@ -254,22 +305,28 @@ def registers(cfg: MmaConfig) -> int:
 
 
 class MmaKind:
-    """Tensor-core contractions (see the module docstring)."""
+    """Tensor-core contractions of the operand types ``formats`` (see the module docstring).
+    Two instances share the rule and the config type: ``mma`` (fp16, on by default) and
+    ``mma_tf32`` (fp32 as TF32, listed in the kinds only on request); the stages both
+    propose are ``mma`` stages, rendered by one template."""
 
-    name = "mma"
     config_type = MmaConfig
+
+    def __init__(self, name: str, formats: Sequence[MmaFormat]) -> None:
+        self.name = name
+        self.formats = tuple(formats)
 
     def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
         first = group.stages[0]
         con = contraction(group.computes[first], ctx.shape_of)
-        if con is None or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
+        if con is None or con.fmt not in self.formats or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
             return None
         found = []
         for bm, bn, wm, wn in BLOCK_TILES:
             if bm // 2 >= _round_up(con.m, MMA_M) or bn // 2 >= _round_up(con.n, 16):
                 continue  # half the block would already cover the matrix: the rest is padding
-            for bk in BLOCK_K:
-                if bk > 32 and con.k_extent < 2 * bk:
+            for bk in con.fmt.block_ks:
+                if bk > con.fmt.block_ks[0] and con.k_extent < 2 * bk:
                     continue
                 for depth in PIPELINES:
                     cfg = _config(group, con, (bm, bn, wm, wn, bk), depth, ctx)
@@ -279,7 +336,17 @@ class MmaKind:
         return found[: ctx.options.topk]
 
 
-KIND = MmaKind()
+KIND = MmaKind("mma", (FP16,))
+TF32_KIND = MmaKind("mma_tf32", (TF32,))
+
+
+def config_precision(group: Group, cfg: GroupConfig) -> str:
+    """The arithmetic of ``cfg``'s fp32 results (a name in ``welder.check.THRESHOLDS``):
+    ``"tf32"`` when an mma stage computes fp32 on tensor cores, else ``"fp32"``."""
+    for st in cfg.stages:
+        if isinstance(st, MmaConfig) and FORMATS.get(group.computes[st.node].dtype) is TF32:
+            return TF32.precision
+    return "fp32"
 
 
 def _round_up(x: int, to: int) -> int:
@@ -314,7 +381,7 @@ def _config(
     if placed is None:
         return None
     tile, regions = placed
-    if not _aligned_origin(regions.members[group.stages[0]], con.copy_bytes() // 2):
+    if not _aligned_origin(regions.members[group.stages[0]], con.copy_bytes() // con.fmt.elem_bytes):
         return None
     root_shape = ctx.shape_of(group.root)
     grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
@@ -406,7 +473,7 @@ def _estimate(
     waves = -(-blocks // (blocks_per_sm * arch.sm_count))
     k_padded = _round_up(con.k_extent, stage.block_k)
     flops_block = 2 * stage.block_m * stage.block_n * k_padded
-    sm_rate = arch.fp16_tc_tflops * 1e12 * TC_EFFICIENCY / arch.sm_count  # flop/s per SM
+    sm_rate = getattr(arch, con.fmt.peak) * 1e12 * TC_EFFICIENCY / arch.sm_count  # flop/s per SM
     tc_us = -(-blocks // arch.sm_count) * flops_block / sm_rate * 1e6
     k_tiles = k_padded // stage.block_k
     chain_us = waves * (k_tiles / (stage.pipeline - 1) + 1) * SLICE_LATENCY_US
@@ -415,7 +482,7 @@ def _estimate(
         for st in later
     )
     simt_us = -(-blocks // arch.sm_count) * simt_flops / (arch.fp32_tflops * 1e12 / arch.sm_count) * 1e6
-    item = 2
+    item = con.fmt.elem_bytes
     operand_block = (stage.block_m + stage.block_n) * k_padded * item
     itemsize = lambda t: np_dtype(ctx.dtype_of(t)).itemsize  # noqa: E731
     other_inputs = [t for t in regions.inputs if t not in (con.a.tensor, con.b.tensor)]
