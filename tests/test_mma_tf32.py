@@ -41,7 +41,7 @@ from welder.runtime.emu import available, compile_kernels
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, make_group
 from welder.schedule.kinds import Options, ScheduleContext, mma, propose
-from welder.schedule.kinds.mma import MmaConfig, config_precision, contraction
+from welder.schedule.kinds.mma import Tf32MmaConfig, config_precision, contraction
 from welder.schedule.plan import plan_model
 from welder.tune.tuner import cache_key, tune_group
 
@@ -162,11 +162,13 @@ def _whole_group(graph: Graph) -> Group:
     return make_group(graph, list(graph.nodes))
 
 
-def _context(graph: Graph, topk: int = 4, kinds: tuple[str, ...] = TF32_KINDS) -> ScheduleContext:
+def _context(
+    graph: Graph, topk: int = 4, kinds: tuple[str, ...] = TF32_KINDS, arch: str = "H100"
+) -> ScheduleContext:
     return ScheduleContext(
         lambda t: graph.tensor(t).shape,
         lambda t: graph.tensor(t).dtype,
-        ARCH,
+        get_arch(arch),
         Options(topk=topk, kinds=kinds),
     )
 
@@ -201,7 +203,7 @@ def test_tf32_stage_is_within_its_threshold_and_is_not_exact_fp32(label: str) ->
     group = _whole_group(graph)
     configs = mma.TF32_KIND.propose(group, _context(graph))
     assert configs, f"{label}: the TF32 rule proposed nothing"
-    assert all(isinstance(c.stages[0], MmaConfig) and config_precision(group, c) == "tf32" for c in configs)
+    assert all(isinstance(c.stages[0], Tf32MmaConfig) and config_precision(c) == "tf32" for c in configs)
     exact = _reference(graph, feeds, round_operands=False)
     rounded = _reference(graph, feeds, round_operands=True)
     for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
@@ -249,16 +251,10 @@ def test_without_tf32_no_mma_stage_is_proposed_for_fp32() -> None:
     plan = plan_model(graph, ARCH, topk=2)
     assert all(st.kind == "simt" for g in plan.groups for c in g.configs for st in c.stages)
     # With TF32 allowed the large product goes to tensor cores; a V100 has none for it.
-    assert propose(group, _context(graph))[0].stages[0].kind == "mma"
+    assert propose(group, _context(graph))[0].stages[0].kind == "mma_tf32"
     plan = plan_model(graph, ARCH, topk=2, kinds=TF32_KINDS)
-    assert plan.groups[0].configs[0].stages[0].kind == "mma"
-    volta = ScheduleContext(
-        lambda t: graph.tensor(t).shape,
-        lambda t: graph.tensor(t).dtype,
-        get_arch("V100"),
-        Options(4, kinds=TF32_KINDS),
-    )
-    assert mma.TF32_KIND.propose(group, volta) is None
+    assert plan.groups[0].configs[0].stages[0].kind == "mma_tf32"
+    assert mma.TF32_KIND.propose(group, _context(graph, arch="V100")) is None
 
 
 def test_tf32_configs_fit_the_arch_and_pad_rows_for_their_loads() -> None:
@@ -326,7 +322,7 @@ def test_the_tuner_holds_tf32_candidates_to_the_tf32_threshold() -> None:
     device = EmulatedDevice()
     result = tune_group(graph, group, ARCH, 2, None, device, configs=configs, kinds=TF32_KINDS)
     assert result is not None and not result.dropped
-    assert config_precision(group, result.config) == "tf32"
+    assert config_precision(result.config) == "tf32"
     exact, tf = cache_key("s", ARCH, device, Options.kinds), cache_key("s", ARCH, device, TF32_KINDS)
     assert exact != tf
 
@@ -339,7 +335,7 @@ def test_a_simt_candidate_is_still_held_to_fp32() -> None:
     simt = propose(group, _context(graph, topk=1, kinds=("simt",)))
     device = _Perturbing(graph, 5e-4)
     result = tune_group(graph, group, ARCH, 2, None, device, configs=[*simt, *tc], kinds=TF32_KINDS)
-    assert result is not None and result.config.stages[0].kind == "mma"
+    assert result is not None and result.config.stages[0].kind == "mma_tf32"
     assert [(d.candidate, d.reason) for d in result.dropped] == [(0, "wrong")]
 
 
@@ -370,7 +366,7 @@ def test_tune_flag_puts_fp32_products_on_tf32_and_records_it(tmp_path: Path) -> 
         kinds = {st["kind"] for g in doc["groups"] for st in g["configs"][0]["stages"]}
         sources = "".join(g["kernel"]["source"] for g in doc["groups"])
         assert ("welder_mma_m16n8k8_tf32(" in sources) == bool(flags)
-        assert ("mma" in kinds) == bool(flags)
+        assert kinds == ({"mma_tf32"} if flags else {"simt"})
         assert doc["precision"] == ("tf32" if flags else "fp32")
         assert recorded_precision(prefix) == doc["precision"]
 
@@ -414,7 +410,7 @@ def test_test_acc_and_check_apply_the_precision_the_runtime_was_tuned_for(tmp_pa
         == 0
     )
     doc = json.loads((prefix / "tuned.json").read_text())
-    assert doc["groups"][0]["configs"][0]["stages"][0]["kind"] == "mma"
+    assert doc["groups"][0]["configs"][0]["stages"][0]["kind"] == "mma_tf32"
     assert main(["build", str(prefix), "--emulate"]) == 0
     capsys.readouterr()
     assert main(["check", str(prefix), "--backend", "gpu"]) == 0

@@ -401,9 +401,9 @@ def finish_candidates(
     # Each candidate is held to the arithmetic it uses: a TF32 one to 2e-3, the others to 1e-4.
     by_precision = {
         p: output_thresholds(graph, group.outputs, group.members, p)
-        for p in {config_precision(group, cfg) for cfg in cands.configs}
+        for p in {config_precision(cfg) for cfg in cands.configs}
     }
-    limits = {i: by_precision[config_precision(group, cfg)] for i, cfg in enumerate(cands.configs)}
+    limits = {i: by_precision[config_precision(cfg)] for i, cfg in enumerate(cands.configs)}
     winner = _pick(device, cands, inputs, reference, timings, limits)
     tried = len(cands.configs)
     if winner is None:

@@ -5,7 +5,7 @@ kind       stage config, policy rule                        template
 =========  ===============================================  =========================================
 mma        :mod:`.mma` -- fp16 contractions on tensor cores  ``codegen_templates/stages/mma.cu.j2``
            (the group's first stage; later stages SIMT)
-mma_tf32   :mod:`.mma` -- the same for fp32 contractions,    (its stages are ``mma`` stages)
+mma_tf32   :mod:`.mma` -- the same for fp32 contractions,    the same template
            as TF32 (listed only with ``--tf32``)
 simt       :mod:`.simt` -- every group                      ``codegen_templates/stages/simt.cu.j2``
 library    :mod:`.library` -- products as cuBLAS calls      ``codegen_templates/runtime/cublas.j2``

@@ -56,7 +56,7 @@ class KernelKind(Protocol):
     """One kernel kind (see the module docstring)."""
 
     @property
-    def name(self) -> str: ...  # the key in KINDS; StageConfig.kind of its configs, but mma_tf32's are mma's
+    def name(self) -> str: ...  # the key in KINDS and StageConfig.kind
 
     @property
     def config_type(self) -> type[StageConfig]: ...

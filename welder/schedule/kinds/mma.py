@@ -63,6 +63,7 @@ class MmaFormat:
     """What differs between the operand types the kind computes: plain data that the policy,
     the emitter and the template read, so that every type runs through the same code."""
 
+    kind: str  # the kernel kind that computes it, and its stage configs' kind
     precision: str  # the arithmetic's name in welder.check.THRESHOLDS
     dtype: str  # the operands' and the product's IR dtype
     elem_bytes: int
@@ -90,10 +91,18 @@ class MmaFormat:
 
 
 FP16 = MmaFormat(
-    "fp16", "float16", 2, 16, "welder_mma_m16n8k16_f16f32", None, "fp16_tc_tflops", (32, 64, 128)
+    "mma", "fp16", "float16", 2, 16, "welder_mma_m16n8k16_f16f32", None, "fp16_tc_tflops", (32, 64, 128)
 )
 TF32 = MmaFormat(
-    "tf32", "float32", 4, 8, "welder_mma_m16n8k8_tf32", "welder_float_to_tf32", "tf32_tc_tflops", (16, 32, 64)
+    "mma_tf32",
+    "tf32",
+    "float32",
+    4,
+    8,
+    "welder_mma_m16n8k8_tf32",
+    "welder_float_to_tf32",
+    "tf32_tc_tflops",
+    (16, 32, 64),
 )
 #: The formats by the IR dtype of a contraction they compute (bf16 would add a row).
 FORMATS = {f.dtype: f for f in (FP16, TF32)}
@@ -158,6 +167,18 @@ class MmaConfig(StageConfig):
 
     def renamed(self, names: Mapping[str, str]) -> MmaConfig:
         return replace(self, node=names.get(self.node, self.node))
+
+
+@dataclass
+class Tf32MmaConfig(MmaConfig):
+    """An :class:`MmaConfig` of an fp32 contraction, computed as TF32: a kind of its own, so
+    that ``tuned.json``, the tuning cache and the tuner's check tell it from exact fp32."""
+
+    kind: ClassVar[str] = "mma_tf32"
+
+
+#: The config type of each format's stages, by kind name.
+CONFIG_TYPES: dict[str, type[MmaConfig]] = {c.kind: c for c in (MmaConfig, Tf32MmaConfig)}
 
 
 # -- recognising a contraction ----------------------------------------------------------------
@@ -305,21 +326,19 @@ def registers(cfg: MmaConfig) -> int:
 
 
 class MmaKind:
-    """Tensor-core contractions of the operand types ``formats`` (see the module docstring).
-    Two instances share the rule and the config type: ``mma`` (fp16, on by default) and
-    ``mma_tf32`` (fp32 as TF32, listed in the kinds only on request); the stages both
-    propose are ``mma`` stages, rendered by one template."""
+    """Tensor-core contractions of one operand format (see the module docstring).  One rule,
+    one instance per format: ``mma`` (fp16, on by default) and ``mma_tf32`` (fp32 as TF32,
+    listed in the kinds only on request), whose stages one emitter and one template render."""
 
-    config_type = MmaConfig
-
-    def __init__(self, name: str, formats: Sequence[MmaFormat]) -> None:
-        self.name = name
-        self.formats = tuple(formats)
+    def __init__(self, fmt: MmaFormat) -> None:
+        self.fmt = fmt
+        self.name = fmt.kind
+        self.config_type = CONFIG_TYPES[fmt.kind]
 
     def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
         first = group.stages[0]
         con = contraction(group.computes[first], ctx.shape_of)
-        if con is None or con.fmt not in self.formats or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
+        if con is None or con.fmt is not self.fmt or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
             return None
         found = []
         for bm, bn, wm, wn in BLOCK_TILES:
@@ -336,17 +355,14 @@ class MmaKind:
         return found[: ctx.options.topk]
 
 
-KIND = MmaKind("mma", (FP16,))
-TF32_KIND = MmaKind("mma_tf32", (TF32,))
+KIND = MmaKind(FP16)
+TF32_KIND = MmaKind(TF32)
 
 
-def config_precision(group: Group, cfg: GroupConfig) -> str:
+def config_precision(cfg: GroupConfig) -> str:
     """The arithmetic of ``cfg``'s fp32 results (a name in ``welder.check.THRESHOLDS``):
-    ``"tf32"`` when an mma stage computes fp32 on tensor cores, else ``"fp32"``."""
-    for st in cfg.stages:
-        if isinstance(st, MmaConfig) and FORMATS.get(group.computes[st.node].dtype) is TF32:
-            return TF32.precision
-    return "fp32"
+    ``"tf32"`` when a stage computes fp32 on TF32 tensor cores, else ``"fp32"``."""
+    return TF32.precision if any(st.kind == TF32.kind for st in cfg.stages) else "fp32"
 
 
 def _round_up(x: int, to: int) -> int:
@@ -390,7 +406,7 @@ def _config(
             return None
     threads = wm * wn * 32
     first = group.stages[0]
-    stage = MmaConfig(
+    stage = CONFIG_TYPES[con.fmt.kind](
         first,
         tile=regions.members[first].extents,
         block=(bm, bn),
