@@ -1,6 +1,6 @@
 """Check the runtime built under PREFIX against onnxruntime (CPU) on the same seeded inputs.
 
-    python artifacts/test_acc.py runs/bert_b1 [--seed 0] [--precision fp32] [--json report.json]
+    python artifacts/test_acc.py runs/bert_b1 [--seed 0] [--precision tf32] [--json report.json]
 
 PREFIX is the folder ``welder tune`` wrote: it holds model.onnx and the built
 nnfusion_rt/cuda_codegen/build/libnnfusion_naive_rt.so.  Inputs come from
@@ -8,7 +8,9 @@ nnfusion_rt/cuda_codegen/build/libnnfusion_naive_rt.so.  Inputs come from
 imported with the shapes the runtime was built for; integer inputs that feed indices are
 checked against the dimensions they index before the run (``welder.index_check``).  Prints
 per output ``max(|a - b| / max(|b|, 1))`` with its limit (``welder.check.output_threshold``:
-the fp16 limit for an output computed from fp16 values) and PASS/FAIL; the exit code is 0
+the fp16 limit for an output computed from fp16 values; fp32 outputs at the precision the
+runtime was tuned for, which ``tuned.json`` records: TF32's 2e-3 after ``welder tune
+--tf32``, else 1e-4) and PASS/FAIL; the exit code is 0
 when every output passes, 1 when one fails and 2 when the check cannot run.  ``--json`` also writes the
 report for programs (scripts/benchmark.py), so they need not parse the table.
 """
@@ -29,6 +31,7 @@ from welder.check import (
     onnxruntime_outputs,
     output_thresholds,
     random_inputs,
+    recorded_precision,
 )
 from welder.errors import WelderError
 from welder.frontend.onnx import import_onnx
@@ -36,11 +39,14 @@ from welder.index_check import check_index_inputs, index_sites
 from welder.runtime.library import RuntimeLibrary
 
 
-def check_runtime(prefix: Path, seed: int = 0, precision: str = "fp32") -> CheckReport:
-    """Runs the built runtime and onnxruntime on the same inputs and compares every output."""
+def check_runtime(prefix: Path, seed: int = 0, precision: str | None = None) -> CheckReport:
+    """Runs the built runtime and onnxruntime on the same inputs and compares every output
+    (``precision`` None: the one the runtime was tuned for)."""
     model = prefix / "model.onnx"
     if not model.is_file():
         raise WelderError(f"{prefix} holds no model.onnx to check the runtime against")
+    if precision is None:
+        precision = recorded_precision(prefix)
     with RuntimeLibrary(prefix) as lib:
         graph = import_onnx(model, {t.name: t.shape for t in lib.inputs})
         feeds = random_inputs(graph, seed)
@@ -59,8 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--precision",
         choices=sorted(THRESHOLDS),
-        default="fp32",
-        help="arithmetic of the kernels, which sets the fp32 outputs' limit (default: fp32)",
+        help="arithmetic of the kernels, which sets the fp32 outputs' limit (default: what "
+        "PREFIX/tuned.json records, tf32 after `welder tune --tf32`, else fp32)",
     )
     parser.add_argument("--json", type=Path, help="also write the report here as JSON")
     args = parser.parse_args(argv)

@@ -7,6 +7,7 @@ reference is finite always fails.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,27 @@ def threshold_for(dtype: str, precision: str = "fp32") -> float:
     if dtype in ("float32", "float64"):
         return THRESHOLDS[precision]
     return 0.0
+
+
+#: Where ``welder tune`` records the arithmetic it allowed (``tuned.json``'s ``precision``).
+TUNED_JSON = "tuned.json"
+
+
+def recorded_precision(prefix: str | os.PathLike) -> str:
+    """The precision a runtime under ``prefix`` was tuned for: ``"tf32"`` after ``welder tune
+    --tf32``, else ``"fp32"`` (also for a folder without ``tuned.json``, or one written before
+    tuned.json recorded it).  Its fp32 outputs are checked at that threshold."""
+    path = os.path.join(prefix, TUNED_JSON)
+    if not os.path.isfile(path):
+        return "fp32"
+    try:
+        with open(path) as f:
+            precision = json.load(f).get("precision", "fp32")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ModelError(f"cannot read the precision the runtime was tuned for from {path}: {e}") from None
+    if precision not in THRESHOLDS or precision == "fp16":
+        raise ModelError(f"{path} records precision {precision!r}; expected 'fp32' or 'tf32'")
+    return precision
 
 
 def cone_float_dtypes(graph: Graph, tensor: str, members: Collection[str] | None = None) -> set[str]:

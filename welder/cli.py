@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="no tensor cores: half-precision contractions run on CUDA cores like everything else",
     )
     p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="fp32 contractions may run on tensor cores as TF32 (10-bit mantissa operands, fp32 "
+        "accumulation: results within 2e-3 instead of 1e-4, which test_acc and `welder check` then "
+        "apply); off by default, exact fp32 on CUDA cores; not with --no-tc",
+    )
+    p.add_argument(
         "--measure-fusion", action="store_true", help="decide fusion by measured latencies (slower)"
     )
     p.add_argument(
@@ -193,6 +200,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         measure_fusion=args.measure_fusion,
         skip_dot=args.skip_dot,
         tensor_cores=not args.no_tc,
+        tf32=args.tf32,
         cuda_arch=args.cuda_arch,
         build=not args.no_build,
         input_shapes=dict(args.input_shape),

@@ -32,6 +32,7 @@ from welder.runtime.build import build_runtime, check_cuda_arch, find_nvcc
 from welder.runtime.emit import emit_runtime, normalize_cuda_arch
 from welder.runtime.library import parse_summary
 from welder.schedule.kinds import Options
+from welder.schedule.kinds.mma import TF32_KIND
 from welder.schedule.plan import Plan, plan_model, tuned_json, write_json
 from welder.tune.cache import TuningCache
 from welder.tune.tuner import tune_model
@@ -46,11 +47,21 @@ class TuneOptions:
     measure_fusion: bool = False
     skip_dot: bool = False  # matrix products to cuBLAS
     tensor_cores: bool = True  # False: --no-tc, every stage on CUDA cores
+    tf32: bool = False  # --tf32: fp32 contractions may run on TF32 tensor cores
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        """The kernel kinds that may propose configs."""
-        return Options.kinds if self.tensor_cores else ("simt",)
+        """The kernel kinds that may propose configs (the tuning cache keys results by them,
+        so TF32 results never stand in for exact fp32 ones)."""
+        if not self.tensor_cores:
+            return ("simt",)
+        return (TF32_KIND.name, *Options.kinds) if self.tf32 else Options.kinds
+
+    @property
+    def precision(self) -> str:
+        """The arithmetic the fp32 outputs are checked at (``welder.check.THRESHOLDS``);
+        ``tuned.json`` records it for test_acc and ``welder check``."""
+        return "tf32" if self.tf32 and self.tensor_cores else "fp32"
 
     cuda_arch: str | None = None  # e.g. "90"; default: the GPU present
     build: bool = True
@@ -116,6 +127,10 @@ def tune(
     bad input leaves nothing behind; then ``out`` is locked against a second tune."""
     if options.topk < 1:
         raise WelderError("--topk must be at least 1")
+    if options.tf32 and not options.tensor_cores:
+        raise WelderError(
+            "--tf32 puts fp32 products on tensor cores, which --no-tc rules out; pass one of them"
+        )
     start = time.perf_counter()
     notes: list[str] = []
     source = Path(model_file(model))
@@ -167,6 +182,7 @@ def _tune_into(
     build_seconds = time.perf_counter() - build_start
     runtime = _time_built(out, options, notes) if built is not None else None
     doc = tuned_json(plan, graph)
+    doc["precision"] = options.precision
     generated = iter(kernels)
     for entry in doc["groups"]:
         if entry["library"] is None:

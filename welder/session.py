@@ -30,6 +30,7 @@ from welder.check import (
     onnxruntime_outputs,
     output_thresholds,
     random_inputs,
+    recorded_precision,
 )
 from welder.errors import ModelError, WelderError
 from welder.frontend.onnx import import_onnx
@@ -179,11 +180,16 @@ def check_model(
     backend: str = "interpret",
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
-    precision: str = "fp32",
+    precision: str | None = None,
     **options: object,
 ) -> CheckReport:
-    """Run ``model`` through ``backend`` and onnxruntime on the same random inputs."""
+    """Run ``model`` through ``backend`` and onnxruntime on the same random inputs.  The fp32
+    outputs' limit follows ``precision``; by default, for the ``gpu`` back end the precision
+    its runtime was tuned for (``welder tune --tf32``: TF32), else exact fp32."""
     sess = InferenceSession(model, backend=backend, input_shapes=input_shapes, **options)
+    if precision is None:
+        prefix = options.get("prefix", model if Path(model).is_dir() else Path(model).parent)
+        precision = recorded_precision(prefix) if sess.backend_name == "gpu" else "fp32"
     feeds = random_inputs(sess.graph, seed)
     names = list(sess.graph.outputs)
     ours = dict(zip(names, sess.run(names, feeds)))

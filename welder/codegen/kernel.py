@@ -46,6 +46,7 @@ StageEmitter = Callable[["KernelBuilder", int, StageConfig], StageCtx]
 STAGE_EMITTERS: dict[str, StageEmitter] = {
     "simt": simt.emit_stage,
     "mma": mma.emit_stage,
+    "mma_tf32": mma.emit_stage,  # the same stage with fp32 operands (MmaFormat TF32)
 }
 
 

@@ -4,8 +4,10 @@ An ``mma`` stage (``welder.schedule.kinds.mma.MmaConfig``) is the group's first 
 contraction whose operands are read from global memory with the strides that
 :func:`~welder.schedule.kinds.mma.contraction` proves.  :func:`emit_stage` turns those
 strides and the config into the values the template prints: where each operand's slice
-starts, which axis its shared-memory rows run along, and the per-lane ``ldmatrix``
-addresses that give the ``m16n8k16`` fragment layouts.
+starts, which axis its shared-memory rows run along, and the per-lane ``ldmatrix`` (or
+32-bit load) addresses that give the fragment layouts of ``m16n8k16`` (fp16) and
+``m16n8k8`` (TF32).  What differs between the two is the contraction's
+:class:`~welder.schedule.kinds.mma.MmaFormat`, read here as data.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import TYPE_CHECKING
 from welder.ir.layout import row_major_strides
 from welder.schedule.config import StageConfig
 from welder.schedule.kinds.mma import (
-    ROW_PAD,
     Contraction,
     MmaConfig,
     Operand,
@@ -51,13 +52,21 @@ class _Operand:
     row_limit: int
     col_limit: int
     row_stride: int  # global stride of the row axis (the column axis has stride 1)
-    trans: str  # "" or "_trans": the ldmatrix flavour
-    fragment: str  # C: this lane's ldmatrix row address within a slot (uses mi / nj, kk)
+    loader: str  # "ldmatrix", "ldmatrix_trans" or "lds" (MmaFormat.loader)
+    fragment: str  # C: this lane's ldmatrix row address, or its first element's, within a slot
+    # lds: the four registers' element offsets from ``fragment``, in ldmatrix.x4's order
+    offsets: tuple[int, int, int, int] | None
 
 
 @dataclass(kw_only=True)
 class MmaStageCtx(StageCtx):
     storage_t: str
+    elem_bytes: int
+    mma_k: int
+    mma: str  # the welder_mma.cuh function of one product
+    convert: str | None  # the welder_mma.cuh function rounding each loaded element, if any
+    pack2: str  # C: two fp32 accumulators as the output's pair type
+    pack1: str  # C: one fp32 accumulator as the output's type
     warps_n: int
     warp_m: int
     warp_n: int
@@ -104,7 +113,10 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
     a_view, b_view = f"mma{k}_a", f"mma{k}_b"
     dtype = c.dtype
     kb.add_view(a_view, dtype, st.pipeline_offset, st.pipeline * a_elems)
-    kb.add_view(b_view, dtype, st.pipeline_offset + st.pipeline * a_elems * 2, st.pipeline * b_elems)
+    fmt = con.fmt
+    kb.add_view(
+        b_view, dtype, st.pipeline_offset + st.pipeline * a_elems * fmt.elem_bytes, st.pipeline * b_elems
+    )
     k_tiles = -(-con.k_extent // st.block_k)
     shape = c.shape
     out_strides = row_major_strides(shape)
@@ -115,6 +127,12 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
         comment=sanitize_comment(f"{st.node} (tensor cores, {st.block_m}x{st.block_n}x{st.block_k})"),
         origins=origins,
         storage_t=STORAGE_TYPES[dtype],
+        elem_bytes=fmt.elem_bytes,
+        mma_k=fmt.mma_k,
+        mma=fmt.instruction,
+        convert=fmt.convert,
+        pack2="__floats2half2_rn" if dtype == "float16" else "make_float2",
+        pack1="__float2half" if dtype == "float16" else "",
         warps_n=st.warps[1],
         warp_m=wm,
         warp_n=wn,
@@ -133,7 +151,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
         workspace_elems=workspace_bytes(st, kb.cfg.num_blocks) // 4,
         declares=st.splits > 1,
         copy_bytes=st.copy_bytes,
-        copy_elems=st.copy_bytes // 2,
+        copy_elems=st.copy_bytes // fmt.elem_bytes,
         m_origin=o[con.m_axis],
         n_origin=o[con.n_axis],
         m_extent=con.m,
@@ -171,22 +189,33 @@ def _operand(
     else:
         rows, cols, row_origin, col_origin = block, st.block_k, origin, "k0"
         row_limit, col_limit, row_stride = extent, con.k_extent, con.stride(op, role)
-    ld = cols + ROW_PAD
+    fmt = con.fmt
+    ld = cols + fmt.row_pad(k_rows)
+    loader = fmt.loader(k_rows)
+    # Along K an 8x8 ldmatrix matrix spans 16 bytes: 8 halves (one k8 half of m16n8k16's
+    # fragment) or 4 floats (one k4 half of m16n8k8's, read as pairs of 16-bit elements).
+    half_k = 16 // fmt.elem_bytes
     lane_matrix = "(lane / 8)"
-    if role == "m":
-        warp = "wm0 + mi * 16"
+    offsets = None
+    warp = "wm0 + mi * 16" if role == "m" else "wn0 + nj * 16"
+    if loader == "lds":
+        # Lane (g, t) holds element k = t, m or n = g of each register's 8 x 4 piece; the
+        # registers step by 8 along M or N and 4 along K (in ldmatrix.x4's order for A: a[0..3];
+        # for B: b[0], b[1] of the lower n8 tile, then of the upper one).
+        fragment = f"(kk + lane % 4) * {ld} + {warp} + lane / 4"
+        offsets = (0, 8, 4 * ld, 4 * ld + 8) if role == "m" else (0, 4 * ld, 8, 4 * ld + 8)
+    elif role == "m":
         if not k_rows:  # [m][k]: lanes 0-15 rows m, lanes 16-31 the upper k half
-            fragment = f"({warp} + lane % 16) * {ld} + kk + lane / 16 * 8"
+            fragment = f"({warp} + lane % 16) * {ld} + kk + lane / 16 * {half_k}"
         else:  # [k][m], transposed: matrix i covers m half i & 1 and k half i >> 1
             fragment = f"(kk + {lane_matrix} / 2 * 8 + lane % 8) * {ld} + {warp} + {lane_matrix} % 2 * 8"
-        trans = "_trans" if k_rows else ""
     else:
-        warp = "wn0 + nj * 16"
         if k_rows:  # [k][n], transposed: lanes 0-15 rows k of the lower n half, 16-31 the upper
             fragment = f"(kk + lane % 16) * {ld} + {warp} + lane / 16 * 8"
         else:  # [n][k]: matrix i covers n half i >> 1 and k half i & 1
-            fragment = f"({warp} + {lane_matrix} / 2 * 8 + lane % 8) * {ld} + kk + {lane_matrix} % 2 * 8"
-        trans = "_trans" if k_rows else ""
+            fragment = (
+                f"({warp} + {lane_matrix} / 2 * 8 + lane % 8) * {ld} + kk + {lane_matrix} % 2 * {half_k}"
+            )
     return _Operand(
         name="a" if role == "m" else "b",
         param=kb.params[op.tensor].name,
@@ -201,6 +230,7 @@ def _operand(
         row_limit=row_limit,
         col_limit=col_limit,
         row_stride=row_stride,
-        trans=trans,
+        loader=loader,
         fragment=fragment,
+        offsets=offsets,
     )

@@ -14,8 +14,9 @@ For one group (:func:`tune_group`):
    so a hanging nvcc costs minutes, not one limit per level of halving;
 4. time every compiled candidate on seeded random inputs (weights: the model's own);
 5. run the candidates fastest first and compare their outputs with the reference
-   interpreter (``max(|a-b| / max(|b|, 1))`` within 1e-4 for fp32, 2e-2 for fp16 -- and
-   for an fp32 output computed from fp16 values inside the group, see
+   interpreter (``max(|a-b| / max(|b|, 1))`` within 1e-4 for fp32, 2e-3 for fp32 that a
+   candidate computes on TF32 tensor cores (``--tf32``), 2e-2 for fp16 -- and for an fp32
+   output computed from fp16 values inside the group, see
    :func:`welder.check.output_threshold`); the first that matches wins;
 6. store the winner (or a negative entry) in the cache.
 
@@ -55,6 +56,7 @@ from welder.schedule.engine import CostModel, canonical_names, fuse, group_signa
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
 from welder.schedule.kinds import Options, config_from_json
 from welder.schedule.kinds.library import LibraryGroup, find_gemm_groups
+from welder.schedule.kinds.mma import config_precision
 from welder.schedule.plan import Plan, PlannedGroup, SplitFailure, library_planned, traffic_of
 from welder.tune.cache import CacheKey, TuningCache
 
@@ -272,9 +274,9 @@ def _pick(
     inputs: list[np.ndarray],
     reference: Callable[[], dict[str, np.ndarray]],
     timings: dict[int, float],
-    limits: dict[str, float],
+    limits: dict[int, dict[str, float]],
 ) -> int | None:
-    """The fastest candidate whose outputs match the reference within ``limits``."""
+    """The fastest candidate whose outputs match the reference within its ``limits``."""
     for i in sorted(timings, key=lambda k: (timings[k], k)):
         kernel = cands.kernels[i]
         try:
@@ -282,7 +284,7 @@ def _pick(
         except LaunchError as e:
             cands.drop(i, _launch_reason(e), str(e))
             continue
-        problem = _compare(kernel, outputs, reference(), limits)
+        problem = _compare(kernel, outputs, reference(), limits[i])
         if problem:
             cands.drop(i, "wrong", problem)
             continue
@@ -396,7 +398,12 @@ def finish_candidates(
         return memo["ref"]
 
     timings = _time_all(device, cands, inputs)
-    limits = output_thresholds(graph, group.outputs, group.members)
+    # Each candidate is held to the arithmetic it uses: a TF32 one to 2e-3, the others to 1e-4.
+    by_precision = {
+        p: output_thresholds(graph, group.outputs, group.members, p)
+        for p in {config_precision(cfg) for cfg in cands.configs}
+    }
+    limits = {i: by_precision[config_precision(cfg)] for i, cfg in enumerate(cands.configs)}
     winner = _pick(device, cands, inputs, reference, timings, limits)
     tried = len(cands.configs)
     if winner is None:

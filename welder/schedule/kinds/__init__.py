@@ -5,6 +5,8 @@ kind       stage config, policy rule                        template
 =========  ===============================================  =========================================
 mma        :mod:`.mma` -- fp16 contractions on tensor cores  ``codegen_templates/stages/mma.cu.j2``
            (the group's first stage; later stages SIMT)
+mma_tf32   :mod:`.mma` -- the same for fp32 contractions,    the same template
+           as TF32 (listed only with ``--tf32``)
 simt       :mod:`.simt` -- every group                      ``codegen_templates/stages/simt.cu.j2``
 library    :mod:`.library` -- products as cuBLAS calls      ``codegen_templates/runtime/cublas.j2``
            (claimed before fusion with ``--skip-dot``)      (a call the runtime makes, no kernel)
@@ -36,6 +38,7 @@ KINDS: dict[str, KernelKind] = {
     simt.KIND.name: simt.KIND,
     library.KIND.name: library.KIND,
     mma.KIND.name: mma.KIND,
+    mma.TF32_KIND.name: mma.TF32_KIND,
 }
 
 

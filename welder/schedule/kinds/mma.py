@@ -1,7 +1,8 @@
-"""The ``mma`` kind: a half-precision contraction on tensor cores.
+"""The ``mma`` kind: a contraction on tensor cores, fp16 always and fp32 as TF32 on request.
 
 A group qualifies when its first tile-owning stage is a contraction
-``C[..., m, n] = sum_k A[..] * B[..]`` of two fp16 loads whose flat offsets are affine in
+``C[..., m, n] = sum_k A[..] * B[..]`` of two loads of the product's dtype (an
+:class:`MmaFormat` of :data:`FORMATS`) whose flat offsets are affine in
 the axes (proved as ``--skip-dot`` proves them, :func:`~.library.affine_layout`): the
 output's last axis is N (B varies along it, A does not), the one before it M (A varies, B
 does not), every other output axis is a batch the block walks one matrix at a time, and
@@ -9,13 +10,24 @@ one reduce axis is K.  Injective producers are already inlined into the loads, s
 transpose or reshape in front of the product costs nothing but different strides.
 
 The stage computes a ``block_m x block_n`` tile per block with ``warps`` warps, each
-owning a ``warp_m x warp_n`` piece of ``m16n8k16`` products.  Operands reach shared memory
-through a ``pipeline``-deep ``cp.async`` ring of ``block_k``-deep slices (16-byte copies
-where every stride allows, 4-byte ones otherwise; ragged edges zero-filled), and registers
-through ``ldmatrix`` (``.trans`` where the operand's contiguous axis needs it).  Rows are
-padded by 16 bytes so that the eight rows one ``ldmatrix`` reads fall in distinct banks.
-Accumulators are fp32.  The tile lands in shared memory for later stages of the group
-(SIMT stages: bias, activations, softmax over a row, layer norms) and/or in global memory.
+owning a ``warp_m x warp_n`` piece of ``m16n8k<mma_k>`` products.  Operands reach shared
+memory through a ``pipeline``-deep ``cp.async`` ring of ``block_k``-deep slices (16-byte
+copies where every stride allows, 4-byte ones otherwise; ragged edges zero-filled), and
+registers through ``ldmatrix`` (``.trans`` where the operand's contiguous axis needs it) or,
+for 32-bit elements whose rows run along K (``ldmatrix`` cannot transpose them), plain
+32-bit shared loads.  Rows are padded so that a fragment load touches distinct banks: 16
+bytes for ``ldmatrix`` (its eight 16-byte rows), 8 words for 32-bit loads (four rows of
+eight consecutive words).  Accumulators are fp32.
+
+fp32 contractions run as TF32 (``m16n8k8``): each operand element is rounded to TF32 with
+``cvt.rna`` (to nearest) as it reaches registers -- the tensor core would otherwise drop the
+low 13 mantissa bits, a truncation with twice the error, all of it towards zero.  TF32 keeps
+10 mantissa bits, so results differ from exact fp32 by up to about 1e-3 relative: only the
+``mma_tf32`` kind proposes them, and the default :attr:`~.base.Options.kinds` does not list
+it (``welder tune --tf32`` does).
+
+The tile lands in shared memory for later stages of the group (SIMT stages: bias,
+activations, softmax over a row, layer norms) and/or in global memory.
 
 Split-K: where the output tiles cannot fill the SMs (few rows times a weight: batch-1
 transformer layers), ``splits`` blocks share each tile, each summing a contiguous run of K
@@ -47,15 +59,61 @@ from welder.tile.footprint import transaction_bytes
 from welder.tile.propagate import GroupRegions, Region, partitions_output, propagate_group
 from welder.tile.region import Affine
 
-#: Operand types the kind computes (bf16 and TF32 would add rows here and to the template).
-DTYPES = frozenset({"float16"})
-#: mma.sync.m16n8k16, ldmatrix and cp.async arrived with Ampere; a V100 cost model proposes
-#: no tensor-core stage of this kind.
+#: mma.sync (m16n8k16 and m16n8k8.tf32), ldmatrix and cp.async arrived with Ampere; a V100
+#: cost model proposes no tensor-core stage of this kind.
 MIN_COMPUTE_CAPABILITY = (8, 0)
-#: The instruction's shape: m16n8k16.
-MMA_M, MMA_N, MMA_K = 16, 8, 16
-#: Elements of padding at the end of every shared-memory row (16 bytes of fp16).
-ROW_PAD = 8
+#: The instructions' tile of the output: m16n8 (K is the format's ``mma_k``).
+MMA_M, MMA_N = 16, 8
+
+
+@dataclass(frozen=True)
+class MmaFormat:
+    """What differs between the operand types the kind computes: plain data that the policy,
+    the emitter and the template read, so that every type runs through the same code."""
+
+    kind: str  # the kernel kind that computes it, and its stage configs' kind
+    precision: str  # the arithmetic's name in welder.check.THRESHOLDS
+    dtype: str  # the operands' and the product's IR dtype
+    elem_bytes: int
+    mma_k: int  # the instruction's K: m16n8k<mma_k>
+    instruction: str  # the welder_mma.cuh function of one product
+    convert: str | None  # the welder_mma.cuh function rounding a loaded element, if any
+    peak: str  # the Arch field with the dense tensor-core rate of this type
+    block_ks: tuple[int, ...]  # slice depths tried, in elements (64 to 256 bytes a row)
+
+    def loader(self, k_rows: bool) -> str:
+        """How an operand slice reaches registers: ``"ldmatrix"`` where its rows run along
+        M or N (K contiguous), ``"ldmatrix_trans"`` where they run along K; ``.trans``
+        swaps 16-bit elements only, so 32-bit elements there take ``"lds"`` (32-bit loads)."""
+        if not k_rows:
+            return "ldmatrix"
+        return "ldmatrix_trans" if self.elem_bytes == 2 else "lds"
+
+    def row_pad(self, k_rows: bool) -> int:
+        """Elements of padding at the end of every shared-memory row: 16 bytes, so that the
+        eight 16-byte rows one ``ldmatrix`` matrix reads start in distinct bank groups (rows
+        are a multiple of 64 bytes long); 8 words for 32-bit loads, whose 32 lanes read
+        eight consecutive words of four rows (rows a multiple of 16 words long: the four
+        then start 8, 16 and 24 banks apart)."""
+        return 8 if self.loader(k_rows) == "lds" else 16 // self.elem_bytes
+
+
+FP16 = MmaFormat(
+    "mma", "fp16", "float16", 2, 16, "welder_mma_m16n8k16_f16f32", None, "fp16_tc_tflops", (32, 64, 128)
+)
+TF32 = MmaFormat(
+    "mma_tf32",
+    "tf32",
+    "float32",
+    4,
+    8,
+    "welder_mma_m16n8k8_tf32",
+    "welder_float_to_tf32",
+    "tf32_tc_tflops",
+    (16, 32, 64),
+)
+#: The formats by the IR dtype of a contraction they compute (bf16 would add a row).
+FORMATS = {f.dtype: f for f in (FP16, TF32)}
 #: Block tiles (block_m, block_n, warps along m, warps along n), largest first.  Each warp's
 #: piece is a multiple of 16 x 16 (``ldmatrix.x4`` feeds two n8 products at a time).
 BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
@@ -72,7 +130,6 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
     (16, 32, 1, 1),
     (16, 16, 1, 1),
 )
-BLOCK_K = (32, 64, 128)
 #: Ring depths: slices in flight while one is multiplied is the depth less one.
 PIPELINES = (3, 4)
 #: Split-K factors tried where the output tiles leave SMs idle.
@@ -104,7 +161,7 @@ class MmaConfig(StageConfig):
     block_k: int
     warps: tuple[int, int]  # along M, along N
     pipeline: int  # cp.async stages in flight
-    copy_bytes: int  # per cp.async: 16, or 4 where strides are not multiples of 8
+    copy_bytes: int  # per cp.async: 16, or 4 where strides are not multiples of 16 bytes
     pipeline_offset: int  # byte offset of the operand ring in the group's shared pool
     smem_offset: int | None = None  # where its tile lives when consumed inside the group
     splits: int = 1  # blocks per output tile, each summing a part of K (split-K)
@@ -135,6 +192,18 @@ class MmaConfig(StageConfig):
         return -(-k_tiles // self.splits)
 
 
+@dataclass
+class Tf32MmaConfig(MmaConfig):
+    """An :class:`MmaConfig` of an fp32 contraction, computed as TF32: a kind of its own, so
+    that ``tuned.json``, the tuning cache and the tuner's check tell it from exact fp32."""
+
+    kind: ClassVar[str] = "mma_tf32"
+
+
+#: The config type of each format's stages, by kind name.
+CONFIG_TYPES: dict[str, type[MmaConfig]] = {c.kind: c for c in (MmaConfig, Tf32MmaConfig)}
+
+
 # -- recognising a contraction ----------------------------------------------------------------
 
 
@@ -157,6 +226,7 @@ class Contraction:
     """A stage compute as a batched matrix product (see the module docstring)."""
 
     compute: Compute
+    fmt: MmaFormat
     a: Operand
     b: Operand
     m_axis: int  # position among the compute's axes
@@ -190,10 +260,11 @@ class Contraction:
         return self.k if axis is None else self.compute.axes[axis].name
 
     def copy_bytes(self) -> int | None:
-        """Widest cp.async every row of both operands allows: each copy starts at a multiple
-        of its width along the contiguous axis, so the other strides and the offset must be
-        multiples of it too."""
-        for width in (8, 2):
+        """Widest cp.async (16 or 4 bytes) every row of both operands allows: each copy
+        starts at a multiple of its width along the contiguous axis, so the other strides and
+        the offset must be multiples of it too (in elements: 8 or 2 halves, 4 or 1 floats)."""
+        item = self.fmt.elem_bytes
+        for width in (16 // item, 4 // item):
             if all(
                 o.offset % width == 0
                 and all(
@@ -201,7 +272,7 @@ class Contraction:
                 )
                 for o in (self.a, self.b)
             ):
-                return width * 2
+                return width * item
         return None
 
 
@@ -210,13 +281,13 @@ def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
     body = c.body
     if (
         c.reduce_op != "sum"
-        or c.dtype not in DTYPES
+        or c.dtype not in FORMATS
         or not isinstance(body, Binary)
         or body.op != "mul"
         or not isinstance(body.a, Load)
         or not isinstance(body.b, Load)
-        or body.a.dtype not in DTYPES
-        or body.b.dtype not in DTYPES
+        or body.a.dtype != c.dtype
+        or body.b.dtype != c.dtype
         or len(c.axes) < 2
         or 0 in c.shape
     ):
@@ -243,6 +314,7 @@ def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
         return None
     found = Contraction(
         c,
+        FORMATS[c.dtype],
         Operand(la, la.tensor, off_a, sa, a_contig),
         Operand(lb, lb.tensor, off_b, sb, b_contig),
         m_axis,
@@ -258,15 +330,15 @@ def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
 
 def ring_elements(cfg: MmaConfig, con: Contraction) -> tuple[int, int]:
     """Elements of one pipeline stage of A and of B in shared memory, padded rows included."""
-    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    a = bm * (bk + ROW_PAD) if con.a.contiguous == "k" else bk * (bm + ROW_PAD)
-    b = bk * (bn + ROW_PAD) if con.b.contiguous == "n" else bn * (bk + ROW_PAD)
+    bm, bn, bk, pad = cfg.block_m, cfg.block_n, cfg.block_k, con.fmt.row_pad
+    a = bm * (bk + pad(False)) if con.a.contiguous == "k" else bk * (bm + pad(True))
+    b = bk * (bn + pad(True)) if con.b.contiguous == "n" else bn * (bk + pad(False))
     return a, b
 
 
 def ring_bytes(cfg: MmaConfig, con: Contraction) -> int:
     a, b = ring_elements(cfg, con)
-    return cfg.pipeline * (a + b) * 2
+    return cfg.pipeline * (a + b) * con.fmt.elem_bytes
 
 
 def registers(cfg: MmaConfig) -> int:
@@ -277,22 +349,26 @@ def registers(cfg: MmaConfig) -> int:
 
 
 class MmaKind:
-    """Tensor-core contractions (see the module docstring)."""
+    """Tensor-core contractions of one operand format (see the module docstring).  One rule,
+    one instance per format: ``mma`` (fp16, on by default) and ``mma_tf32`` (fp32 as TF32,
+    listed in the kinds only on request), whose stages one emitter and one template render."""
 
-    name = "mma"
-    config_type = MmaConfig
+    def __init__(self, fmt: MmaFormat) -> None:
+        self.fmt = fmt
+        self.name = fmt.kind
+        self.config_type = CONFIG_TYPES[fmt.kind]
 
     def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
         first = group.stages[0]
         con = contraction(group.computes[first], ctx.shape_of)
-        if con is None or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
+        if con is None or con.fmt is not self.fmt or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
             return None
         found = []
         for bm, bn, wm, wn in BLOCK_TILES:
             if bm // 2 >= _round_up(con.m, MMA_M) or bn // 2 >= _round_up(con.n, 16):
                 continue  # half the block would already cover the matrix: the rest is padding
-            for bk in BLOCK_K:
-                if bk > 32 and con.k_extent < 2 * bk:
+            for bk in con.fmt.block_ks:
+                if bk > con.fmt.block_ks[0] and con.k_extent < 2 * bk:
                     continue
                 for depth in PIPELINES:
                     found.extend(_configs(group, con, (bm, bn, wm, wn, bk), depth, ctx))
@@ -300,7 +376,14 @@ class MmaKind:
         return top_by_family(found, ctx.options.topk)
 
 
-KIND = MmaKind()
+KIND = MmaKind(FP16)
+TF32_KIND = MmaKind(TF32)
+
+
+def config_precision(cfg: GroupConfig) -> str:
+    """The arithmetic of ``cfg``'s fp32 results (a name in ``welder.check.THRESHOLDS``):
+    ``"tf32"`` when a stage computes fp32 on TF32 tensor cores, else ``"fp32"``."""
+    return TF32.precision if any(st.kind == TF32.kind for st in cfg.stages) else "fp32"
 
 
 def _round_up(x: int, to: int) -> int:
@@ -337,7 +420,7 @@ def _configs(
     if placed is None:
         return []
     tile, regions = placed
-    if not _aligned_origin(regions.members[group.stages[0]], con.copy_bytes() // 2):
+    if not _aligned_origin(regions.members[group.stages[0]], con.copy_bytes() // con.fmt.elem_bytes):
         return []
     root_shape = ctx.shape_of(group.root)
     grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
@@ -346,7 +429,7 @@ def _configs(
             return []
     threads = wm * wn * 32
     first = group.stages[0]
-    stage = MmaConfig(
+    stage = CONFIG_TYPES[con.fmt.kind](
         first,
         tile=regions.members[first].extents,
         block=(bm, bn),
@@ -456,9 +539,9 @@ def _estimate(
     waves = -(-blocks // (blocks_per_sm * arch.sm_count))
     k_tiles = -(-con.k_extent // stage.block_k)
     split_tiles = stage.split_tiles(k_tiles)
-    item = 2  # fp16 operands
+    item = con.fmt.elem_bytes
     flops_block = 2 * stage.block_m * stage.block_n * split_tiles * stage.block_k
-    sm_rate = arch.fp16_tc_tflops * 1e12 * TC_EFFICIENCY / arch.sm_count  # flop/s per SM
+    sm_rate = getattr(arch, con.fmt.peak) * 1e12 * TC_EFFICIENCY / arch.sm_count  # flop/s per SM
     tc_us = -(-blocks // arch.sm_count) * flops_block / sm_rate * 1e6
     chain_us = waves * (split_tiles / (stage.pipeline - 1) + 1) * SLICE_LATENCY_US
     simt_flops = sum(
