@@ -295,6 +295,12 @@ def _welder(args: Sequence[str], log: Path, timeout: float | None = None) -> tup
     return rc, text, seconds
 
 
+def model_folder(name: str, options: Mapping[str, Any]) -> str:
+    """``name``, or ``name-key=value-...`` for a shrunk export, so both can be kept."""
+    parts = [f"{k}={json.dumps(v)}" for k, v in sorted(options.items())]
+    return re.sub(r"[^\w.=,-]+", "_", "-".join([name, *parts]))
+
+
 def _export_matches(prefix: Path, batch: int, options: Mapping[str, Any]) -> bool:
     info = prefix / "export.json"
     if not (prefix / "model.onnx").is_file() or not info.is_file():
@@ -328,7 +334,8 @@ def check_model(
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         commit=settings.commit,
     )
-    prefix = settings.workdir / name
+    folder = model_folder(name, options)
+    prefix = settings.workdir / folder
     logs = settings.workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     try:
@@ -337,12 +344,12 @@ def check_model(
                 shutil.rmtree(prefix)
             args = ["export", name, "--prefix", str(prefix), "--fp16", "--bs", str(settings.batch)]
             args += [a for k, v in options.items() for a in ("--option", f"{k}={json.dumps(v)}")]
-            rc, text, result.seconds["export"] = _welder(args, logs / f"{name}.export.log")
+            rc, text, result.seconds["export"] = _welder(args, logs / f"{folder}.export.log")
             if rc != 0:
                 raise StageError("export", _tail(text))
         args = ["tune", str(prefix), "--cost-model", "--arch", settings.arch, "--topk", "1"]
         args += ["--cuda-arch", settings.cuda_arch, "--no-build"]
-        rc, text, result.seconds["tune"] = _welder(args, logs / f"{name}.tune.log")
+        rc, text, result.seconds["tune"] = _welder(args, logs / f"{folder}.tune.log")
         if rc != 0:
             raise StageError("tune", _tail(text))
         if settings.nvcc is not None:
@@ -363,7 +370,7 @@ def check_model(
         try:
             rc, text, seconds = _welder(
                 ["check", str(prefix), "--backend", "emulate"],
-                logs / f"{name}.check.log",
+                logs / f"{folder}.check.log",
                 settings.check_timeout,
             )
         except TimeoutError as e:

@@ -283,3 +283,56 @@ def test_unknown_model_is_an_error_before_anything_is_written(tmp_path: Path) ->
     )
     assert done.returncode == 2 and "unknown model 'gpt7'" in done.stderr
     assert "Traceback" not in done.stderr and not work.exists()
+
+
+def test_model_folder_keeps_a_shrunk_export_apart_and_inside_the_work_directory() -> None:
+    assert cm.model_folder("nerf", {}) == "nerf"
+    shrunk = cm.model_folder("nerf", {"points": 16384})
+    assert shrunk != "nerf" and "16384" in shrunk
+    assert (
+        "/" not in cm.model_folder("x", {"name": "../../etc"})
+        and ".." not in Path(cm.model_folder("x", {"name": "../../etc"})).parts
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_a_tiny_model_end_to_end_and_resumed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A small NeRF MLP through the whole script: exported, tuned, counted, checked on the
+    emulator; the row agrees with the PTX and the plan, a second run skips it, and a model
+    left unchecked says why."""
+    pytest.importorskip("torch")
+    work = tmp_path / "work"
+    tiny = ["--option", "nerf:points=256", "--option", "nerf:width=64", "--option", "nerf:depth=2"]
+    tiny += ["--option", "nerf:in_dim=16"]
+    assert cm.main([str(work), "--models", "nerf", *tiny]) == 0
+    results = json.loads((work / cm.RESULTS_JSON).read_text())
+    [(key, row)] = results["models"].items()
+    assert key == cm.result_key("nerf", 1, {"points": 256, "width": 64, "depth": 2, "in_dim": 16})
+    assert row["status"] == "PASS" and row["error"] == ""
+    [output] = row["outputs"]
+    assert output["name"] == "output" and output["shape"] == [256, 4] and output["metric"] <= output["limit"]
+    assert row["plan"]["same_kernels_as_emulated"]
+    tuned = json.loads((work / cm.model_folder("nerf", row["options"]) / "tuned.json").read_text())
+    assert row["plan"]["groups"] == len(tuned["groups"]) == row["ptx"]["kernels"]
+    assert row["plan"]["mma_groups"] == row["ptx"]["mma_kernels"]
+    assert (row["ptx"]["families"]["mma.sync"] > 0) == (row["plan"]["mma_groups"] > 0)
+    table = (work / cm.RESULTS_MD).read_text()
+    assert "| nerf | 1 | points=256, width=64, depth=2, in_dim=16 |" in table and "| PASS |" in table
+
+    capsys.readouterr()
+    log = work / "logs" / f"{cm.model_folder('nerf', row['options'])}.check.log"
+    stamp = log.stat().st_mtime_ns
+    assert cm.main([str(work), "--models", "nerf", *tiny]) == 0
+    assert "nerf: recorded (PASS), skipped" in capsys.readouterr().out
+    assert log.stat().st_mtime_ns == stamp
+
+    other = ["--option", "nerf:points=128", *tiny[2:]]
+    assert cm.main([str(work), "--models", "nerf", *other, "--skip-check", "nerf:too slow"]) == 0
+    results = json.loads((work / cm.RESULTS_JSON).read_text())
+    assert len(results["models"]) == 2
+    skipped = results["models"][
+        cm.result_key("nerf", 1, {"points": 128, "width": 64, "depth": 2, "in_dim": 16})
+    ]
+    assert skipped["status"] == "NOT RUN" and "emulated check not run: too slow" in skipped["note"]
+    assert skipped["outputs"] == [] and "check" not in skipped["seconds"]
