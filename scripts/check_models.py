@@ -177,59 +177,101 @@ def parse_check_report(text: str) -> tuple[bool, list[OutputCheck]]:
 
 @dataclass
 class PlanFacts:
-    """What the tuned plan does with the model's contractions.  ``contractions``: groups
-    whose first stage is a sum of products (MatMul, Gemm, Conv, ...); ``mma_eligible``: those
-    the ``mma`` kind can take (fp16 operands with affine layouts); ``mma_groups``: those the
-    plan put on tensor cores."""
+    """What the tuned plan does with the model's contractions, per group of the plan.
+    ``contractions``: first stage a sum of products (MatMul, Gemm, Conv, ...);
+    ``mma_form``: of those, the ones whose product has the form the ``mma`` kind computes
+    (fp16 operands with affine layouts); ``mma_proposed``: groups the kind proposes a config
+    for (the rest of the group must fit its tile too: a reshape after the product or a row
+    wider than a block rules it out); ``mma_groups``: groups the plan put on tensor cores;
+    ``mma_best_us`` / ``chosen_us``: summed over the proposed groups left on CUDA cores, the
+    cost model's best tensor-core estimate against the chosen config's (why it said no)."""
 
     groups: int
     contractions: int
-    mma_eligible: int
+    mma_form: int
+    mma_proposed: int
     mma_groups: int
-    same_kernels_as_emulated: bool
+    mma_best_us: float = 0.0
+    chosen_us: float = 0.0
+    same_kernels_as_emulated: bool | None = None
 
 
-def plan_facts(prefix: Path, arch: str = ARCH) -> PlanFacts:
+def group_facts(prefix: Path, arch: str = ARCH) -> PlanFacts:
+    """The counts of :class:`PlanFacts` for the plan in ``prefix/tuned.json``."""
     from welder.arch import get_arch
-    from welder.codegen import generate_model
     from welder.frontend.onnx import import_onnx
     from welder.ir.expr import Binary
     from welder.schedule.group import make_group
-    from welder.schedule.kinds.mma import contraction
+    from welder.schedule.kinds import Options, mma
+    from welder.schedule.kinds.base import ScheduleContext
+
+    tuned = json.loads((prefix / "tuned.json").read_text())
+    graph = import_onnx(prefix / "model.onnx")
+    ctx = ScheduleContext(
+        lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, get_arch(arch), Options(topk=1)
+    )
+    facts = PlanFacts(len(tuned["groups"]), 0, 0, 0, 0)
+    for entry in tuned["groups"]:
+        if entry["library"] is not None:
+            continue
+        group = make_group(graph, entry["members"])
+        first = group.computes[group.stages[0]]
+        if first.reduce_op == "sum" and isinstance(first.body, Binary) and first.body.op == "mul":
+            facts.contractions += 1
+            facts.mma_form += mma.contraction(first, ctx.shape_of) is not None
+        chosen = entry["configs"][0]
+        if any(st["kind"] == "mma" for st in chosen["stages"]):
+            facts.mma_groups += 1
+            facts.mma_proposed += 1
+            continue
+        proposed = mma.KIND.propose(group, ctx)
+        if proposed:
+            facts.mma_proposed += 1
+            facts.mma_best_us += proposed[0].estimate.latency_us
+            facts.chosen_us += chosen["estimate"]["latency_us"]
+    facts.mma_best_us = round(facts.mma_best_us, 3)
+    facts.chosen_us = round(facts.chosen_us, 3)
+    return facts
+
+
+def same_kernels_as_emulated(prefix: Path, arch: str = ARCH) -> bool:
+    """Whether the plan ``welder check --backend emulate`` makes (welder.session.EmulateBackend:
+    the arch's cost model, ``topk=1``), made again here, generates the runtime's kernels."""
+    from welder.arch import get_arch
+    from welder.codegen import generate_model
+    from welder.frontend.onnx import import_onnx
     from welder.schedule.plan import plan_model
 
     tuned = json.loads((prefix / "tuned.json").read_text())
     graph = import_onnx(prefix / "model.onnx")
-
-    def shape_of(t: str) -> tuple[int, ...]:
-        return graph.tensor(t).shape
-
-    contractions = eligible = on_mma = 0
-    generated = [g for g in tuned["groups"] if g["library"] is None]
-    for entry in generated:
-        group = make_group(graph, entry["members"])
-        first = group.computes[group.stages[0]]
-        if first.reduce_op == "sum" and isinstance(first.body, Binary) and first.body.op == "mul":
-            contractions += 1
-            eligible += contraction(first, shape_of) is not None
-        on_mma += any(st["kind"] == "mma" for st in entry["configs"][0]["stages"])
-    # The emulate back end's own plan (welder.session.EmulateBackend), made again here.
     plan = plan_model(graph, get_arch(arch), topk=1)
     kernels = generate_model(graph, [(p.group, p.configs[0]) for p in plan.groups])
-    same = [k.source for k in kernels] == [g["kernel"]["source"] for g in generated]
-    return PlanFacts(len(tuned["groups"]), contractions, eligible, on_mma, same)
+    return [k.source for k in kernels] == [
+        g["kernel"]["source"] for g in tuned["groups"] if g["library"] is None
+    ]
+
+
+def plan_facts(prefix: Path, arch: str = ARCH) -> PlanFacts:
+    facts = group_facts(prefix, arch)
+    facts.same_kernels_as_emulated = same_kernels_as_emulated(prefix, arch)
+    return facts
 
 
 def tensor_core_note(facts: PlanFacts) -> str:
     """Why a model has no kernel on tensor cores (empty when it has some)."""
     if facts.mma_groups:
         return ""
-    if facts.mma_eligible == 0:
-        return "no contraction the mma kind takes: no kernel on tensor cores"
+    if facts.mma_proposed == 0:
+        return (
+            f"no kernel on tensor cores: the mma kind takes none of the {facts.contractions} "
+            f"contractions ({facts.mma_form} of the product form, but not with the rest of their group)"
+            if facts.mma_form
+            else f"no kernel on tensor cores: none of the {facts.contractions} contractions is of the form "
+            "the mma kind takes"
+        )
     return (
-        f"no kernel on tensor cores: the cost model kept the {facts.mma_eligible} contraction(s) "
-        f"the mma kind takes on CUDA cores; the other {facts.contractions - facts.mma_eligible} "
-        "are not of a form it takes"
+        f"no kernel on tensor cores: the mma kind proposes configs for {facts.mma_proposed} groups, "
+        f"estimated at {facts.mma_best_us:.1f} us against {facts.chosen_us:.1f} us on CUDA cores"
     )
 
 
@@ -437,10 +479,10 @@ def markdown_table(results: Mapping[str, Any]) -> str:
     order = {m: i for i, m in enumerate(MODELS)}
     rows.sort(key=lambda r: (order.get(r["model"], len(order)), r["model"], r["batch"]))
     head = (
-        "| model | bs | options | kernels | contractions | mma-eligible | on tensor cores | PTX mma.sync "
-        "| ldmatrix | cp.async | check | max rel err / limit per output | emulate | note |"
+        "| model | bs | options | kernels | contractions | mma form | mma proposed | on tensor cores "
+        "| PTX mma.sync | ldmatrix | cp.async | check | max rel err / limit per output | emulate | note |"
     )
-    lines = [head, "|" + "---|" * 14]
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         plan, ptx = r.get("plan") or {}, r.get("ptx") or {}
         fam = ptx.get("families", {})
@@ -459,7 +501,8 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             _options_text(r.get("options", {})),
             str(plan.get("groups", "-")),
             str(plan.get("contractions", "-")),
-            str(plan.get("mma_eligible", "-")),
+            str(plan.get("mma_form", "-")),
+            str(plan.get("mma_proposed", "-")),
             str(plan.get("mma_groups", "-")),
             str(fam.get("mma.sync", "-")),
             str(fam.get("ldmatrix", "-")),
@@ -564,6 +607,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _refresh_plan(row: dict[str, Any], prefix: Path, arch: str) -> None:
+    """Fills the plan counts of a row recorded before they were all counted (cheap: no
+    planning, no emulation), when the model's folder is still there."""
+    plan = row.get("plan")
+    if not plan or "mma_proposed" in plan or not (prefix / "tuned.json").is_file():
+        return
+    facts = group_facts(prefix, arch)
+    facts.same_kernels_as_emulated = plan.get("same_kernels_as_emulated")
+    row["plan"] = asdict(facts)
+    note = tensor_core_note(facts)
+    kept = [n for n in row.get("note", "").split("; ") if n and not n.startswith("no kernel on tensor cores")]
+    kept = [n for n in kept if not n.startswith("no contraction the mma kind takes")]
+    row["note"] = "; ".join(filter(None, [note, *kept]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -603,6 +661,7 @@ def run(args: argparse.Namespace) -> int:
         old = results["models"].get(key)
         if old is not None and not args.redo:
             print(f"{name}: recorded ({old['status']}), skipped")
+            _refresh_plan(old, settings.workdir / model_folder(name, options[name]), args.arch)
             continue
         print(f"{name}: running", flush=True)
         result = check_model(name, options[name], skips.get(name), settings)

@@ -180,7 +180,8 @@ def test_markdown_table_reports_every_row_with_its_counts_and_reasons() -> None:
     plan = {
         "groups": 75,
         "contractions": 48,
-        "mma_eligible": 48,
+        "mma_form": 48,
+        "mma_proposed": 24,
         "mma_groups": 12,
         "same_kernels_as_emulated": True,
     }
@@ -201,7 +202,13 @@ def test_markdown_table_reports_every_row_with_its_counts_and_reasons() -> None:
             "mobilenet_v2:1": _row(
                 "mobilenet_v2",
                 "PASS",
-                plan={**plan, "mma_eligible": 0, "mma_groups": 0, "same_kernels_as_emulated": False},
+                plan={
+                    **plan,
+                    "mma_form": 0,
+                    "mma_proposed": 0,
+                    "mma_groups": 0,
+                    "same_kernels_as_emulated": False,
+                },
                 ptx={"families": {"mma.sync": 0, "ldmatrix": 0, "cp.async": 0}},
                 note="no contraction the mma kind takes | convolutions",
                 seconds={"check": 61.0},
@@ -221,41 +228,29 @@ def test_markdown_table_reports_every_row_with_its_counts_and_reasons() -> None:
     lines = cm.markdown_table(results).splitlines()
     assert len(lines) == 2 + 4
     widths = {len(line.split(" | ")) for line in lines[2:]} | {len(lines[0].split(" | "))}
-    assert widths == {14}, "every row has one cell per column (no stray |)"
+    assert widths == {15}, "every row has one cell per column (no stray |)"
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines[2:]}
     assert list(rows) == ["bert", "vit_small_p32", "mobilenet_v2", "nerf"]
-    assert rows["nerf"][2] == "points=4096" and rows["nerf"][3:11] == [
-        "75",
-        "48",
-        "48",
-        "12",
-        "768",
-        "384",
-        "576",
-        "PASS",
-    ]
-    assert rows["nerf"][11] == "output: 1.50e-03 / 2e-02" and rows["nerf"][12] == "5.0 min"
+    nerf = rows["nerf"]
+    assert nerf[2] == "points=4096"
+    assert nerf[3:12] == ["75", "48", "48", "24", "12", "768", "384", "576", "PASS"]
+    assert nerf[12] == "output: 1.50e-03 / 2e-02" and nerf[13] == "5.0 min"
     mobilenet = rows["mobilenet_v2"]
-    assert mobilenet[5:10] == ["0", "0", "0", "0", "0"]
-    assert "no contraction the mma kind takes / convolutions" in mobilenet[13]
-    assert "emulated kernels differ" in mobilenet[13]
-    assert (
-        rows["bert"][10] == "ERROR"
-        and "tune: out of memory" in rows["bert"][13]
-        and "more detail" not in lines[2]
-    )
-    assert rows["vit_small_p32"][10] == "FAIL" and rows["vit_small_p32"][11].endswith("FAIL")
+    assert mobilenet[5:11] == ["0", "0", "0", "0", "0", "0"]
+    assert "no contraction the mma kind takes / convolutions" in mobilenet[14]
+    assert "emulated kernels differ" in mobilenet[14]
+    bert = rows["bert"]
+    assert bert[11] == "ERROR" and "tune: out of memory" in bert[14] and "more detail" not in lines[2]
+    assert rows["vit_small_p32"][11] == "FAIL" and rows["vit_small_p32"][12].endswith("FAIL")
 
 
 def test_tensor_core_note_says_why_a_model_has_no_tensor_core_kernel() -> None:
-    facts = cm.PlanFacts(
-        groups=21, contractions=21, mma_eligible=0, mma_groups=0, same_kernels_as_emulated=True
-    )
-    assert cm.tensor_core_note(facts).startswith("no contraction the mma kind takes")
-    facts.mma_eligible = 1
-    assert "kept the 1 contraction(s)" in cm.tensor_core_note(facts) and "other 20" in cm.tensor_core_note(
-        facts
-    )
+    facts = cm.PlanFacts(groups=21, contractions=21, mma_form=0, mma_proposed=0, mma_groups=0)
+    assert "none of the 21 contractions is of the form" in cm.tensor_core_note(facts)
+    facts.mma_form = 3
+    assert "takes none of the 21 contractions (3 of the product form" in cm.tensor_core_note(facts)
+    facts.mma_proposed, facts.mma_best_us, facts.chosen_us = 2, 9.6, 8.76
+    assert "configs for 2 groups, estimated at 9.6 us against 8.8 us" in cm.tensor_core_note(facts)
     facts.mma_groups = 1
     assert cm.tensor_core_note(facts) == ""
 
