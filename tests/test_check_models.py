@@ -248,7 +248,10 @@ def test_tensor_core_note_says_why_a_model_has_no_tensor_core_kernel() -> None:
     facts = cm.PlanFacts(groups=21, contractions=21, mma_form=0, mma_proposed=0, mma_groups=0)
     assert "none of the 21 contractions is of the form" in cm.tensor_core_note(facts)
     facts.mma_form = 3
-    assert "takes none of the 21 contractions (3 of the product form" in cm.tensor_core_note(facts)
+    assert (
+        "takes none of the 21 contractions (3 of the product form, for whose groups"
+        in cm.tensor_core_note(facts)
+    )
     facts.mma_proposed, facts.mma_best_us, facts.chosen_us = 2, 9.6, 8.76
     assert "configs for 2 groups, estimated at 9.6 us against 8.8 us" in cm.tensor_core_note(facts)
     facts.mma_groups = 1
