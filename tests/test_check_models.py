@@ -46,8 +46,8 @@ LISTING = """\
 .target sm_90
 .address_size 64
 
-.func  (.param .b32 func_retval0) helper(
-\t.param .b64 helper_param_0
+.func  (.param .b32 func_retval0) device_fn(
+\t.param .b64 device_fn_param_0
 )
 {
 \tMMA {%f1, %f2, %f3, %f4}, {%r1, %r2, %r3, %r4}, {%r5, %r6}, {%f5, %f6, %f7, %f8};
