@@ -208,6 +208,25 @@ def test_split_k_matches_the_interpreter(label: str) -> None:
     assert _run(graph, group, configs, feeds, launches=2) == []
 
 
+@needs_emulator
+def test_both_copy_loops_match_the_interpreter() -> None:
+    """Operand copies with addresses set up once per thread (a thread's rows one step
+    apart) and copies dealt out one by one (a 1-warp block whose 4-byte copies make a
+    128-deep row longer than the warp) -- for A and for B."""
+    model, feeds = _matmul(37, 300, 34, trans_b=True)
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    configs, seen = [], set()
+    for cfg in mma.KIND.propose(group, _context(graph, topk=400)):
+        source = generate_kernel(graph, group, cfg, "probe").source
+        paths = ("a_row0" in source, "b_row0" in source, source.count("for (int c = tid;"))
+        if paths not in seen:
+            seen.add(paths)
+            configs.append(cfg)
+    assert {p[0] for p in seen} == {True, False} and {p[1] for p in seen} == {True, False}
+    assert _run(graph, group, configs, feeds) == []
+
+
 def test_split_k_is_proposed_where_tiles_leave_sms_idle() -> None:
     """A weight-streaming product (128 rows, long K) gets split-K among its best configs on
     the H100; a product with more tiles than SMs never does."""

@@ -56,6 +56,19 @@ class _Operand:
     fragment: str  # C: this lane's ldmatrix row address, or its first element's, within a slot
     # lds: the four registers' element offsets from ``fragment``, in ldmatrix.x4's order
     offsets: tuple[int, int, int, int] | None
+    # The copy loop.  A row of a slice is ``chunks`` copies; where the block's threads are a
+    # whole number of rows' worth that tiles the slice (``hoisted``), each thread copies one
+    # chunk column of rows row0, row0 + row_step, ... (``copies`` of them), so its addresses
+    # are set up once and each slice adds only k0 x ``k_step``; otherwise the copies are
+    # dealt out one by one.
+    k_rows: bool  # rows run along K (the fixed-origin axis runs along the columns)
+    chunks: int
+    hoisted: bool
+    row_step: int
+    copies: int
+    k_step: int  # elements the source advances per unit of k0
+    fixed_origin: str  # m0 or n0: the origin along the axis that is not K
+    fixed_limit: int  # M or N
 
 
 @dataclass(kw_only=True)
@@ -216,6 +229,11 @@ def _operand(
             fragment = (
                 f"({warp} + {lane_matrix} / 2 * 8 + lane % 8) * {ld} + kk + {lane_matrix} % 2 * {half_k}"
             )
+    chunks = cols // (st.copy_bytes // fmt.elem_bytes)
+    threads = st.threads
+    hoisted = threads % chunks == 0 and rows % (threads // chunks) == 0
+    row_step = threads // chunks if hoisted else 0
+    copies = rows // row_step if hoisted else 0
     return _Operand(
         name="a" if role == "m" else "b",
         param=kb.params[op.tensor].name,
@@ -233,4 +251,12 @@ def _operand(
         loader=loader,
         fragment=fragment,
         offsets=offsets,
+        k_rows=k_rows,
+        chunks=chunks,
+        hoisted=hoisted,
+        row_step=row_step,
+        copies=copies,
+        k_step=row_stride if k_rows else 1,
+        fixed_origin=origin,
+        fixed_limit=extent,
     )
