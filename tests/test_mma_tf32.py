@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -214,6 +215,30 @@ def test_tf32_stage_is_within_its_threshold_and_is_not_exact_fp32(label: str) ->
             assert err_exact <= THRESHOLDS["tf32"], f"{where}: {err_exact:.2e} from exact"
             assert err_exact > THRESHOLDS["fp32"], f"{where}: {err_exact:.2e}, as exact as fp32"
             assert err_tf32 < err_exact / 20, f"{where}: {err_tf32:.2e} from TF32 operands"
+
+
+@needs_emulator
+def test_split_k_on_tf32_matches_tf32_operands() -> None:
+    """Split-K with fp32 operands: every split factor the policy allows for the best tiles,
+    against numpy with TF32-rounded operands (the partials are fp32 whatever the format)."""
+    _seed("split-k")
+    model, feeds = _matmul(24, 600, 40, trans_a=True)
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    ctx = _context(graph, topk=50)
+    configs = []
+    for cfg in mma.TF32_KIND.propose(group, ctx)[:2]:
+        st = cfg.stages[0]
+        con = contraction(group.computes[st.node], ctx.shape_of)
+        for splits in mma.split_choices(con, st, cfg.num_blocks, ctx):
+            configs.append(replace(cfg, stages=[replace(st, splits=splits), *cfg.stages[1:]]))
+    assert len({c.stages[0].splits for c in configs}) >= 2
+    exact = _reference(graph, feeds, round_operands=False)
+    rounded = _reference(graph, feeds, round_operands=True)
+    for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
+        for name, got in outputs.items():
+            err_exact, err_tf32 = error_metric(got, exact[name]), error_metric(got, rounded[name])
+            assert err_exact <= THRESHOLDS["tf32"] and err_tf32 < err_exact / 20, (cfg.stages[0], err_tf32)
 
 
 def test_both_contiguity_cases_use_their_own_fragment_loads() -> None:
