@@ -9,7 +9,7 @@ the L2 cache (so weights come from DRAM as in a model), median of repeats.  Ever
 kernel's output is checked against torch's first.  ``--json`` writes the rows; ``--ptxas``
 prints registers and spills.
 
-    python scripts/mma_bench.py [--candidates 8] [--shapes 0,1,2] [--json out.json]
+    python scripts/mma_bench.py [--candidates 8] [--shapes 0,1,2] [--dtype fp16|tf32] [--json out.json]
 
 Needs a GPU with torch and cupy (the GPU machine has both).
 """
@@ -71,7 +71,15 @@ class Row:
     timings: list  # every candidate: config, measured and predicted microseconds
 
 
-def model(batch: int, m: int, k: int, n: int) -> onnx.ModelProto:
+#: Per --dtype: the ONNX element type, the kind, torch's dtype name, element bytes, the arch's
+#: peak field and the check's threshold (welder.check.THRESHOLDS).
+FORMATS = {
+    "fp16": (TensorProto.FLOAT16, mma.KIND, "half", 2, "fp16_tc_tflops", 2e-2),
+    "tf32": (TensorProto.FLOAT, mma.TF32_KIND, "float", 4, "tf32_tc_tflops", 2e-3),
+}
+
+
+def model(batch: int, m: int, k: int, n: int, dtype: str = "fp16") -> onnx.ModelProto:
     a_shape = [batch, m, k] if batch > 1 else [m, k]
     b_shape = [batch, k, n] if batch > 1 else [k, n]
     c_shape = [batch, m, n] if batch > 1 else [m, n]
@@ -79,10 +87,10 @@ def model(batch: int, m: int, k: int, n: int) -> onnx.ModelProto:
         [helper.make_node("MatMul", ["a", "b"], ["c"])],
         "mm",
         [
-            helper.make_tensor_value_info("a", TensorProto.FLOAT16, a_shape),
-            helper.make_tensor_value_info("b", TensorProto.FLOAT16, b_shape),
+            helper.make_tensor_value_info("a", FORMATS[dtype][0], a_shape),
+            helper.make_tensor_value_info("b", FORMATS[dtype][0], b_shape),
         ],
-        [helper.make_tensor_value_info("c", TensorProto.FLOAT16, c_shape)],
+        [helper.make_tensor_value_info("c", FORMATS[dtype][0], c_shape)],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -134,10 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", help="comma-separated indices into the shape list (default: all)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--ptxas", action="store_true", help="print ptxas' register and spill report")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(FORMATS),
+        default="fp16",
+        help="fp16 (default), or tf32: fp32 operands on the mma_tf32 kind beside cuBLAS with TF32 allowed",
+    )
     args = parser.parse_args(argv)
 
     import cupy
     import torch
+
+    _, kind, tname, item, peak, limit = FORMATS[args.dtype]
+    tdtype = getattr(torch, tname)
+    torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
 
     name = torch.cuda.get_device_name()
     arch = match_gpu_name(name)
@@ -148,16 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = Path(tempfile.mkdtemp(prefix="welder-mma-bench-"))
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
     for batch, m, k, n in shapes:
-        graph = import_onnx(model(batch, m, k, n))
+        graph = import_onnx(model(batch, m, k, n, args.dtype))
         group = make_group(graph, list(graph.nodes))
         ctx = ScheduleContext(
             lambda t, g=graph: g.tensor(t).shape,
             lambda t, g=graph: g.tensor(t).dtype,
             arch,
-            Options(topk=100_000, kinds=("mma",)),
+            Options(topk=100_000, kinds=(kind.name,)),
         )
         # The cost model's best unsplit and best split-K configs, --candidates of each.
-        proposed = mma.KIND.propose(group, ctx) or []
+        proposed = kind.propose(group, ctx) or []
         configs = [c for c in proposed if c.stages[0].splits == 1][: args.candidates]
         configs += [c for c in proposed if c.stages[0].splits > 1][: args.candidates]
         if args.simt:  # the SIMT kind's best too: the cross-kind ranking is the cost model's weakest
@@ -194,14 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         module = cupy.RawModule(path=str(path))
 
         a_elems, b_elems = batch * m * k, batch * k * n
-        copies = max(1, math.ceil(2 * l2 / ((a_elems + b_elems) * 2)))
+        copies = max(1, math.ceil(2 * l2 / ((a_elems + b_elems) * item)))
         gen = torch.Generator(device="cuda").manual_seed(0)
-        a = [torch.randn(batch, m, k, device="cuda", generator=gen).half() for _ in range(copies)]
+        a = [torch.randn(batch, m, k, device="cuda", generator=gen).to(tdtype) for _ in range(copies)]
         b = [
-            torch.randn(batch, k, n, device="cuda", generator=gen).half() / math.sqrt(k)
+            torch.randn(batch, k, n, device="cuda", generator=gen).to(tdtype) / math.sqrt(k)
             for _ in range(copies)
         ]
-        c = torch.empty(batch, m, n, device="cuda", dtype=torch.half)
+        c = torch.empty(batch, m, n, device="cuda", dtype=tdtype)
         reference = torch.matmul(a[0], b[0])
         turn = [0]
         operands = {"a": a, "b": b, "c": [c] * copies}
@@ -236,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             launch()
             torch.cuda.synchronize()
             err = max_error(c, reference)
-            if not math.isfinite(err) or err > 2e-2:
+            if not math.isfinite(err) or err > limit:
                 print(f"  {kernel.name}: WRONG (error {err:.3e}), config {cfg.stages[0]}", flush=True)
                 continue
             us = time_us(launch)
@@ -245,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             launch()
             torch.cuda.synchronize()
             again = max_error(c, reference)
-            if not math.isfinite(again) or again > 2e-2:
+            if not math.isfinite(again) or again > limit:
                 print(f"  {kernel.name}: WRONG after timing ({again:.3e}), {cfg.stages[0]}", flush=True)
                 continue
             st = cfg.stages[0]
@@ -261,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(st, mma.MmaConfig) and (best is None or us < best[0]):
                 best = (us, label, err)
         flops = 2 * batch * m * n * k
-        nbytes = 2 * batch * (m * k + k * n + m * n)
-        floor = max(flops / (arch.fp16_tc_tflops * 1e12), nbytes / (arch.global_bw_gbs * 1e9)) * 1e6
+        nbytes = item * batch * (m * k + k * n + m * n)
+        floor = max(flops / (getattr(arch, peak) * 1e12), nbytes / (arch.global_bw_gbs * 1e9)) * 1e6
         if best is None:
             print(f"{batch}x{m}x{k}x{n}: no correct welder kernel", flush=True)
             continue
