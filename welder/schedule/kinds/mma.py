@@ -43,7 +43,7 @@ The rule proposes nothing (None) for anything else; the SIMT kind still covers i
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -359,21 +359,63 @@ class MmaKind:
         self.config_type = CONFIG_TYPES[fmt.kind]
 
     def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
-        first = group.stages[0]
-        con = contraction(group.computes[first], ctx.shape_of)
-        if con is None or con.fmt is not self.fmt or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
+        con = self._contraction(group, ctx)
+        if con is None:
             return None
-        found = []
-        for bm, bn, wm, wn in BLOCK_TILES:
-            if bm // 2 >= _round_up(con.m, MMA_M) or bn // 2 >= _round_up(con.n, 16):
-                continue  # half the block would already cover the matrix: the rest is padding
-            for bk in con.fmt.block_ks:
-                if bk > con.fmt.block_ks[0] and con.k_extent < 2 * bk:
-                    continue
-                for depth in PIPELINES:
-                    found.extend(_configs(group, con, (bm, bn, wm, wn, bk), depth, ctx))
+        found = [cfg for v in _search(group, con, ctx) for cfg in v.configs]
         found.sort(key=lambda c: c.estimate.latency_us)
         return top_by_family(found, ctx.options.topk)
+
+    def explain(self, group: Group, ctx: ScheduleContext) -> list[Verdict] | None:
+        """What :meth:`propose` made of every candidate shape: the configs of each, or the
+        check that rejected it; None where the group is not this kind's contraction.  For
+        diagnostics (``scripts/mma_why.py``): it walks the very checks the rule applies."""
+        con = self._contraction(group, ctx)
+        return None if con is None else list(_search(group, con, ctx))
+
+    def _contraction(self, group: Group, ctx: ScheduleContext) -> Contraction | None:
+        con = contraction(group.computes[group.stages[0]], ctx.shape_of)
+        if con is None or con.fmt is not self.fmt or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
+            return None
+        return con
+
+
+@dataclass
+class Verdict:
+    """One candidate shape of the search: its configs, or why there are none."""
+
+    block: tuple[int, int, int, int]  # block_m, block_n, warps along m, warps along n
+    block_k: int
+    pipeline: int
+    configs: list[GroupConfig]
+    reason: str | None = None  # the check that rejected the shape, where configs is empty
+
+
+def _search(group: Group, con: Contraction, ctx: ScheduleContext) -> Iterator[Verdict]:
+    """Every block tile, slice depth and ring depth the rule considers, with its verdict."""
+    for bm, bn, wm, wn in BLOCK_TILES:
+        padding = _padding(con, bm, bn)
+        for bk in con.fmt.block_ks:
+            if bk > con.fmt.block_ks[0] and con.k_extent < 2 * bk:
+                continue  # a deeper slice than K needs: the shallowest one is tried
+            for depth in PIPELINES:
+                if padding:
+                    yield Verdict((bm, bn, wm, wn), bk, depth, [], padding)
+                    continue
+                found = _configs(group, con, (bm, bn, wm, wn, bk), depth, ctx)
+                if isinstance(found, str):
+                    yield Verdict((bm, bn, wm, wn), bk, depth, [], found)
+                else:
+                    yield Verdict((bm, bn, wm, wn), bk, depth, found, None if found else "no estimate")
+
+
+def _padding(con: Contraction, bm: int, bn: int) -> str | None:
+    """Why a block tile is mostly padding for this contraction, or None."""
+    if bm // 2 >= _round_up(con.m, MMA_M):
+        return f"padding: half of block_m {bm} covers M = {con.m}"
+    if bn // 2 >= _round_up(con.n, 16):
+        return f"padding: half of block_n {bn} covers N = {con.n}"
+    return None
 
 
 KIND = MmaKind(FP16)
@@ -390,43 +432,46 @@ def _round_up(x: int, to: int) -> int:
     return -(-x // to) * to
 
 
-def _root_tile(group: Group, con: Contraction, bm: int, bn: int, ctx: ScheduleContext) -> tuple | None:
+def _root_tile(
+    group: Group, con: Contraction, bm: int, bn: int, ctx: ScheduleContext
+) -> tuple[tuple[int, ...], GroupRegions] | str:
     """The root tile whose block computes one ``bm x bn`` tile of one matrix of the
-    contraction, with the regions of every stage; None where the root does not line up with
+    contraction, with the regions of every stage; where the root does not line up with
     the contraction's axes one to one (a reshape after it, say) or a later stage needs more
-    of the contraction than one block computes.  A row-wise later stage (softmax) makes the
-    contraction's region a whole row: it fits when ``bn`` covers N."""
+    of the contraction than one block computes, why not.  A row-wise later stage (softmax)
+    makes the contraction's region a whole row: it fits when ``bn`` covers N."""
     first = group.stages[0]
     root_shape = ctx.shape_of(group.root)
     c_shape = con.compute.shape
     if len(root_shape) != len(c_shape) or root_shape[-2:] != c_shape[-2:]:
-        return None
+        return f"root tile: root {root_shape} is not the contraction's {c_shape}"
     tile = (*(1,) * (len(c_shape) - 2), min(bm, con.m), min(bn, con.n))
     regions = propagate_group([group.computes[s] for s in group.stages], group.root, tile, ctx.shape_of)
     region = regions.members[first].extents
     if any(e != 1 for e in region[:-2]) or region[-2] > bm or region[-1] > bn:
-        return None
+        return f"root tile: the contraction's region {region} exceeds one {bm} x {bn} tile"
     return tile, regions
 
 
 def _configs(
     group: Group, con: Contraction, shape: tuple[int, int, int, int, int], depth: int, ctx: ScheduleContext
-) -> list[GroupConfig]:
+) -> list[GroupConfig] | str:
     """The config of one block tile, slice depth and ring depth, unsplit and with each
-    useful split-K factor; none where the tile does not fit the group or the arch."""
+    useful split-K factor; where the tile does not fit the group or the arch, the check
+    that says so."""
     bm, bn, wm, wn, bk = shape
     arch = ctx.arch
     placed = _root_tile(group, con, bm, bn, ctx)
-    if placed is None:
-        return []
+    if isinstance(placed, str):
+        return placed
     tile, regions = placed
     if not _aligned_origin(regions.members[group.stages[0]], con.copy_bytes() // con.fmt.elem_bytes):
-        return []
+        return "aligned origin: a block's matrix tile starts off the copy width"
     root_shape = ctx.shape_of(group.root)
     grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
     for out in group.outputs:
         if out != group.root and not partitions_output(regions.members[out], ctx.shape_of(out), tile, grid):
-            return []
+            return f"partitions_output: blocks do not tile output {out}"
     threads = wm * wn * 32
     first = group.stages[0]
     stage = CONFIG_TYPES[con.fmt.kind](
@@ -440,8 +485,8 @@ def _configs(
         pipeline_offset=0,
     )
     later = _later_stages(group, regions, threads)
-    if later is None:
-        return []
+    if isinstance(later, str):
+        return later
     info = simt.group_info(group, ctx.shape_of, ctx.dtype_of, arch)
     placeholder = simt.SimtConfig(first, stage.tile, (1,) * len(tile), (1,) * len(tile))
     smem = simt.plan_smem(info, [placeholder, *later])
@@ -449,10 +494,10 @@ def _configs(
     stage.pipeline_offset = _round_up(smem, 16)
     smem = stage.pipeline_offset + ring_bytes(stage, con)
     if smem > arch.smem_per_block:
-        return []
+        return f"smem: {smem} bytes > {arch.smem_per_block}"
     regs = max([registers(stage), *(simt.registers(st) for st in later)])
     if regs > arch.max_regs_per_thread:
-        return []
+        return f"registers: {regs} > {arch.max_regs_per_thread}"
     order = tuple(range(len(tile)))
     found = []
     for splits in (1, *split_choices(con, stage, math.prod(grid), ctx)):
@@ -460,7 +505,7 @@ def _configs(
         estimate = _estimate(group, con, split, later, regions, grid, threads, smem, regs, ctx)
         if estimate is not None:
             found.append(GroupConfig(group.root, tile, grid, order, threads, [split, *later], smem, estimate))
-    return found
+    return found if found else "estimate: no block fits an SM"
 
 
 def split_choices(con: Contraction, cfg: MmaConfig, tiles: int, ctx: ScheduleContext) -> list[int]:
@@ -495,15 +540,15 @@ def _aligned_origin(region: Region, elements: int) -> bool:
     return True
 
 
-def _later_stages(group: Group, regions: GroupRegions, threads: int) -> list[simt.SimtConfig] | None:
+def _later_stages(group: Group, regions: GroupRegions, threads: int) -> list[simt.SimtConfig] | str:
     """SIMT configs of the stages after the contraction: each reads global inputs directly
     and earlier tiles from shared memory (no staging: their reductions, if any, run over a
-    tile already on chip)."""
+    tile already on chip); the stage none fits, where one does not."""
     later = []
     for s in group.stages[1:]:
         st = simt.plan_stage(group, s, regions, threads)
         if st is None:
-            return None
+            return f"later stages: {s} {regions.members[s].extents} does not fit {threads} threads"
         later.append(st)
     return later
 
