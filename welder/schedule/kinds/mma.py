@@ -121,11 +121,14 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
     (128, 128, 2, 4),
     (128, 128, 2, 2),
     (128, 64, 2, 2),
+    (64, 256, 2, 4),
     (64, 128, 2, 2),
     (64, 64, 2, 2),
     (64, 32, 2, 1),
+    (32, 256, 1, 4),
     (32, 64, 1, 2),
     (32, 32, 1, 1),
+    (16, 256, 1, 4),
     (16, 64, 1, 2),
     (16, 32, 1, 1),
     (16, 16, 1, 1),
@@ -436,21 +439,62 @@ def _root_tile(
     group: Group, con: Contraction, bm: int, bn: int, ctx: ScheduleContext
 ) -> tuple[tuple[int, ...], GroupRegions] | str:
     """The root tile whose block computes one ``bm x bn`` tile of one matrix of the
-    contraction, with the regions of every stage; where the root does not line up with
-    the contraction's axes one to one (a reshape after it, say) or a later stage needs more
-    of the contraction than one block computes, why not.  A row-wise later stage (softmax)
-    makes the contraction's region a whole row: it fits when ``bn`` covers N."""
+    contraction, with the regions of every stage; where there is none, why not.
+
+    The root need not be the contraction's shape: later stages may reshape and transpose
+    the product (``[tokens, channels]`` written out as ``[B, C, H, W]``, or split into
+    heads).  Propagating a one-element root tile says how each root axis moves the
+    contraction's region: ``coef`` elements along one of its axes per step (an axis that
+    moves none, as after a row-wise stage that reads a whole row, is tiled whole).  Along M
+    and along N the root axes are then grown as mixed-radix digits, innermost (coefficient
+    1) first, while the region stays within ``bm`` or ``bn``: an axis is tiled whole before
+    the next one grows, and only the outermost digit of M or N may be tiled raggedly (its
+    last block's overhang falls outside the contraction, not into the next digit's range).
+    Batch axes of the contraction get one index per block.  Propagating the resulting tile
+    must give the contraction a region of one matrix within ``bm x bn`` (a row softmax after
+    QK^T makes it a whole row: it fits when ``bn`` covers N)."""
     first = group.stages[0]
+    members = [group.computes[s] for s in group.stages]
     root_shape = ctx.shape_of(group.root)
-    c_shape = con.compute.shape
-    if len(root_shape) != len(c_shape) or root_shape[-2:] != c_shape[-2:]:
-        return f"root tile: root {root_shape} is not the contraction's {c_shape}"
-    tile = (*(1,) * (len(c_shape) - 2), min(bm, con.m), min(bn, con.n))
-    regions = propagate_group([group.computes[s] for s in group.stages], group.root, tile, ctx.shape_of)
+    unit = propagate_group(members, group.root, (1,) * len(root_shape), ctx.shape_of).members[first]
+    digits: dict[int, list[tuple[int, int]]] = {}  # contraction axis: (coefficient, root axis)
+    moves: dict[int, int] = {}  # root axis: the contraction axis it moves
+    for j, d in enumerate(unit.dims):
+        if d.affine is None:
+            return f"root tile: the contraction's origin along axis {j} is not affine in the block ({d})"
+        for var, coef in d.affine.terms:
+            k = int(var[1:])
+            if moves.setdefault(k, j) != j:
+                return f"root tile: root axis {k} moves the contraction along two axes"
+            digits.setdefault(j, []).append((coef, k))
+    tile = list(root_shape)  # a root axis that does not move the contraction is tiled whole
+    for axis, found in digits.items():
+        found.sort()
+        for _, k in found:
+            tile[k] = 1
+        if axis not in (con.m_axis, con.n_axis):
+            continue
+        limit = bm if axis == con.m_axis else bn
+        span = unit.dims[axis].extent
+        for pos, (coef, k) in enumerate(found):
+            if coef != span or limit // span < 2:
+                break
+            fits = limit // span
+            size = root_shape[k]
+            if pos == len(found) - 1:
+                tile[k] = min(size, fits)
+            else:
+                tile[k] = max(t for t in range(1, min(size, fits) + 1) if size % t == 0)
+            if tile[k] < size:
+                break
+            span *= size
+    regions = propagate_group(members, group.root, tile, ctx.shape_of)
     region = regions.members[first].extents
-    if any(e != 1 for e in region[:-2]) or region[-2] > bm or region[-1] > bn:
+    if any(region[d] != 1 for d in con.batch_axes):
+        return f"root tile: the contraction's region {region} spans several matrices"
+    if region[con.m_axis] > bm or region[con.n_axis] > bn:
         return f"root tile: the contraction's region {region} exceeds one {bm} x {bn} tile"
-    return tile, regions
+    return tuple(tile), regions
 
 
 def _configs(
@@ -465,10 +509,11 @@ def _configs(
     if isinstance(placed, str):
         return placed
     tile, regions = placed
-    if not _aligned_origin(regions.members[group.stages[0]], con.copy_bytes() // con.fmt.elem_bytes):
-        return "aligned origin: a block's matrix tile starts off the copy width"
     root_shape = ctx.shape_of(group.root)
     grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
+    copy_bytes = _copy_bytes(con, regions.members[group.stages[0]], grid)
+    if copy_bytes is None:
+        return "aligned origin: a block's matrix tile starts off every copy width"
     for out in group.outputs:
         if out != group.root and not partitions_output(regions.members[out], ctx.shape_of(out), tile, grid):
             return f"partitions_output: blocks do not tile output {out}"
@@ -481,7 +526,7 @@ def _configs(
         block_k=bk,
         warps=(wm, wn),
         pipeline=depth,
-        copy_bytes=con.copy_bytes(),
+        copy_bytes=copy_bytes,
         pipeline_offset=0,
     )
     later = _later_stages(group, regions, threads)
@@ -530,14 +575,32 @@ def workspace_bytes(cfg: MmaConfig, tiles: int) -> int:
     return 0 if cfg.splits == 1 else cfg.splits * tiles * cfg.block_m * cfg.block_n * 4
 
 
-def _aligned_origin(region: Region, elements: int) -> bool:
-    """Whether every block's matrix tile starts at a multiple of ``elements`` along M and N:
-    the operand copies start there, and a cp.async must be aligned to its width."""
-    for interval in region.dims[-2:]:
-        lo = interval.lo
-        if not isinstance(lo, Affine) or lo.const % elements or any(c % elements for _, c in lo.terms):
-            return False
-    return True
+def _copy_bytes(con: Contraction, region: Region, grid: Sequence[int]) -> int | None:
+    """The widest copy (``con.copy_bytes()``, else 4 bytes) at which every block's matrix
+    tile starts aligned, or None.  Copies run along each operand's contiguous axis, so only
+    an origin along M (A M-contiguous) or N (B N-contiguous) must be a multiple of the
+    copy's elements; the origin along N must be even besides (the epilogue stores pairs).
+    A block coordinate whose grid extent is 1 is always 0 and constrains nothing (an M of
+    1, whose one-row tile steps by 1)."""
+    fixed = {f"b{k}" for k, g in enumerate(grid) if g == 1}
+    widths = (con.copy_bytes(), 4) if con.copy_bytes() > 4 else (con.copy_bytes(),)
+    for width in widths:
+        elements = width // con.fmt.elem_bytes
+        need = {con.n_axis: 2}
+        for op, role, axis in ((con.a, "m", con.m_axis), (con.b, "n", con.n_axis)):
+            if op.contiguous == role:
+                need[axis] = math.lcm(need.get(axis, 1), elements)
+        if all(_aligned_origin(region.dims[axis].lo, step, fixed) for axis, step in need.items()):
+            return width
+    return None
+
+
+def _aligned_origin(lo: object, elements: int, fixed: set[str]) -> bool:
+    """Whether an origin is a multiple of ``elements`` for every block (the block
+    coordinates in ``fixed`` are 0)."""
+    if not isinstance(lo, Affine):
+        return False
+    return lo.const % elements == 0 and all(c % elements == 0 for v, c in lo.terms if v not in fixed)
 
 
 def _later_stages(group: Group, regions: GroupRegions, threads: int) -> list[simt.SimtConfig] | str:
