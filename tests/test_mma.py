@@ -359,6 +359,36 @@ def test_contraction_refuses_what_tensor_cores_cannot_compute() -> None:
     assert mma.KIND.propose(_whole_group(graph), volta) is None
 
 
+def test_explain_names_the_check_that_rejects_each_tile() -> None:
+    """``explain`` walks the rule's own search: for a batch-1 classifier every tile of 32 or
+    more rows is padding and the 16-row tiles carry exactly the configs ``propose`` ranks; a
+    root that flattens the product (``b // 40`` rows per block) is refused at the root tile."""
+    graph = import_onnx(_classifier(1280, 1000)[0])
+    group = _whole_group(graph)
+    ctx = _context(graph, topk=1000)
+    verdicts = mma.KIND.explain(group, ctx)
+    for v in verdicts:
+        if v.block[0] >= 32:
+            assert v.reason is not None and v.reason.startswith("padding") and not v.configs
+    ranked = [c for v in verdicts for c in v.configs]
+    assert ranked and all(c.stages[0].block_m == 16 for c in ranked)
+    assert len(mma.KIND.propose(group, ctx)) == len(ranked)
+
+    x = _h(1, 24, 32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Reshape", ["mm", "shape"], ["r"]),
+        helper.make_node("Sigmoid", ["r"], ["y"]),
+    ]
+    consts = {"w": _h(32, 40), "shape": np.array([1, 960], np.int64)}
+    graph = import_onnx(make_model(nodes, {"x": x}, ["y"], consts, opset=17))
+    group = _whole_group(graph)
+    verdicts = mma.KIND.explain(group, _context(graph))
+    assert verdicts and all(not v.configs for v in verdicts)
+    assert any("not affine" in v.reason for v in verdicts)
+    assert mma.KIND.propose(group, _context(graph)) == []
+
+
 def test_configs_respect_the_arch() -> None:
     """Shared memory from the views the kernels declare, registers, threads, whole warps."""
     graph = import_onnx(_bias_gelu(200, 256, 384)[0])
