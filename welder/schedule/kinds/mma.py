@@ -27,7 +27,10 @@ low 13 mantissa bits, a truncation with twice the error, all of it towards zero.
 it (``welder tune --tf32`` does).
 
 The tile lands in shared memory for later stages of the group (SIMT stages: bias,
-activations, softmax over a row, layer norms) and/or in global memory.
+activations, softmax over a row, layer norms) and/or in global memory.  Those stages may
+reshape and transpose it (tokens written out as an image, a projection split into heads):
+the root tile is derived from the contraction's block tile (:func:`_root_tile`), so that
+every block still computes one ``block_m x block_n`` tile of one matrix.
 
 Split-K: where the output tiles cannot fill the SMs (few rows times a weight: batch-1
 transformer layers), ``splits`` blocks share each tile, each summing a contiguous run of K
