@@ -108,6 +108,70 @@ def _broadcast_batch(batch: int, m: int, k: int, n: int) -> tuple[onnx.ModelProt
     return make_model(nodes, {"x": x}, ["y"], {"w": _h(k, n)}, opset=17), {"x": x}
 
 
+def _tokens_to_nchw(h: int, w: int, k: int, c: int) -> tuple[onnx.ModelProto, dict]:
+    """A product over tokens written out as an image: [1, H*W, C] -> [1, C, H, W] (the root
+    walks channels and rows of pixels, the contraction tokens and channels)."""
+    x = _h(1, h * w, k)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["a"]),
+        helper.make_node("Reshape", ["a", "shape"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["y"], perm=[0, 3, 1, 2]),
+    ]
+    consts = {"w": _h(k, c), "b": _h(c), "shape": np.array([1, h, w, c], np.int64)}
+    return make_model(nodes, {"x": x}, ["y"], consts, opset=17), {"x": x}
+
+
+def _qkv_heads(tokens: int, k: int, heads: int, dim: int) -> tuple[onnx.ModelProto, dict]:
+    """A QKV projection split into heads: [1, T, 3*H*D] -> [3, 1, H, T, D].  With ``dim`` 12
+    a head's columns start 12 halves apart: a one-head tile needs 4-byte copies."""
+    x = _h(1, tokens, k)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["a"]),
+        helper.make_node("Reshape", ["a", "shape"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["y"], perm=[2, 0, 3, 1, 4]),
+    ]
+    n = 3 * heads * dim
+    consts = {"w": _h(k, n), "b": _h(n), "shape": np.array([1, tokens, 3, heads, dim], np.int64)}
+    return make_model(nodes, {"x": x}, ["y"], consts, opset=17), {"x": x}
+
+
+def _residual_layernorm(
+    m: int, k: int, n: int, nchw: tuple[int, int] | None = None
+) -> tuple[onnx.ModelProto, dict]:
+    """A transformer block's output projection: bias, residual add, LayerNorm over the row;
+    the residual sum is an output too.  With ``nchw`` = (H, W) the normalised tokens are
+    written out as an image [1, N, H, W] instead (and the sum is not an output)."""
+    x, res = _h(1, m, k), _h(1, m, n)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["a"]),
+        helper.make_node("Add", ["res", "a"], ["s"]),
+        helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["ln"], axis=-1, epsilon=1e-5),
+    ]
+    consts = {
+        "w": _h(k, n),
+        "b": _h(n),
+        "gamma": (1 + RNG.standard_normal(n) / 4).astype(np.float16),
+        "beta": _h(n),
+    }
+    outputs = ["ln", "s"]
+    if nchw is not None:
+        nodes.append(helper.make_node("Reshape", ["ln", "shape"], ["r"]))
+        nodes.append(helper.make_node("Transpose", ["r"], ["y"], perm=[0, 3, 1, 2]))
+        consts["shape"] = np.array([1, *nchw, n], np.int64)
+        outputs = ["y"]
+    return make_model(nodes, {"x": x, "res": res}, outputs, consts, opset=17), {"x": x, "res": res}
+
+
+def _classifier(k: int, n: int) -> tuple[onnx.ModelProto, dict]:
+    """A batch-1 classifier: Gemm of one row by a transposed weight, plus bias (M = 1)."""
+    x = _h(1, k)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)]
+    return make_model(nodes, {"x": x}, ["y"], {"w": _h(n, k), "b": _h(n)}, opset=17), {"x": x}
+
+
 CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict]]] = {
     "square 64": lambda: _matmul(64, 64, 64),
     "ragged 40x72x48": lambda: _matmul(40, 72, 48),
@@ -121,6 +185,11 @@ CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict]]] = {
     "broadcast batch": lambda: _broadcast_batch(3, 20, 32, 24),
     "odd N, scalar global stores": lambda: _matmul(24, 40, 33, trans_b=True),
     "odd N under a softmax, scalar tile stores": lambda: _attention_scores(1, 2, 35, 16),
+    "tokens written out as NCHW": lambda: _tokens_to_nchw(4, 6, 32, 40),
+    "QKV split into heads of 12": lambda: _qkv_heads(20, 32, 2, 12),
+    "residual add + LayerNorm, sum also written": lambda: _residual_layernorm(40, 32, 48),
+    "residual add + LayerNorm written as NCHW": lambda: _residual_layernorm(24, 32, 48, nchw=(4, 6)),
+    "classifier, M = 1": lambda: _classifier(1280, 1000),
 }
 
 
@@ -170,6 +239,35 @@ def test_tensor_core_stage_matches_the_interpreter(label: str) -> None:
     configs = mma.KIND.propose(group, _context(graph))
     assert configs, f"{label}: the tensor-core rule proposed nothing"
     assert all(isinstance(c.stages[0], MmaConfig) for c in configs)
+    assert _run(graph, group, configs, feeds) == []
+
+
+RESHAPED_ROOTS = (
+    "tokens written out as NCHW",
+    "QKV split into heads of 12",
+    "residual add + LayerNorm written as NCHW",
+)
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", RESHAPED_ROOTS)
+def test_reshaped_roots_under_every_block_tile(label: str) -> None:
+    """Products whose root reshapes and transposes the tile: each block tile places the root
+    differently (whole rows of pixels, one head or two), so the best unsplit config of every
+    block tile and copy width is emulated; a one-head tile of 12 columns needs 4-byte copies."""
+    model, feeds = CASES[label]()
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    con = contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape)
+    assert graph.tensor(group.root).shape != con.compute.shape
+    best: dict[tuple, GroupConfig] = {}
+    for cfg in mma.KIND.propose(group, _context(graph, topk=500)):
+        if cfg.stages[0].splits == 1:
+            best.setdefault((cfg.stages[0].block, cfg.stages[0].copy_bytes), cfg)
+    configs = list(best.values())
+    assert len({c.block_tile for c in configs}) >= 2
+    if label.startswith("QKV"):
+        assert {c.stages[0].copy_bytes for c in configs} == {4, 16}
     assert _run(graph, group, configs, feeds) == []
 
 
@@ -278,6 +376,36 @@ def test_contraction_refuses_what_tensor_cores_cannot_compute() -> None:
         lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, get_arch("V100"), Options(topk=4)
     )
     assert mma.KIND.propose(_whole_group(graph), volta) is None
+
+
+def test_explain_names_the_check_that_rejects_each_tile() -> None:
+    """``explain`` walks the rule's own search: for a batch-1 classifier every tile of 32 or
+    more rows is padding and the 16-row tiles carry exactly the configs ``propose`` ranks; a
+    root that flattens the product (``b // 40`` rows per block) is refused at the root tile."""
+    graph = import_onnx(_classifier(1280, 1000)[0])
+    group = _whole_group(graph)
+    ctx = _context(graph, topk=1000)
+    verdicts = mma.KIND.explain(group, ctx)
+    for v in verdicts:
+        if v.block[0] >= 32:
+            assert v.reason is not None and v.reason.startswith("padding") and not v.configs
+    ranked = [c for v in verdicts for c in v.configs]
+    assert ranked and all(c.stages[0].block_m == 16 for c in ranked)
+    assert len(mma.KIND.propose(group, ctx)) == len(ranked)
+
+    x = _h(1, 24, 32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Reshape", ["mm", "shape"], ["r"]),
+        helper.make_node("Sigmoid", ["r"], ["y"]),
+    ]
+    consts = {"w": _h(32, 40), "shape": np.array([1, 960], np.int64)}
+    graph = import_onnx(make_model(nodes, {"x": x}, ["y"], consts, opset=17))
+    group = _whole_group(graph)
+    verdicts = mma.KIND.explain(group, _context(graph))
+    assert verdicts and all(not v.configs for v in verdicts)
+    assert any("not affine" in v.reason for v in verdicts)
+    assert mma.KIND.propose(group, _context(graph)) == []
 
 
 def test_configs_respect_the_arch() -> None:

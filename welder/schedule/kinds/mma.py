@@ -27,7 +27,10 @@ low 13 mantissa bits, a truncation with twice the error, all of it towards zero.
 it (``welder tune --tf32`` does).
 
 The tile lands in shared memory for later stages of the group (SIMT stages: bias,
-activations, softmax over a row, layer norms) and/or in global memory.
+activations, softmax over a row, layer norms) and/or in global memory.  Those stages may
+reshape and transpose it (tokens written out as an image, a projection split into heads):
+the root tile is derived from the contraction's block tile (:func:`_root_tile`), so that
+every block still computes one ``block_m x block_n`` tile of one matrix.
 
 Split-K: where the output tiles cannot fill the SMs (few rows times a weight: batch-1
 transformer layers), ``splits`` blocks share each tile, each summing a contiguous run of K
@@ -43,7 +46,7 @@ The rule proposes nothing (None) for anything else; the SIMT kind still covers i
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -121,11 +124,14 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
     (128, 128, 2, 4),
     (128, 128, 2, 2),
     (128, 64, 2, 2),
+    (64, 256, 2, 4),
     (64, 128, 2, 2),
     (64, 64, 2, 2),
     (64, 32, 2, 1),
+    (32, 256, 1, 4),
     (32, 64, 1, 2),
     (32, 32, 1, 1),
+    (16, 256, 1, 4),
     (16, 64, 1, 2),
     (16, 32, 1, 1),
     (16, 16, 1, 1),
@@ -359,21 +365,63 @@ class MmaKind:
         self.config_type = CONFIG_TYPES[fmt.kind]
 
     def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
-        first = group.stages[0]
-        con = contraction(group.computes[first], ctx.shape_of)
-        if con is None or con.fmt is not self.fmt or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
+        con = self._contraction(group, ctx)
+        if con is None:
             return None
-        found = []
-        for bm, bn, wm, wn in BLOCK_TILES:
-            if bm // 2 >= _round_up(con.m, MMA_M) or bn // 2 >= _round_up(con.n, 16):
-                continue  # half the block would already cover the matrix: the rest is padding
-            for bk in con.fmt.block_ks:
-                if bk > con.fmt.block_ks[0] and con.k_extent < 2 * bk:
-                    continue
-                for depth in PIPELINES:
-                    found.extend(_configs(group, con, (bm, bn, wm, wn, bk), depth, ctx))
+        found = [cfg for v in _search(group, con, ctx) for cfg in v.configs]
         found.sort(key=lambda c: c.estimate.latency_us)
         return top_by_family(found, ctx.options.topk)
+
+    def explain(self, group: Group, ctx: ScheduleContext) -> list[Verdict] | None:
+        """What :meth:`propose` made of every candidate shape: the configs of each, or the
+        check that rejected it; None where the group is not this kind's contraction.  For
+        diagnostics (``scripts/mma_why.py``): it walks the very checks the rule applies."""
+        con = self._contraction(group, ctx)
+        return None if con is None else list(_search(group, con, ctx))
+
+    def _contraction(self, group: Group, ctx: ScheduleContext) -> Contraction | None:
+        con = contraction(group.computes[group.stages[0]], ctx.shape_of)
+        if con is None or con.fmt is not self.fmt or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
+            return None
+        return con
+
+
+@dataclass
+class Verdict:
+    """One candidate shape of the search: its configs, or why there are none."""
+
+    block: tuple[int, int, int, int]  # block_m, block_n, warps along m, warps along n
+    block_k: int
+    pipeline: int
+    configs: list[GroupConfig]
+    reason: str | None = None  # the check that rejected the shape, where configs is empty
+
+
+def _search(group: Group, con: Contraction, ctx: ScheduleContext) -> Iterator[Verdict]:
+    """Every block tile, slice depth and ring depth the rule considers, with its verdict."""
+    for bm, bn, wm, wn in BLOCK_TILES:
+        padding = _padding(con, bm, bn)
+        for bk in con.fmt.block_ks:
+            if bk > con.fmt.block_ks[0] and con.k_extent < 2 * bk:
+                continue  # a deeper slice than K needs: the shallowest one is tried
+            for depth in PIPELINES:
+                if padding:
+                    yield Verdict((bm, bn, wm, wn), bk, depth, [], padding)
+                    continue
+                found = _configs(group, con, (bm, bn, wm, wn, bk), depth, ctx)
+                if isinstance(found, str):
+                    yield Verdict((bm, bn, wm, wn), bk, depth, [], found)
+                else:
+                    yield Verdict((bm, bn, wm, wn), bk, depth, found, None if found else "no estimate")
+
+
+def _padding(con: Contraction, bm: int, bn: int) -> str | None:
+    """Why a block tile is mostly padding for this contraction, or None."""
+    if bm // 2 >= _round_up(con.m, MMA_M):
+        return f"padding: half of block_m {bm} covers M = {con.m}"
+    if bn // 2 >= _round_up(con.n, 16):
+        return f"padding: half of block_n {bn} covers N = {con.n}"
+    return None
 
 
 KIND = MmaKind(FP16)
@@ -390,43 +438,88 @@ def _round_up(x: int, to: int) -> int:
     return -(-x // to) * to
 
 
-def _root_tile(group: Group, con: Contraction, bm: int, bn: int, ctx: ScheduleContext) -> tuple | None:
+def _root_tile(
+    group: Group, con: Contraction, bm: int, bn: int, ctx: ScheduleContext
+) -> tuple[tuple[int, ...], GroupRegions] | str:
     """The root tile whose block computes one ``bm x bn`` tile of one matrix of the
-    contraction, with the regions of every stage; None where the root does not line up with
-    the contraction's axes one to one (a reshape after it, say) or a later stage needs more
-    of the contraction than one block computes.  A row-wise later stage (softmax) makes the
-    contraction's region a whole row: it fits when ``bn`` covers N."""
+    contraction, with the regions of every stage; where there is none, why not.
+
+    The root need not be the contraction's shape: later stages may reshape and transpose
+    the product (``[tokens, channels]`` written out as ``[B, C, H, W]``, or split into
+    heads).  Propagating a one-element root tile says how each root axis moves the
+    contraction's region: ``coef`` elements along one of its axes per step (an axis that
+    moves none, as after a row-wise stage that reads a whole row, is tiled whole).  Along M
+    and along N the root axes are then grown as mixed-radix digits, innermost (coefficient
+    1) first, while the region stays within ``bm`` or ``bn``: an axis is tiled whole before
+    the next one grows, and only the outermost digit of M or N may be tiled raggedly (its
+    last block's overhang falls outside the contraction, not into the next digit's range).
+    Batch axes of the contraction get one index per block.  Propagating the resulting tile
+    must give the contraction a region of one matrix within ``bm x bn`` (a row softmax after
+    QK^T makes it a whole row: it fits when ``bn`` covers N)."""
     first = group.stages[0]
+    members = [group.computes[s] for s in group.stages]
     root_shape = ctx.shape_of(group.root)
-    c_shape = con.compute.shape
-    if len(root_shape) != len(c_shape) or root_shape[-2:] != c_shape[-2:]:
-        return None
-    tile = (*(1,) * (len(c_shape) - 2), min(bm, con.m), min(bn, con.n))
-    regions = propagate_group([group.computes[s] for s in group.stages], group.root, tile, ctx.shape_of)
+    unit = propagate_group(members, group.root, (1,) * len(root_shape), ctx.shape_of).members[first]
+    digits: dict[int, list[tuple[int, int]]] = {}  # contraction axis: (coefficient, root axis)
+    moves: dict[int, int] = {}  # root axis: the contraction axis it moves
+    for j, d in enumerate(unit.dims):
+        if d.affine is None:
+            return f"root tile: the contraction's origin along axis {j} is not affine in the block ({d})"
+        for var, coef in d.affine.terms:
+            k = int(var[1:])
+            if moves.setdefault(k, j) != j:
+                return f"root tile: root axis {k} moves the contraction along two axes"
+            digits.setdefault(j, []).append((coef, k))
+    tile = list(root_shape)  # a root axis that does not move the contraction is tiled whole
+    for axis, found in digits.items():
+        found.sort()
+        for _, k in found:
+            tile[k] = 1
+        if axis not in (con.m_axis, con.n_axis):
+            continue
+        limit = bm if axis == con.m_axis else bn
+        span = unit.dims[axis].extent
+        for pos, (coef, k) in enumerate(found):
+            if coef != span or limit // span < 2:
+                break
+            fits = limit // span
+            size = root_shape[k]
+            if pos == len(found) - 1:
+                tile[k] = min(size, fits)
+            else:
+                tile[k] = max(t for t in range(1, min(size, fits) + 1) if size % t == 0)
+            if tile[k] < size:
+                break
+            span *= size
+    regions = propagate_group(members, group.root, tile, ctx.shape_of)
     region = regions.members[first].extents
-    if any(e != 1 for e in region[:-2]) or region[-2] > bm or region[-1] > bn:
-        return None
-    return tile, regions
+    if any(region[d] != 1 for d in con.batch_axes):
+        return f"root tile: the contraction's region {region} spans several matrices"
+    if region[con.m_axis] > bm or region[con.n_axis] > bn:
+        return f"root tile: the contraction's region {region} exceeds one {bm} x {bn} tile"
+    return tuple(tile), regions
 
 
 def _configs(
     group: Group, con: Contraction, shape: tuple[int, int, int, int, int], depth: int, ctx: ScheduleContext
-) -> list[GroupConfig]:
+) -> list[GroupConfig] | str:
     """The config of one block tile, slice depth and ring depth, unsplit and with each
-    useful split-K factor; none where the tile does not fit the group or the arch."""
+    useful split-K factor; where the tile does not fit the group or the arch, the check
+    that says so."""
     bm, bn, wm, wn, bk = shape
     arch = ctx.arch
     placed = _root_tile(group, con, bm, bn, ctx)
-    if placed is None:
-        return []
+    if isinstance(placed, str):
+        return placed
     tile, regions = placed
-    if not _aligned_origin(regions.members[group.stages[0]], con.copy_bytes() // con.fmt.elem_bytes):
-        return []
     root_shape = ctx.shape_of(group.root)
     grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
+    copy_bytes = _copy_bytes(con, regions.members[group.stages[0]], grid)
+    if copy_bytes is None:
+        return "aligned origin: a block's matrix tile starts off every copy width"
     for out in group.outputs:
         if out != group.root and not partitions_output(regions.members[out], ctx.shape_of(out), tile, grid):
-            return []
+            return f"partitions_output: blocks do not tile output {out}"
     threads = wm * wn * 32
     first = group.stages[0]
     stage = CONFIG_TYPES[con.fmt.kind](
@@ -436,12 +529,12 @@ def _configs(
         block_k=bk,
         warps=(wm, wn),
         pipeline=depth,
-        copy_bytes=con.copy_bytes(),
+        copy_bytes=copy_bytes,
         pipeline_offset=0,
     )
     later = _later_stages(group, regions, threads)
-    if later is None:
-        return []
+    if isinstance(later, str):
+        return later
     info = simt.group_info(group, ctx.shape_of, ctx.dtype_of, arch)
     placeholder = simt.SimtConfig(first, stage.tile, (1,) * len(tile), (1,) * len(tile))
     smem = simt.plan_smem(info, [placeholder, *later])
@@ -449,10 +542,10 @@ def _configs(
     stage.pipeline_offset = _round_up(smem, 16)
     smem = stage.pipeline_offset + ring_bytes(stage, con)
     if smem > arch.smem_per_block:
-        return []
+        return f"smem: {smem} bytes > {arch.smem_per_block}"
     regs = max([registers(stage), *(simt.registers(st) for st in later)])
     if regs > arch.max_regs_per_thread:
-        return []
+        return f"registers: {regs} > {arch.max_regs_per_thread}"
     order = tuple(range(len(tile)))
     found = []
     for splits in (1, *split_choices(con, stage, math.prod(grid), ctx)):
@@ -460,7 +553,7 @@ def _configs(
         estimate = _estimate(group, con, split, later, regions, grid, threads, smem, regs, ctx)
         if estimate is not None:
             found.append(GroupConfig(group.root, tile, grid, order, threads, [split, *later], smem, estimate))
-    return found
+    return found if found else "estimate: no block fits an SM"
 
 
 def split_choices(con: Contraction, cfg: MmaConfig, tiles: int, ctx: ScheduleContext) -> list[int]:
@@ -485,25 +578,43 @@ def workspace_bytes(cfg: MmaConfig, tiles: int) -> int:
     return 0 if cfg.splits == 1 else cfg.splits * tiles * cfg.block_m * cfg.block_n * 4
 
 
-def _aligned_origin(region: Region, elements: int) -> bool:
-    """Whether every block's matrix tile starts at a multiple of ``elements`` along M and N:
-    the operand copies start there, and a cp.async must be aligned to its width."""
-    for interval in region.dims[-2:]:
-        lo = interval.lo
-        if not isinstance(lo, Affine) or lo.const % elements or any(c % elements for _, c in lo.terms):
-            return False
-    return True
+def _copy_bytes(con: Contraction, region: Region, grid: Sequence[int]) -> int | None:
+    """The widest copy (``con.copy_bytes()``, else 4 bytes) at which every block's matrix
+    tile starts aligned, or None.  Copies run along each operand's contiguous axis, so only
+    an origin along M (A M-contiguous) or N (B N-contiguous) must be a multiple of the
+    copy's elements; the origin along N must be even besides (the epilogue stores pairs).
+    A block coordinate whose grid extent is 1 is always 0 and constrains nothing (an M of
+    1, whose one-row tile steps by 1)."""
+    fixed = {f"b{k}" for k, g in enumerate(grid) if g == 1}
+    widths = (con.copy_bytes(), 4) if con.copy_bytes() > 4 else (con.copy_bytes(),)
+    for width in widths:
+        elements = width // con.fmt.elem_bytes
+        need = {con.n_axis: 2}
+        for op, role, axis in ((con.a, "m", con.m_axis), (con.b, "n", con.n_axis)):
+            if op.contiguous == role:
+                need[axis] = math.lcm(need.get(axis, 1), elements)
+        if all(_aligned_origin(region.dims[axis].lo, step, fixed) for axis, step in need.items()):
+            return width
+    return None
 
 
-def _later_stages(group: Group, regions: GroupRegions, threads: int) -> list[simt.SimtConfig] | None:
+def _aligned_origin(lo: object, elements: int, fixed: set[str]) -> bool:
+    """Whether an origin is a multiple of ``elements`` for every block (the block
+    coordinates in ``fixed`` are 0)."""
+    if not isinstance(lo, Affine):
+        return False
+    return lo.const % elements == 0 and all(c % elements == 0 for v, c in lo.terms if v not in fixed)
+
+
+def _later_stages(group: Group, regions: GroupRegions, threads: int) -> list[simt.SimtConfig] | str:
     """SIMT configs of the stages after the contraction: each reads global inputs directly
     and earlier tiles from shared memory (no staging: their reductions, if any, run over a
-    tile already on chip)."""
+    tile already on chip); the stage none fits, where one does not."""
     later = []
     for s in group.stages[1:]:
         st = simt.plan_stage(group, s, regions, threads)
         if st is None:
-            return None
+            return f"later stages: {s} {regions.members[s].extents} does not fit {threads} threads"
         later.append(st)
     return later
 
