@@ -58,7 +58,7 @@ from welder.schedule.config import Estimate, GroupConfig, StageConfig
 from welder.schedule.group import Group
 from welder.schedule.kinds import simt
 from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, ScheduleContext, ShapeOf, top_by_family
-from welder.tile.footprint import transaction_bytes
+from welder.tile.footprint import Buffer, transaction_bytes
 from welder.tile.propagate import GroupRegions, Region, partitions_output, propagate_group
 from welder.tile.region import Affine
 
@@ -138,6 +138,8 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
 )
 #: Ring depths: slices in flight while one is multiplied is the depth less one.
 PIPELINES = (3, 4)
+#: The operand ring's name among the group's shared-memory buffers.
+RING = "mma/ring"
 #: Split-K factors tried where the output tiles leave SMs idle.
 SPLITS = (2, 3, 4, 6, 8, 12, 16)
 #: Largest split-K workspace (fp32 partial tiles) one kernel may own.
@@ -537,10 +539,12 @@ def _configs(
         return later
     info = simt.group_info(group, ctx.shape_of, ctx.dtype_of, arch)
     placeholder = simt.SimtConfig(first, stage.tile, (1,) * len(tile), (1,) * len(tile))
-    smem = simt.plan_smem(info, [placeholder, *later])
+    # The operand ring is live during the contraction only: later stages' buffers (written
+    # after the barrier that ends it) may take its place; its own tile may not.
+    ring = Buffer(RING, ring_bytes(stage, con), 0, 0)
+    offsets, smem = simt.place_smem(info, [placeholder, *later], [ring])
     stage.smem_offset = placeholder.smem_offset
-    stage.pipeline_offset = _round_up(smem, 16)
-    smem = stage.pipeline_offset + ring_bytes(stage, con)
+    stage.pipeline_offset = offsets[RING]
     if smem > arch.smem_per_block:
         return f"smem: {smem} bytes > {arch.smem_per_block}"
     regs = max([registers(stage), *(simt.registers(st) for st in later)])

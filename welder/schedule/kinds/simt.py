@@ -741,7 +741,15 @@ def vector_aligned(region: Region, shape: Sequence[int], extents: Sequence[int],
 
 def plan_smem(info: _GroupInfo, stages: list[SimtConfig]) -> int:
     """Lay out intermediate tiles and staging buffers; fills in their offsets."""
-    buffers: list[Buffer] = []
+    return place_smem(info, stages)[1]
+
+
+def place_smem(
+    info: _GroupInfo, stages: list[SimtConfig], extra: Sequence[Buffer] = ()
+) -> tuple[dict[str, int], int]:
+    """:func:`plan_smem` with ``extra`` buffers (another kind's, live over the stages they
+    name) sharing the pool; the offsets of every buffer, and the pool's size."""
+    buffers: list[Buffer] = list(extra)
     for k, st in enumerate(stages):
         si = info.stages[st.node]
         if si.last_reader is not None:
@@ -760,7 +768,7 @@ def plan_smem(info: _GroupInfo, stages: list[SimtConfig]) -> int:
         for sd in st.staged:
             sd.offset = offsets[f"{st.node}/{sd.tensor}"]
         st.reduce_offset = offsets.get(f"{st.node}/reduce")
-    return total
+    return offsets, total
 
 
 def registers(stage: SimtConfig) -> int:
