@@ -100,6 +100,19 @@ def max_error(value, reference) -> float:
     return ((value.float() - reference.float()).abs() / reference.float().abs().clamp(min=1)).max().item()
 
 
+def error_of_one_launch(launch, out, reference, turn: list[int], copies: int) -> float:
+    """:func:`max_error` of ``out`` after one ``launch`` on the first input copy (the one
+    ``reference`` was computed from); ``out`` is filled with NaN first, so every element
+    must be written."""
+    import torch
+
+    out.fill_(float("nan"))
+    turn[0] = copies - 1  # launches advance the turn before reading
+    launch()
+    torch.cuda.synchronize()
+    return max_error(out, reference)
+
+
 def time_us(launch, count: int = 200, repeats: int = 7) -> float:
     """Median per-launch time of ``count`` launches captured in one CUDA graph, replayed
     between one pair of events (a host loop would time Python and the launch path, not the
@@ -249,20 +262,13 @@ def main(argv: list[str] | None = None) -> int:
                     stream=cupy.cuda.get_current_stream(),
                 )
 
-            c.fill_(float("nan"))
-            turn[0] = copies - 1
-            launch()
-            torch.cuda.synchronize()
-            err = max_error(c, reference)
+            err = error_of_one_launch(launch, c, reference, turn, copies)
             if not math.isfinite(err) or err > limit:
                 print(f"  {kernel.name}: WRONG (error {err:.3e}), config {cfg.stages[0]}", flush=True)
                 continue
             us = time_us(launch)
-            c.fill_(float("nan"))  # and still right after 1400 launches (split-K counters reset)
-            turn[0] = copies - 1
-            launch()
-            torch.cuda.synchronize()
-            again = max_error(c, reference)
+            # still right after 1400 launches (the split-K counters reset)
+            again = error_of_one_launch(launch, c, reference, turn, copies)
             if not math.isfinite(again) or again > limit:
                 print(f"  {kernel.name}: WRONG after timing ({again:.3e}), {cfg.stages[0]}", flush=True)
                 continue

@@ -29,6 +29,7 @@ from welder.codegen import generate_kernel, model_source
 from welder.codegen.kernel import KernelBuilder
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
+from welder.ir.interpret import np_dtype
 from welder.resources import TEMPLATE_DIR
 from welder.runtime.emu import available, compile_kernels
 from welder.schedule.config import GroupConfig
@@ -203,26 +204,41 @@ def _context(graph: Graph, topk: int = 4) -> ScheduleContext:
     )
 
 
-def _run(graph: Graph, group: Group, configs: list[GroupConfig], feeds: dict, launches: int = 1) -> list[str]:
-    """Emulate ``group`` (the whole graph) under each config, ``launches`` times in a row
-    (state a kernel keeps between launches must not change its result); the failures."""
+def emulate_configs(
+    graph: Graph, group: Group, configs: list[GroupConfig], feeds: dict, launches: int = 1
+) -> list[list[dict[str, np.ndarray]]]:
+    """The outputs of ``group`` (the whole graph) under each config, emulated ``launches``
+    times in a row: per config, per launch, each output (NaN-filled before the launch, so
+    an element left unwritten shows)."""
     kernels = [generate_kernel(graph, group, cfg, f"mma_case_{j}") for j, cfg in enumerate(configs)]
     module = compile_kernels(
         model_source(kernels), [k.name for k in kernels], extra_flags=[f"-I{TEMPLATE_DIR}"]
     )
-    reference = graph.run(feeds)
-    failures = []
-    for kernel, cfg in zip(kernels, configs):
-        env = {**graph.constants, **feeds}
-        for launch in range(launches):
+    env = {**graph.constants, **feeds}
+    results = []
+    for kernel in kernels:
+        per_launch = []
+        for _ in range(launches):
             outputs, args = {}, []
             for p in kernel.params:
                 if p.is_output:
-                    outputs[p.tensor] = np.full(p.shape, np.nan, np.float16)  # every element must be written
+                    outputs[p.tensor] = np.full(p.shape, np.nan, np_dtype(p.dtype))
                     args.append(outputs[p.tensor])
                 else:
                     args.append(np.require(env[p.tensor], requirements="C"))
             module.launch(kernel.name, kernel.grid, kernel.threads, kernel.smem_bytes, args)
+            per_launch.append(outputs)
+        results.append(per_launch)
+    return results
+
+
+def _run(graph: Graph, group: Group, configs: list[GroupConfig], feeds: dict, launches: int = 1) -> list[str]:
+    """Emulate ``group`` (the whole graph) under each config, ``launches`` times in a row
+    (state a kernel keeps between launches must not change its result); the failures."""
+    reference = graph.run(feeds)
+    failures = []
+    for cfg, runs in zip(configs, emulate_configs(graph, group, configs, feeds, launches)):
+        for launch, outputs in enumerate(runs):
             for name, value in outputs.items():
                 err = error_metric(value, reference[name])
                 if err > threshold_for("float16"):

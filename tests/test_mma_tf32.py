@@ -27,6 +27,7 @@ import onnx
 import pytest
 from onnx import helper
 from onnx_util import make_model
+from test_mma import emulate_configs
 from test_tuner import EmulatedDevice, ScriptedDevice
 
 from welder.arch import get_arch
@@ -38,7 +39,7 @@ from welder.errors import WelderError
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
 from welder.resources import TEMPLATE_DIR
-from welder.runtime.emu import available, compile_kernels
+from welder.runtime.emu import available
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, make_group
 from welder.schedule.kinds import Options, ScheduleContext, mma, propose
@@ -175,24 +176,8 @@ def _context(
 
 
 def _emulate(graph: Graph, group: Group, configs: list[GroupConfig], feeds: dict) -> list[dict]:
-    """The outputs of ``group`` (the whole graph) under each config, emulated."""
-    kernels = [generate_kernel(graph, group, cfg, f"tf32_case_{j}") for j, cfg in enumerate(configs)]
-    module = compile_kernels(
-        model_source(kernels), [k.name for k in kernels], extra_flags=[f"-I{TEMPLATE_DIR}"]
-    )
-    env = {**graph.constants, **feeds}
-    results = []
-    for kernel in kernels:
-        outputs, args = {}, []
-        for p in kernel.params:
-            if p.is_output:
-                outputs[p.tensor] = np.full(p.shape, np.nan, np.float32)  # every element must be written
-                args.append(outputs[p.tensor])
-            else:
-                args.append(np.require(env[p.tensor], requirements="C"))
-        module.launch(kernel.name, kernel.grid, kernel.threads, kernel.smem_bytes, args)
-        results.append(outputs)
-    return results
+    """The outputs of ``group`` (the whole graph) under each config, emulated once."""
+    return [runs[0] for runs in emulate_configs(graph, group, configs, feeds)]
 
 
 @needs_emulator

@@ -52,13 +52,12 @@ from typing import ClassVar
 
 from welder.ir.compute import Compute
 from welder.ir.expr import Binary, Load
-from welder.ir.interpret import np_dtype
 from welder.ir.layout import affine_layout
 from welder.schedule.config import Estimate, GroupConfig, StageConfig
 from welder.schedule.group import Group
 from welder.schedule.kinds import simt
 from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, ScheduleContext, ShapeOf, top_by_family
-from welder.tile.footprint import Buffer, transaction_bytes
+from welder.tile.footprint import Buffer
 from welder.tile.propagate import GroupRegions, Region, partitions_output, propagate_group
 from welder.tile.region import Affine
 
@@ -671,31 +670,15 @@ def _estimate(
     reduce_us = 0.0
     if splits > 1:
         reduce_us = SLICE_LATENCY_US + (splits - 1) * partial / (arch.l2_bw_gbs * 1e9 / arch.sm_count) * 1e6
-    itemsize = lambda t: np_dtype(ctx.dtype_of(t)).itemsize  # noqa: E731
     other_inputs = [t for t in regions.inputs if t not in (con.a.tensor, con.b.tensor)]
     # Per tile (the last block of a split tile does the later stages and the writes).
-    tile_reads = sum(
-        transaction_bytes(
-            regions.inputs[t].clipped_extents(ctx.shape_of(t)),
-            ctx.shape_of(t),
-            itemsize(t),
-            arch.read_transaction,
-        )
-        for t in other_inputs
-    )
-    tile_writes = sum(
-        transaction_bytes(
-            regions.members[o].clipped_extents(ctx.shape_of(o)),
-            ctx.shape_of(o),
-            itemsize(o),
-            arch.write_transaction,
-        )
-        for o in group.outputs
-    )
+    shape_of, dtype_of = ctx.shape_of, ctx.dtype_of
+    tile_reads = simt.block_bytes(regions.inputs, other_inputs, shape_of, dtype_of, arch.read_transaction)
+    tile_writes = simt.block_bytes(regions.members, group.outputs, shape_of, dtype_of, arch.write_transaction)
     workspace = 2 * partial * blocks if splits > 1 else 0
     read_bytes = operand_block * blocks + tile_reads * tiles + workspace // 2
     write_bytes = tile_writes * tiles + workspace // 2
-    compulsory = sum(math.prod(ctx.shape_of(t)) * itemsize(t) for t in (*group.inputs, *group.outputs))
+    compulsory = simt.io_bytes(group, ctx.shape_of, ctx.dtype_of)
     # A block keeps only its next operand slices in flight, so DRAM and L2 reach their
     # bandwidth only with STREAMING_BLOCKS_PER_SM resident blocks per SM; fewer blocks (128
     # rows of a weight-streaming product in 36 blocks) get their share of it.

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
@@ -315,7 +315,7 @@ def group_info(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -
             coalescing_units(c, stageable, itemsize, arch),
             point_flops(c),
         )
-    return _GroupInfo(stages, _io_bytes(group, shape_of, dtype_of), itemsize)
+    return _GroupInfo(stages, io_bytes(group, shape_of, dtype_of), itemsize)
 
 
 @dataclass(frozen=True)
@@ -455,6 +455,23 @@ class _Tile:
     steps: dict[str, StepOptions] = field(default_factory=dict)
 
 
+def block_bytes(
+    regions: Mapping[str, Region],
+    tensors: Iterable[str],
+    shape_of: ShapeOf,
+    dtype_of: DtypeOf,
+    transaction: int,
+) -> int:
+    """Bytes one block moves for ``tensors`` (their regions clipped to the tensors), in whole
+    transactions of ``transaction`` bytes."""
+    return sum(
+        transaction_bytes(
+            regions[t].clipped_extents(shape_of(t)), shape_of(t), np_dtype(dtype_of(t)).itemsize, transaction
+        )
+        for t in tensors
+    )
+
+
 def make_config(
     group: Group,
     tile: tuple[int, ...],
@@ -538,21 +555,8 @@ def _tile_facts(
         if out != group.root and not partitions_output(regions.members[out], shape_of(out), tile, grid):
             return None
     blocks = math.prod(grid)
-    read_block = sum(
-        transaction_bytes(
-            r.clipped_extents(shape_of(t)), shape_of(t), np_dtype(dtype_of(t)).itemsize, arch.read_transaction
-        )
-        for t, r in regions.inputs.items()
-    )
-    write_block = sum(
-        transaction_bytes(
-            regions.members[o].clipped_extents(shape_of(o)),
-            shape_of(o),
-            np_dtype(dtype_of(o)).itemsize,
-            arch.write_transaction,
-        )
-        for o in group.outputs
-    )
+    read_block = block_bytes(regions.inputs, regions.inputs, shape_of, dtype_of, arch.read_transaction)
+    write_block = block_bytes(regions.members, group.outputs, shape_of, dtype_of, arch.write_transaction)
     flops_block = sum(
         math.prod(regions.members[s].extents) * info.stages[s].point_flops for s in group.stages
     )
@@ -817,7 +821,7 @@ def estimate_cost(
     )
 
 
-def _io_bytes(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf) -> int:
+def io_bytes(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf) -> int:
     """Bytes of every tensor the kernel reads or writes in global memory, each once."""
     return sum(
         math.prod(shape_of(t)) * np_dtype(dtype_of(t)).itemsize for t in (*group.inputs, *group.outputs)
