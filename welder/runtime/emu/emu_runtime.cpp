@@ -138,6 +138,7 @@ void shadow_access(LaunchState& launch, ThreadState& t, size_t begin, size_t n, 
       for (const Access& r : s.read)
         if (!ordered_before(r, t, epoch)) report_race(launch, spot, b, t, true, r, false);
       s.write = me;
+      s.write_fences = static_cast<uint32_t>(t.proxy_fences.size());
       s.read[0].epoch = s.read[1].epoch = 0;
       continue;
     }
@@ -207,6 +208,37 @@ size_t first_pending(const LaunchState& launch, size_t begin, size_t n) {
                      describe_thread(*issuer).c_str()));
 }
 
+// The wgmma in flight that reads 16-byte unit `unit`, and its warpgroup.
+std::pair<unsigned, const WgmmaOp*> wgmma_reading(const LaunchState& launch, uint32_t unit) {
+  for (unsigned w = 0; w < launch.warpgroups.size(); ++w) {
+    const WgmmaQueue& q = launch.warpgroups[w].queue;
+    const auto find = [&](const std::vector<WgmmaOp>& ops) -> const WgmmaOp* {
+      for (const WgmmaOp& op : ops)
+        if (std::find(op.chunks.begin(), op.chunks.end(), unit) != op.chunks.end()) return &op;
+      return nullptr;
+    };
+    if (const WgmmaOp* op = find(q.open)) return {w, op};
+    for (const auto& group : q.committed)
+      if (const WgmmaOp* op = find(group)) return {w, op};
+  }
+  return {0, nullptr};
+}
+
+// Reports a write (by `what`) of bytes [begin, begin + n) that an in-flight wgmma still reads.
+void check_wgmma_in_use(const LaunchState& launch, size_t begin, size_t n, const ViewSpot& spot, const char* what) {
+  if (launch.wgmma_in_use_units == 0) return;
+  for (size_t b = begin; b < begin + n; ++b) {
+    if (launch.wgmma_in_use[b / 16] == 0) continue;
+    const auto [warpgroup, op] = wgmma_reading(launch, static_cast<uint32_t>(b / 16));
+    const auto index = static_cast<long long>((b - spot.view_begin) / spot.elem_size);
+    raise_error(format("shared memory read by an in-flight wgmma written before wgmma.wait_group: %s shared view '%s' "
+                       "index %lld (byte %zu), which the %s at %s of warpgroup %u reads, and no wgmma.wait_group of "
+                       "that warpgroup has covered it yet",
+                       what, spot.view, index, b, op ? op->primitive : "wgmma", op ? describe(op->site).c_str() : "?",
+                       warpgroup));
+  }
+}
+
 }  // namespace
 
 unsigned char* shared_access(const char* view, size_t view_offset, long long count, size_t elem_size, long long index,
@@ -217,6 +249,7 @@ unsigned char* shared_access(const char* view, size_t view_offset, long long cou
   const ViewSpot spot{view, view_offset, elem_size};
   if (const size_t i = first_pending(launch, begin, nbytes); i < nbytes)
     report_pending_access(launch, spot, begin + i, kind != AccessKind::kRead);
+  if (kind != AccessKind::kRead) check_wgmma_in_use(launch, begin, nbytes, spot, "a write of");
   if (launch.check_races && kind != AccessKind::kAtomic)
     shadow_access(launch, t, begin, nbytes, kind == AccessKind::kWrite, spot);
   return launch.smem + begin;
@@ -271,6 +304,7 @@ void cp_async_issue(const char* view, size_t view_offset, long long count, size_
                        where.c_str(), view, index, copy->primitive, describe(copy->site).c_str(),
                        describe_thread(*issuer).c_str()));
   }
+  check_wgmma_in_use(launch, begin, nbytes, spot, (std::string(primitive) + " at " + describe(site) + " into").c_str());
   if (launch.check_races) shadow_access(launch, t, begin, nbytes, true, spot);
   AsyncCopy c{begin, t.groups_committed, nbytes, {}, view, view_offset, elem_size, primitive, site};
   if (src_bytes > 0) std::memcpy(c.data, src, src_bytes);  // a source past its argument faults here
@@ -355,6 +389,119 @@ unsigned active_mask(const Site& site) {
   return static_cast<unsigned>(t.result);
 }
 
+// ============================================================================ warpgroups and wgmma
+
+bool warpgroup_meet(const char* primitive, void* data, void* const** members, const Site& site) {
+  LaunchState& launch = *g_launch;
+  ThreadState& t = current_thread(primitive);
+  if (launch.nthreads % kWarpgroupSize != 0)
+    raise_error(format("%s at %s needs whole warpgroups of 128 threads (warps 4i..4i+3), but the block has %u threads",
+                       primitive, describe(site).c_str(), launch.nthreads));
+  t.wait = WaitKind::kWarpgroup;
+  t.site = site;
+  t.primitive = primitive;
+  t.value = reinterpret_cast<uintptr_t>(data);
+  suspend(t);
+  WarpgroupState& wg = launch.warpgroups[t.linear / kWarpgroupSize];
+  if (wg.claimed == wg.generation) return false;
+  wg.claimed = wg.generation;
+  *members = wg.members;
+  return true;
+}
+
+unsigned current_warpgroup() { return current_thread("current_warpgroup").linear / kWarpgroupSize; }
+
+WgmmaQueue& wgmma_queue(unsigned warpgroup) { return g_launch->warpgroups.at(warpgroup).queue; }
+
+namespace {
+
+// Marks (+1) or releases (-1) the 16-byte units an operation reads.
+void mark_in_use(LaunchState& launch, const WgmmaOp& op, int delta) {
+  if (!launch.check_races) return;
+  for (uint32_t unit : op.chunks) {
+    uint16_t& n = launch.wgmma_in_use[unit];
+    if (delta > 0 && n++ == 0) ++launch.wgmma_in_use_units;
+    if (delta < 0 && --n == 0) --launch.wgmma_in_use_units;
+  }
+}
+
+// Writes an operation's result into each member's accumulators (lane layout of the PTX ISA's
+// wgmma .m64nNk16 D fragment) and releases its chunks.
+void complete_wgmma(LaunchState& launch, const WgmmaOp& op) {
+  for (unsigned m = 0; m < kWarpgroupSize; ++m) {
+    const unsigned warp = m / kWarpSize, g = (m % kWarpSize) / 4, t = m % 4;
+    for (int j = 0; j < op.n / 8; ++j)
+      for (int i = 0; i < 4; ++i) {
+        const unsigned row = 16 * warp + g + 8 * (i / 2), col = 8 * j + 2 * t + i % 2;
+        op.dest[m][4 * j + i] = op.d[row * op.n + col];
+      }
+  }
+  mark_in_use(launch, op, -1);
+}
+
+}  // namespace
+
+void wgmma_check_reads(const std::vector<uint32_t>& chunks, const char* primitive, const Site& site) {
+  LaunchState& launch = *g_launch;
+  current_thread(primitive);
+  const std::string where = format("%s at %s", primitive, describe(site).c_str());
+  for (uint32_t unit : chunks)
+    for (size_t b = 16 * size_t{unit}; b < 16 * size_t{unit} + 16; ++b) {
+      const unsigned address = kSharedWindowBase + static_cast<unsigned>(b);
+      if (launch.pending_bytes != 0 && launch.pending[b]) {
+        const auto [issuer, copy] = pending_copy_at(launch, b);
+        raise_error(format("%s reads shared address 0x%x (byte %zu of the dynamic buffer), which the %s at %s that %s "
+                           "issued will still write (no cp.async.wait_group has covered it)",
+                           where.c_str(), address, b, copy->primitive, describe(copy->site).c_str(),
+                           describe_thread(*issuer).c_str()));
+      }
+      if (!launch.check_races) continue;
+      const ByteShadow& s = launch.shadow[b];
+      if (s.write.epoch == 0 || s.write.epoch < launch.block_epoch) continue;  // not written by this block
+      const ThreadState& writer = launch.threads[s.write.thread];
+      if (s.write.epoch == launch.epoch)
+        raise_error(format("%s reads shared address 0x%x (byte %zu of the dynamic buffer), which %s wrote with no "
+                           "__syncthreads between the write and the wgmma (%s)",
+                           where.c_str(), address, b, describe_thread(writer).c_str(),
+                           since_last_barrier(launch).c_str()));
+      const bool fenced = s.write_fences < writer.proxy_fences.size() &&
+                          writer.proxy_fences[s.write_fences] < launch.epoch;
+      if (!fenced)
+        raise_error(format("%s reads shared address 0x%x (byte %zu of the dynamic buffer), which %s wrote through the "
+                           "generic proxy without a fence.proxy.async (welder_fence_proxy_async) between the write "
+                           "and a __syncthreads before the wgmma",
+                           where.c_str(), address, b, describe_thread(writer).c_str()));
+    }
+}
+
+void wgmma_issue(unsigned warpgroup, WgmmaOp&& op) {
+  LaunchState& launch = *g_launch;
+  mark_in_use(launch, op, +1);
+  launch.warpgroups[warpgroup].queue.open.push_back(std::move(op));
+}
+
+void wgmma_commit(unsigned warpgroup) {
+  WgmmaQueue& q = g_launch->warpgroups[warpgroup].queue;
+  q.committed.push_back(std::move(q.open));
+  q.open.clear();
+}
+
+void wgmma_wait(unsigned warpgroup, int pending) {
+  LaunchState& launch = *g_launch;
+  WgmmaQueue& q = launch.warpgroups[warpgroup].queue;
+  const size_t keep = static_cast<size_t>(pending < 0 ? 0 : pending);
+  while (q.committed.size() > keep) {
+    for (const WgmmaOp& op : q.committed.front()) complete_wgmma(launch, op);
+    q.committed.pop_front();
+  }
+  q.fenced = false;
+}
+
+void fence_proxy_async() {
+  ThreadState& t = current_thread("fence.proxy.async");
+  t.proxy_fences.push_back(g_launch->epoch);
+}
+
 unsigned current_lane() { return current_thread("current_lane").lane; }
 unsigned block_thread_count() { return g_launch->nthreads; }
 unsigned current_warp_lanes() { return existing_lanes(*g_launch, current_thread("current_warp_lanes").warp); }
@@ -372,6 +519,16 @@ void thread_main(void* arg) {
   LaunchState& launch = *g_launch;
   launch.invoke(launch.invoke_context);
   auto* t = static_cast<ThreadState*>(arg);
+  if (launch.nthreads % kWarpgroupSize == 0) {
+    const WgmmaQueue& q = launch.warpgroups[t->linear / kWarpgroupSize].queue;
+    const WgmmaOp* op = !q.open.empty() ? &q.open.front() : !q.committed.empty() && !q.committed.front().empty()
+                                                                 ? &q.committed.front().front()
+                                                                 : nullptr;
+    if (op != nullptr)
+      raise_error(format("exits with wgmma operations of its warpgroup in flight (the %s at %s%s): a "
+                         "wgmma.wait_group 0 must cover every committed group before the threads exit",
+                         op->primitive, describe(op->site).c_str(), q.open.empty() ? "" : ", never committed"));
+  }
   perform_copies(launch, *t, UINT32_MAX);  // the hardware completes copies still in flight
   t->wait = WaitKind::kExited;
   context_switch(t->context, launch.scheduler);
@@ -490,6 +647,29 @@ bool complete_warp_collectives(LaunchState& launch) {
   return progress;
 }
 
+bool same_meeting(const ThreadState& a, const ThreadState& b) {
+  return a.wait == WaitKind::kWarpgroup && b.wait == WaitKind::kWarpgroup && a.site == b.site &&
+         std::strcmp(a.primitive, b.primitive) == 0;
+}
+
+bool complete_warpgroups(LaunchState& launch) {
+  bool progress = false;
+  for (unsigned w = 0; w < launch.warpgroups.size(); ++w) {
+    ThreadState* members = &launch.threads[w * kWarpgroupSize];
+    bool ready = true;
+    for (unsigned m = 0; m < kWarpgroupSize && ready; ++m) ready = same_meeting(members[m], members[0]);
+    if (!ready) continue;
+    WarpgroupState& wg = launch.warpgroups[w];
+    for (unsigned m = 0; m < kWarpgroupSize; ++m) {
+      wg.members[m] = reinterpret_cast<void*>(members[m].value);
+      members[m].wait = WaitKind::kRunnable;
+    }
+    ++wg.generation;
+    progress = true;
+  }
+  return progress;
+}
+
 bool complete_active_masks(LaunchState& launch) {
   bool progress = false;
   for (ThreadState& t : launch.threads) {
@@ -557,14 +737,42 @@ bool complete_barrier(LaunchState& launch) {
 // What lane `u` does instead of joining collective `t`, or "arrived".
 std::string lane_state(const ThreadState& u, const ThreadState& t) {
   if (u.wait == WaitKind::kExited) return "have exited";
-  if (u.wait == WaitKind::kBarrier || !same_collective(u, t))
+  if (u.wait == WaitKind::kBarrier || u.wait == WaitKind::kWarpgroup || !same_collective(u, t))
     return format("wait at %s (%s)", u.primitive, describe(u.site).c_str());
   if (u.mask != t.mask) return format("arrived with a different mask 0x%08x", u.mask);
   return "arrived";
 }
 
+// Explains a warpgroup meeting that can never complete; false if no thread waits at one.
+bool report_stuck_warpgroup(LaunchState& launch) {
+  for (const ThreadState& t : launch.threads) {
+    if (t.wait != WaitKind::kWarpgroup) continue;
+    const unsigned w = t.linear / kWarpgroupSize;
+    std::vector<std::pair<std::string, std::vector<unsigned>>> states;  // threads grouped by what they do
+    for (unsigned id = w * kWarpgroupSize; id < (w + 1) * kWarpgroupSize; ++id) {
+      const ThreadState& u = launch.threads[id];
+      const std::string state = u.wait == WaitKind::kExited ? "have exited"
+                                : same_meeting(u, t)         ? "arrived"
+                                                             : format("wait at %s (%s)", u.primitive,
+                                                                      describe(u.site).c_str());
+      auto it = std::find_if(states.begin(), states.end(), [&](const auto& s) { return s.first == state; });
+      if (it == states.end()) states.push_back({state, {id}});
+      else it->second.push_back(id);
+    }
+    std::string detail;
+    for (const auto& s : states) detail += (detail.empty() ? "" : "; ") + describe_threads(s.second) + " " + s.first;
+    scheduler_error(launch, format("%s at %s (warpgroup %u, threads %u-%u) cannot complete: every thread of the "
+                                   "warpgroup must reach it; %s",
+                                   t.primitive, describe(t.site).c_str(), w, w * kWarpgroupSize,
+                                   (w + 1) * kWarpgroupSize - 1, detail.c_str()));
+    return true;
+  }
+  return false;
+}
+
 // Explains a warp collective that can never complete.
 void report_stuck_collective(LaunchState& launch) {
+  if (report_stuck_warpgroup(launch)) return;
   for (const ThreadState& t : launch.threads) {
     if (t.wait != WaitKind::kWarpCollective) continue;
     const ThreadState* lanes = &launch.threads[t.warp * kWarpSize];
@@ -592,6 +800,7 @@ void reset_thread(LaunchState& launch, ThreadState& t) {
   t.copies.clear();
   t.copies_head = 0;
   t.groups_committed = 0;
+  t.proxy_fences.clear();
   context_init(t.context, launch.stacks.stack_lo(t.linear), launch.stacks.stack_bytes(), &thread_main, &t);
 }
 
@@ -600,7 +809,13 @@ bool run_block(LaunchState& launch, const uint3& block) {
   launch.block_index = block;
   blockIdx = block;
   ++launch.epoch;  // the shadow state of earlier blocks no longer matters
+  launch.block_epoch = launch.epoch;
   launch.barrier_seen = false;
+  launch.warpgroups.assign(launch.nthreads / kWarpgroupSize, WarpgroupState{});
+  if (launch.wgmma_in_use_units != 0) {  // only after a failed block
+    std::fill(launch.wgmma_in_use.begin(), launch.wgmma_in_use.end(), 0);
+    launch.wgmma_in_use_units = 0;
+  }
   // Fresh shared memory is garbage on the GPU; here it reads as NaN / -1 so that using it shows.
   if (launch.smem_bytes > 0) std::memset(launch.smem, 0xFF, launch.smem_bytes);
   if (launch.pending_bytes != 0) {  // only after a failed block; kept for safety
@@ -622,7 +837,9 @@ bool run_block(LaunchState& launch, const uint3& block) {
       all_exited = all_exited && t.wait == WaitKind::kExited;
     }
     if (all_exited) return true;
-    if (complete_warp_collectives(launch) || complete_active_masks(launch) || complete_barrier(launch)) continue;
+    if (complete_warp_collectives(launch) || complete_warpgroups(launch) || complete_active_masks(launch) ||
+        complete_barrier(launch))
+      continue;
     if (!launch.failed) report_stuck_collective(launch);
     return false;
   }
@@ -646,10 +863,12 @@ std::string prepare_launch(LaunchState& launch, size_t stack_bytes) {
   const auto raw = reinterpret_cast<uintptr_t>(launch.smem_storage.data());
   launch.smem = reinterpret_cast<unsigned char*>((raw + 127) & ~uintptr_t{127});
   if (launch.check_races) {
-    launch.shadow.assign(launch.smem_bytes, ByteShadow{{0, 0, 0}, {{0, 0, 0}, {0, 0, 0}}});
+    launch.shadow.assign(launch.smem_bytes, ByteShadow{{0, 0, 0}, {{0, 0, 0}, {0, 0, 0}}, 0});
     launch.pending.assign(launch.smem_bytes, 0);
+    launch.wgmma_in_use.assign((launch.smem_bytes + 15) / 16, 0);
   }
   launch.pending_bytes = 0;
+  launch.wgmma_in_use_units = 0;
   return "";
 }
 

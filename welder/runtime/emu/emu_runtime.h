@@ -9,7 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <string>
+#include <vector>
 
 #include "emu_types.h"
 
@@ -91,6 +93,55 @@ void cp_async_commit();
 // cp.async.wait_group n: performs the calling thread's copies of every committed group but the
 // `pending` most recent ones, in issue order; copies not committed yet stay pending.
 void cp_async_wait(int pending);
+
+// ---------------------------------------------------------------------------- warpgroups (wgmma)
+
+constexpr unsigned kWarpgroupSize = 128;
+// The shared-window address (what __cvta_generic_to_shared gives) of byte 0 of the dynamic buffer.
+// 1024-aligned, as on the GPU, so that swizzle patterns keyed on absolute address bits line up
+// with offsets in the buffer.
+constexpr unsigned kSharedWindowBase = 1024;
+
+// Meets all 128 threads of the caller's warpgroup (warps 4i..4i+3) at `site`; the block must consist
+// of whole warpgroups.  Returns true in exactly one member, the first to resume, which may read
+// every member's `data` through `*members` (indexed by thread within the warpgroup) while the other
+// members have not resumed yet; they get false.
+bool warpgroup_meet(const char* primitive, void* data, void* const** members, const Site& site);
+unsigned current_warpgroup();
+
+// One wgmma.mma_async in flight: its result, computed at issue, is written into every member's
+// accumulator array when a wgmma.wait_group covers its group.
+struct WgmmaOp {
+  const char* primitive;
+  Site site;
+  int n;                           // D is 64 x n
+  std::vector<float> d;            // row-major
+  float* dest[kWarpgroupSize];     // each member's accumulator array (n / 2 floats)
+  std::vector<uint32_t> chunks;    // 16-byte units of the dynamic buffer it reads (offset / 16)
+};
+
+// A warpgroup's wgmma state: operations issued since the last commit, committed groups (oldest
+// first), and whether a wgmma.fence came since the last wait.
+struct WgmmaQueue {
+  std::vector<WgmmaOp> open;
+  std::deque<std::vector<WgmmaOp>> committed;
+  bool fenced = false;
+};
+WgmmaQueue& wgmma_queue(unsigned warpgroup);
+
+// Checks that the calling thread's wgmma may read the 16-byte units `chunks` (offset / 16 in the
+// dynamic buffer): no cp.async in flight into them, and, with race checks on, every byte last
+// written before a barrier that precedes this call, with a fence.proxy.async of the writing thread
+// between the write and such a barrier.
+void wgmma_check_reads(const std::vector<uint32_t>& chunks, const char* primitive, const Site& site);
+// Queues `op` in the warpgroup's open group and marks its chunks in use.
+void wgmma_issue(unsigned warpgroup, WgmmaOp&& op);
+// wgmma.commit_group; wgmma.wait_group `pending` (writes the results of every group but the
+// `pending` most recent into the members' accumulators and releases their chunks).
+void wgmma_commit(unsigned warpgroup);
+void wgmma_wait(unsigned warpgroup, int pending);
+// fence.proxy.async.shared::cta by the calling thread.
+void fence_proxy_async();
 
 // __activemask(): the lanes of this warp that wait at the same call site when the block stalls.
 unsigned active_mask(const Site& site);

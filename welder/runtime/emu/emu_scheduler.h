@@ -37,7 +37,7 @@ namespace welder_emu::detail {
 constexpr unsigned kWarpSize = 32;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
-enum class WaitKind : uint8_t { kRunnable, kBarrier, kWarpCollective, kActiveMask, kExited };
+enum class WaitKind : uint8_t { kRunnable, kBarrier, kWarpCollective, kWarpgroup, kActiveMask, kExited };
 
 // One cp.async in flight: where it goes, what it writes (source bytes then zeros), where it came from.
 struct AsyncCopy {
@@ -78,6 +78,8 @@ struct ThreadState {
   std::vector<AsyncCopy> copies;
   size_t copies_head = 0;
   uint32_t groups_committed = 0;
+  // The epoch of each fence.proxy.async this thread executed, in order.
+  std::vector<uint32_t> proxy_fences;
 };
 
 // One access in the shadow state; epoch 0 means "none".
@@ -90,6 +92,15 @@ struct Access {
 struct ByteShadow {
   Access write;
   Access read[2];
+  uint32_t write_fences;  // how many fence.proxy.async the writer had executed before the write
+};
+
+// A warpgroup's meeting point (warpgroup_meet) and wgmma state.
+struct WarpgroupState {
+  void* members[kWarpgroupSize] = {};
+  uint64_t generation = 0;  // meetings completed
+  uint64_t claimed = 0;     // meetings whose first member has resumed
+  WgmmaQueue queue;
 };
 
 struct LaunchState {
@@ -110,6 +121,11 @@ struct LaunchState {
   // on; pending_bytes counts the ones, so that accesses need not look while there are none.
   std::vector<uint8_t> pending;
   size_t pending_bytes = 0;
+  // Per 16-byte unit of the dynamic buffer: how many wgmma in flight read it (race checks on).
+  std::vector<uint16_t> wgmma_in_use;
+  size_t wgmma_in_use_units = 0;
+  std::vector<WarpgroupState> warpgroups;  // nthreads / 128 of them (none for a partial one)
+  uint32_t block_epoch = 0;                // the epoch the current block started in
 
   uint3 block_index{0, 0, 0};
   uint32_t epoch = 0;  // advanced at every completed barrier and at every block start
