@@ -324,3 +324,12 @@ def test_kernels_compile_with_nvcc_to_wgmma(nvcc, tmp_path: Path):
         assert instruction in gemm, instruction
     # ptxas needed no extra waits in the GEMM: its fences and waits already order the accumulators.
     assert "wgmma_gemm" not in results["cubin"].stderr
+
+
+def test_sm_arch_names_the_architecture_specific_target():
+    from welder.device.gpu import CompileError, sm_arch
+
+    assert sm_arch((9, 0)) == "sm_90"
+    assert sm_arch((9, 0), arch_specific=True) == "sm_90a"
+    with pytest.raises(CompileError, match=r"8\.0 has no architecture-specific target"):
+        sm_arch((8, 0), arch_specific=True)

@@ -131,9 +131,16 @@ def compute_capability(ordinal: int = 0) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def sm_arch(capability: tuple[int, int]) -> str:
-    """nvcc's name for a compute capability: (9, 0) -> ``sm_90``."""
-    return f"sm_{capability[0]}{capability[1]}"
+def sm_arch(capability: tuple[int, int], *, arch_specific: bool = False) -> str:
+    """nvcc's name for a compute capability: (9, 0) -> ``sm_90``.
+
+    ``arch_specific`` names the architecture-specific target instead (``sm_90a``): its code runs on
+    that compute capability only, and may use the instructions outside the portable set (wgmma,
+    setmaxnreg on 9.0).  Such targets exist from 9.0 on."""
+    if arch_specific and capability < (9, 0):
+        major, minor = capability
+        raise CompileError(f"compute capability {major}.{minor} has no architecture-specific target")
+    return f"sm_{capability[0]}{capability[1]}{'a' if arch_specific else ''}"
 
 
 # -- nvcc ---------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@
 //   emu_wmma.h      nvcuda::wmma fragments (half, int8, tf32) as warp-collective operations
 //   emu_mma.h       mma.sync, ldmatrix and cp.async with the PTX register layouts (included by
 //                   codegen_templates/welder_mma.cuh, not here)
+//   emu_wgmma.h     Hopper wgmma from shared-memory descriptors, its fences and groups (included
+//                   by codegen_templates/welder_wgmma.cuh, not here)
 //   emu_launch.h    launch(), kernel signatures, the C interface
 // and, compiled once rather than into every module:
 //   emu_scheduler.h, emu_runtime.cpp   block scheduler, barriers, collectives, race shadow state

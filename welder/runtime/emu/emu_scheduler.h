@@ -7,6 +7,8 @@
 //   1. warp collectives whose whole mask has arrived at the same call site complete;
 //   2. __activemask() calls complete, each with the set of lanes waiting at that call site;
 //   3. a block barrier completes when every live thread waits at the same __syncthreads site;
+// (a warpgroup meeting -- the wgmma instructions -- is settled right after the warp collectives:
+// it completes when all 128 threads of the warpgroup wait at the same call site)
 // and anything else would hang the GPU; it is reported as an error that says which threads are
 // where.  The first error stops the launch: the failing fiber switches back to the scheduler and
 // is never resumed.
@@ -22,6 +24,13 @@
 // its group, or when that thread exits (the hardware completes copies in flight).  Until then its
 // destination bytes are marked pending: any access of them, by any thread, is an error, as is a
 // second copy into them.
+//
+// wgmma (emu_wgmma.h).  Per warpgroup, a queue of operations issued, committed groups, and whether a
+// wgmma.fence came since the last wait.  The 16-byte units an operation reads are counted in
+// wgmma_in_use until the wait that covers it; a write of them is an error.  Each thread records
+// the epoch of every fence.proxy.async it executes, and each byte's shadow records how many the
+// writer had executed before the write, so a wgmma can tell whether a proxy fence and then a
+// barrier lie between the write and the read.
 #pragma once
 
 #include <cstdint>
