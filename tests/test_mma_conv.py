@@ -1,0 +1,157 @@
+"""Pointwise (1x1) convolutions on tensor cores: a half-precision 1x1 / stride 1 / unpadded /
+ungrouped Conv is lowered as a batched product over the flattened image, which the ``mma``
+kind computes with its consumers (bias, ReLU6, a residual Add) fused after it; other
+convolutions, and fp32 ones, keep the image form and the CUDA cores.  Results are compared
+with onnxruntime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+from onnx_util import make_model
+from test_mma import emulate_configs
+
+from welder.arch import get_arch
+from welder.check import error_metric, threshold_for
+from welder.frontend.onnx import import_onnx
+from welder.runtime.emu import available
+from welder.schedule.group import make_group
+from welder.schedule.kinds import Options, ScheduleContext, mma
+from welder.schedule.plan import plan_model
+from welder.session import check_model
+
+ARCH = get_arch("H100")
+RNG = np.random.default_rng(11)
+
+needs_emulator = pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
+
+
+def _conv_model(
+    shape: tuple[int, int, int, int],
+    out: int,
+    after: str,
+    dtype: type = np.float16,
+    kernel: int = 1,
+    stride: int = 1,
+    pad: int = 0,
+    group: int = 1,
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``Conv(x, w, b)`` then ``after``: ``"relu6"`` (Clip 0..6), ``"add"`` (the input added
+    back: a residual, so ``out`` equals the input channels) or ``""``."""
+    x = RNG.standard_normal(shape).astype(dtype)
+    fan_in = shape[1] // group * kernel * kernel
+    w = (RNG.standard_normal((out, shape[1] // group, kernel, kernel)) / np.sqrt(fan_in)).astype(dtype)
+    consts = {"w": w, "b": RNG.standard_normal(out).astype(dtype)}
+    attrs = {"strides": [stride, stride], "pads": [pad] * 4, "group": group}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if after else "y"], **attrs)]
+    if after == "relu6":
+        consts |= {"lo": np.array(0, dtype), "hi": np.array(6, dtype)}
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+    elif after == "add":
+        nodes.append(helper.make_node("Add", ["c", "x"], ["y"]))
+    return make_model(nodes, {"x": x}, ["y"], consts, opset=17), {"x": x}
+
+
+def _onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(["y"], feeds)[0]
+
+
+def _mma_stages(graph_plan) -> list[str]:
+    return [st.kind for g in graph_plan.groups for st in g.configs[0].stages if st.kind.startswith("mma")]
+
+
+POINTWISE = {
+    "1x32x28x28 -> 64, bias + ReLU6": lambda: _conv_model((1, 32, 28, 28), 64, "relu6"),
+    "2x48x10x10 -> 40 (ragged M and N), bias + ReLU6": lambda: _conv_model((2, 48, 10, 10), 40, "relu6"),
+    "1x64x14x14 -> 64, bias + residual Add": lambda: _conv_model((1, 64, 14, 14), 64, "add"),
+}
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(POINTWISE))
+def test_pointwise_conv_runs_on_tensor_cores_and_matches_onnxruntime(label: str) -> None:
+    """The whole graph as one group: its first stage is the product, the bias and ReLU6 or
+    residual later stages of the same kernel; every proposed config is emulated."""
+    model, feeds = POINTWISE[label]()
+    graph = import_onnx(model)
+    group = make_group(graph, list(graph.nodes))
+    ctx = ScheduleContext(
+        lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, ARCH, Options(topk=3)
+    )
+    configs = mma.KIND.propose(group, ctx)
+    assert configs, f"{label}: the tensor-core rule proposed nothing"
+    assert all(cfg.stages[0].kind == "mma" for cfg in configs)
+    assert all(len(cfg.stages) >= 2 for cfg in configs)  # the consumers stay in the kernel
+    reference = _onnxruntime(model, feeds)
+    for cfg, runs in zip(configs, emulate_configs(graph, group, configs, feeds)):
+        err = error_metric(runs[0]["y"], reference)
+        assert err <= threshold_for("float16"), f"{label}: {cfg.stages[0]} error {err:.3e}"
+
+
+@needs_emulator
+@pytest.mark.parametrize("after", ["relu6", "add"])
+def test_planner_puts_a_batched_pointwise_conv_on_tensor_cores(after: str, tmp_path: Path) -> None:
+    """At a size the cost model gives to tensor cores, the planned kernel is the ``mma``
+    kind's with the consumers fused, and the emulated plan matches onnxruntime."""
+    model, _ = _conv_model((8, 64, 28, 28), 64 if after == "add" else 128, after)
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, str(path))
+    plan = plan_model(import_onnx(path), ARCH, topk=1)
+    mma_groups = [g for g in plan.groups if g.configs[0].stages[0].kind == "mma"]
+    assert mma_groups and all(len(g.configs[0].stages) >= 2 for g in mma_groups)
+    report = check_model(path, backend="emulate")
+    assert report.passed, report
+
+
+OTHER_CONVS = {
+    "3x3, padded": {"kernel": 3, "pad": 1},
+    "1x1, stride 2": {"stride": 2},
+    "1x1, padded": {"pad": 1},
+    "1x1, 2 groups": {"group": 2},
+    "3x3 depthwise": {"kernel": 3, "pad": 1, "group": 32},
+}
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(OTHER_CONVS))
+def test_other_convs_stay_off_tensor_cores_and_match(label: str, tmp_path: Path) -> None:
+    model, _ = _conv_model((2, 32, 12, 12), 32, "relu6", **OTHER_CONVS[label])
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, str(path))
+    graph = import_onnx(path)
+    shape_of = lambda t: graph.tensor(t).shape  # noqa: E731
+    assert all(mma.contraction(n.compute, shape_of) is None for n in graph.nodes.values())
+    assert _mma_stages(plan_model(graph, ARCH, topk=1)) == []
+    report = check_model(path, backend="emulate")
+    assert report.passed, report
+
+
+def test_fp32_pointwise_conv_keeps_the_image_form_and_exact_arithmetic() -> None:
+    """fp32 1x1 convolutions are not flattened (the CUDA-core kind tiles the image form
+    better), so no tensor-core stage computes them, with or without TF32 allowed."""
+    model, _ = _conv_model((8, 64, 28, 28), 128, "relu6", dtype=np.float32)
+    graph = import_onnx(model)
+    assert all(len(n.compute.shape) == 4 for n in graph.nodes.values())
+    assert _mma_stages(plan_model(graph, ARCH, topk=1)) == []
+    assert _mma_stages(plan_model(graph, ARCH, topk=1, kinds=(*Options.kinds, "mma_tf32"))) == []
+
+
+def test_the_flat_product_keeps_the_image_output() -> None:
+    """The lowering's reshape restores the image: the graph's output is [n, c, h, w] and
+    the product's operand strides are X's own (N contiguous, K a whole image apart)."""
+    model, _ = _conv_model((2, 48, 10, 10), 40, "")
+    graph = import_onnx(model)
+    assert graph.tensor("y").shape == (2, 40, 10, 10)
+    shape_of = lambda t: graph.tensor(t).shape  # noqa: E731
+    found = [con for n in graph.nodes.values() if (con := mma.contraction(n.compute, shape_of)) is not None]
+    assert len(found) == 1
+    con = found[0]
+    assert (con.m, con.n, con.k_extent) == (40, 100, 48)
+    assert con.b.tensor == "x" and con.b.contiguous == "n"
+    assert con.b.strides[con.k] == 100 and con.b.strides[con.axis_name("n")] == 1
