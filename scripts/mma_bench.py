@@ -1,6 +1,7 @@
 """welder's tensor-core kernels beside cuBLAS (``torch.matmul``) on the same fp16 shapes, in one run.
 
-For each shape the ``mma`` kind's best ``--candidates`` configs (cost model order) are
+For each shape the best ``--candidates`` configs (cost model order) of each tensor-core kind
+named by ``--kinds`` (``mma``, and ``wgmma`` on an H100) are
 generated, compiled into one cubin with nvcc and timed; the fastest is reported beside
 ``torch.matmul`` on the same inputs, with the floor max(FLOPs / peak, bytes / bandwidth)
 from the arch description.  Timing: 200 back-to-back launches captured in one CUDA graph,
@@ -9,7 +10,8 @@ the L2 cache (so weights come from DRAM as in a model), median of repeats.  Ever
 kernel's output is checked against torch's first.  ``--json`` writes the rows; ``--ptxas``
 prints registers and spills.
 
-    python scripts/mma_bench.py [--candidates 8] [--shapes 0,1,2] [--dtype fp16|tf32] [--json out.json]
+    python scripts/mma_bench.py [--candidates 8] [--kinds mma,wgmma] [--shapes 0,1,2] [--dtype fp16|tf32]
+                                [--json out.json]
 
 Needs a GPU with torch and cupy (the GPU machine has both).
 """
@@ -40,7 +42,7 @@ from welder.device.gpu import compile_cubin, nvcc_path  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.resources import TEMPLATE_DIR  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
-from welder.schedule.kinds import Options, ScheduleContext, mma, propose  # noqa: E402
+from welder.schedule.kinds import Options, ScheduleContext, kind, mma, propose  # noqa: E402
 
 #: (batch, M, K, N): BERT-base at sequence 128, batch 1 (QKV, FFN up and down) and batch 64
 #: (8192 rows), and attention's per-head products (12 heads of 128 x 64 x 128).
@@ -68,7 +70,8 @@ class Row:
     config: str
     max_error: float
     candidates: int
-    timings: list  # every candidate: config, measured and predicted microseconds
+    timings: list  # every candidate: kind, config, measured and predicted microseconds
+    best_by_kind: dict  # kind: its fastest candidate's microseconds
 
 
 #: Per --dtype: the ONNX element type, the kind, torch's dtype name, element bytes, the arch's
@@ -152,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--simt", action="store_true", help="also time the SIMT kind's best --candidates configs"
     )
+    parser.add_argument(
+        "--kinds",
+        default="mma",
+        help="comma-separated tensor-core kinds to time side by side (fp16: mma, wgmma); default mma",
+    )
     parser.add_argument("--shapes", help="comma-separated indices into the shape list (default: all)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--ptxas", action="store_true", help="print ptxas' register and spill report")
@@ -166,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     import cupy
     import torch
 
-    _, kind, tname, item, peak, limit = FORMATS[args.dtype]
+    _, base_kind, tname, item, peak, limit = FORMATS[args.dtype]
+    kinds = [base_kind] if args.dtype != "fp16" else [kind(name) for name in args.kinds.split(",")]
     tdtype = getattr(torch, tname)
     torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
 
@@ -185,12 +194,14 @@ def main(argv: list[str] | None = None) -> int:
             lambda t, g=graph: g.tensor(t).shape,
             lambda t, g=graph: g.tensor(t).dtype,
             arch,
-            Options(topk=100_000, kinds=(kind.name,)),
+            Options(topk=100_000),
         )
-        # The cost model's best unsplit and best split-K configs, --candidates of each.
-        proposed = kind.propose(group, ctx) or []
-        configs = [c for c in proposed if c.stages[0].splits == 1][: args.candidates]
-        configs += [c for c in proposed if c.stages[0].splits > 1][: args.candidates]
+        # Per kind, the cost model's best unsplit and best split-K configs, --candidates of each.
+        configs = []
+        for rule in kinds:
+            proposed = rule.propose(group, ctx) or []
+            configs += [c for c in proposed if c.stages[0].splits == 1][: args.candidates]
+            configs += [c for c in proposed if c.stages[0].splits > 1][: args.candidates]
         if args.simt:  # the SIMT kind's best too: the cross-kind ranking is the cost model's weakest
             simt_ctx = ScheduleContext(
                 ctx.shape_of, ctx.dtype_of, arch, Options(topk=args.candidates, kinds=("simt",))
@@ -198,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             configs += propose(group, simt_ctx)
         kernels = [generate_kernel(graph, group, cfg, f"mma_bench_{j}") for j, cfg in enumerate(configs)]
         source = model_source(kernels)
-        cubin = compile_cubin(source, sm)
+        target = sm + ("a" if any(kn.arch_specific for kn in kernels) else "")  # wgmma: sm_90a
+        cubin = compile_cubin(source, target)
         if args.ptxas:
             with tempfile.TemporaryDirectory() as work:
                 src = Path(work) / "k.cu"
@@ -208,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                         nvcc_path(),
                         "-cubin",
                         "-O3",
-                        f"-arch={sm}",
+                        f"-arch={target}",
                         f"-I{TEMPLATE_DIR}",
                         "-Xptxas",
                         "-v",
@@ -244,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         cublas_us = time_us(torch_launch)
 
         best = None
+        best_by_kind: dict[str, float] = {}
         timings: list[dict] = []
         for kernel, cfg in zip(kernels, configs):
             fn = module.get_function(kernel.name)
@@ -281,9 +294,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 label = f"simt tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads}"
             predicted = cfg.estimate.latency_us
-            timings.append({"config": label, "measured_us": round(us, 2), "predicted_us": predicted})
+            timings.append(
+                {"kind": st.kind, "config": label, "measured_us": round(us, 2), "predicted_us": predicted}
+            )
+            best_by_kind[st.kind] = round(min(us, best_by_kind.get(st.kind, math.inf)), 2)
             if isinstance(st, mma.MmaConfig) and (best is None or us < best[0]):
-                best = (us, label, err)
+                best = (us, f"{st.kind} {label}", err)
         flops = 2 * batch * m * n * k
         nbytes = item * batch * (m * k + k * n + m * n)
         floor = max(flops / (getattr(arch, peak) * 1e12), nbytes / (arch.global_bw_gbs * 1e9)) * 1e6
@@ -302,9 +318,14 @@ def main(argv: list[str] | None = None) -> int:
             best[2],
             len(configs),
             timings,
+            best_by_kind,
         )
         rows.append(row)
-        print(f"{row.shape}: welder {row.welder_us} us ({row.config}), cuBLAS {row.cublas_us} us", flush=True)
+        print(
+            f"{row.shape}: welder {row.welder_us} us ({row.config}), cuBLAS {row.cublas_us} us; "
+            f"best per kind {best_by_kind}",
+            flush=True,
+        )
         time.sleep(0.1)
 
     print(

@@ -97,13 +97,14 @@ def test_pointwise_conv_runs_on_tensor_cores_and_matches_onnxruntime(label: str)
 @needs_emulator
 @pytest.mark.parametrize("after", ["relu6", "add"])
 def test_planner_puts_a_batched_pointwise_conv_on_tensor_cores(after: str, tmp_path: Path) -> None:
-    """At a size the cost model gives to tensor cores, the planned kernel is the ``mma``
-    kind's with the consumers fused, and the emulated plan matches onnxruntime."""
+    """At a size the cost model gives to tensor cores, the planned kernel is a tensor-core
+    kind's (``mma``, or ``wgmma`` on the H100) with the consumers fused, and the emulated plan
+    matches onnxruntime."""
     model, _ = _conv_model((8, 64, 28, 28), 64 if after == "add" else 128, after)
     path = tmp_path / "conv.onnx"
     onnx.save(model, str(path))
     plan = plan_model(import_onnx(path), ARCH, topk=1)
-    mma_groups = [g for g in plan.groups if g.configs[0].stages[0].kind == "mma"]
+    mma_groups = [g for g in plan.groups if g.configs[0].stages[0].kind in ("mma", "wgmma")]
     assert mma_groups and all(len(g.configs[0].stages) >= 2 for g in mma_groups)
     report = check_model(path, backend="emulate")
     assert report.passed, report

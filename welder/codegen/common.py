@@ -48,6 +48,9 @@ class Kernel:
     threads: int
     smem_bytes: int
     root: str
+    # Holds instructions of the planned GPU's arch-specific feature set (sm_90a's wgmma):
+    # compiled for that variant, the code runs on that GPU generation only.
+    arch_specific: bool = False
 
 
 def sanitize_identifier(text: str, limit: int = 40) -> str:
@@ -74,6 +77,7 @@ class StageCtx:
     barrier_after: bool = False
     headers: tuple[str, ...] = ()  # headers the kind's code needs beyond the prelude
     declares: bool = False  # whether the kind's ``declarations(s, k)`` macro has file-scope globals
+    arch_specific: bool = False  # whether its instructions need the arch-specific variant (sm_90a)
 
 
 @cache

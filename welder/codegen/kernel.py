@@ -25,7 +25,7 @@ from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.group import Group
 from welder.tile.propagate import propagate_group
 
-from . import mma, simt
+from . import mma, simt, wgmma
 from .common import (
     STORAGE_TYPES,
     Kernel,
@@ -47,6 +47,7 @@ STAGE_EMITTERS: dict[str, StageEmitter] = {
     "simt": simt.emit_stage,
     "mma": mma.emit_stage,
     "mma_tf32": mma.emit_stage,  # the same stage with fp32 operands (MmaFormat TF32)
+    "wgmma": wgmma.emit_stage,
 }
 
 
@@ -127,6 +128,7 @@ class KernelBuilder:
             self.cfg.threads,
             self.cfg.smem_bytes,
             self.group.root,
+            arch_specific=any(s.arch_specific for s in stage_ctxs),
         )
 
     @property

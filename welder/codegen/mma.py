@@ -72,19 +72,15 @@ class _Operand:
 
 
 @dataclass(kw_only=True)
-class MmaStageCtx(StageCtx):
+class ContractionStageCtx(StageCtx):
+    """What every tensor-core template reads besides its operands: the block's place in the
+    product, split-K's globals, and where the epilogue writes (the ``split_k``,
+    ``store_pair`` and ``declarations`` macros of ``stages/mma.cu.j2``)."""
+
     storage_t: str
     elem_bytes: int
-    mma_k: int
-    mma: str  # the welder_mma.cuh function of one product
-    convert: str | None  # the welder_mma.cuh function rounding each loaded element, if any
     pack2: str  # C: two fp32 accumulators as the output's pair type
     pack1: str  # C: one fp32 accumulator as the output's type
-    warps_n: int
-    warp_m: int
-    warp_n: int
-    mi: int
-    ni: int
     block_k: int
     tile_m: int  # the region's rows and columns: the part of the block's products a later stage reads
     tile_n: int
@@ -96,61 +92,46 @@ class MmaStageCtx(StageCtx):
     workspace: str  # split-K: the kernel's fp32 partial tiles, and its per-tile arrival counters
     counters: str
     workspace_elems: int
-    copy_bytes: int
-    copy_elems: int
     m_origin: str
     n_origin: str
     m_extent: int
     n_extent: int
-    a: _Operand
-    b: _Operand
     tile_view: str | None
     out_param: str | None
     out_offset: str
 
 
-def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
-    """The context of tensor-core stage ``k`` (config ``st``) of the kernel ``kb`` builds."""
-    assert isinstance(st, MmaConfig)
-    c = kb.group.computes[st.node]
-    con = contraction(c, kb.shape_of)
-    if con is None:
-        raise ValueError(f"{st.node}: not a tensor-core contraction, yet configured as one")
+@dataclass(kw_only=True)
+class MmaStageCtx(ContractionStageCtx):
+    mma_k: int
+    mma: str  # the welder_mma.cuh function of one product
+    convert: str | None  # the welder_mma.cuh function rounding each loaded element, if any
+    warps_n: int
+    warp_m: int
+    warp_n: int
+    mi: int
+    ni: int
+    copy_bytes: int
+    copy_elems: int
+    a: _Operand
+    b: _Operand
+
+
+def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contraction, kind: str) -> dict:
+    """The :class:`ContractionStageCtx` fields of tensor-core stage ``k`` (config ``st``)."""
+    c = con.compute
     region = kb.regions.members[st.node]
-    origins = [
-        {"name": kb.origin_name(k, d), "expr": kb.index_c(iv.lo_expr())} for d, iv in enumerate(region.dims)
-    ]
     o = [kb.origin_name(k, d) for d in range(len(c.axes))]
-    wm, wn = st.block_m // st.warps[0], st.block_n // st.warps[1]
-    a_elems, b_elems = ring_elements(st, con)
-    a_view, b_view = f"mma{k}_a", f"mma{k}_b"
-    dtype = c.dtype
-    kb.add_view(a_view, dtype, st.pipeline_offset, st.pipeline * a_elems)
-    fmt = con.fmt
-    kb.add_view(
-        b_view, dtype, st.pipeline_offset + st.pipeline * a_elems * fmt.elem_bytes, st.pipeline * b_elems
-    )
     k_tiles = -(-con.k_extent // st.block_k)
-    shape = c.shape
-    out_strides = row_major_strides(shape)
-    out_offset = " + ".join(f"{o[d]} * {out_strides[d]}" for d in con.batch_axes) or "0"
-    return MmaStageCtx(
-        template=TEMPLATE,
-        headers=HEADERS,
-        comment=sanitize_comment(f"{st.node} (tensor cores, {st.block_m}x{st.block_n}x{st.block_k})"),
-        origins=origins,
+    out_strides = row_major_strides(c.shape)
+    dtype = c.dtype
+    return dict(
+        comment=sanitize_comment(f"{st.node} ({kind}, {st.block_m}x{st.block_n}x{st.block_k})"),
+        origins=[{"name": o[d], "expr": kb.index_c(iv.lo_expr())} for d, iv in enumerate(region.dims)],
         storage_t=STORAGE_TYPES[dtype],
-        elem_bytes=fmt.elem_bytes,
-        mma_k=fmt.mma_k,
-        mma=fmt.instruction,
-        convert=fmt.convert,
+        elem_bytes=con.fmt.elem_bytes,
         pack2="__floats2half2_rn" if dtype == "float16" else "make_float2",
         pack1="__float2half" if dtype == "float16" else "",
-        warps_n=st.warps[1],
-        warp_m=wm,
-        warp_n=wn,
-        mi=wm // 16,
-        ni=wn // 8,
         block_k=st.block_k,
         tile_m=st.tile[-2],
         tile_n=st.tile[-1],
@@ -163,17 +144,63 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
         counters=f"{kb.name}_arrivals",
         workspace_elems=workspace_bytes(st, kb.cfg.num_blocks) // 4,
         declares=st.splits > 1,
-        copy_bytes=st.copy_bytes,
-        copy_elems=st.copy_bytes // fmt.elem_bytes,
         m_origin=o[con.m_axis],
         n_origin=o[con.n_axis],
         m_extent=con.m,
         n_extent=con.n,
-        a=_operand(kb, con, con.a, "m", st, a_view, a_elems, o),
-        b=_operand(kb, con, con.b, "n", st, b_view, b_elems, o),
         tile_view=kb.tile_views.get(st.node),
         out_param=kb.params[st.node].name if st.node in kb.group.outputs else None,
-        out_offset=out_offset,
+        out_offset=" + ".join(f"{o[d]} * {out_strides[d]}" for d in con.batch_axes) or "0",
+    )
+
+
+def stage_contraction(kb: KernelBuilder, st: StageConfig) -> Contraction:
+    """The contraction a tensor-core stage config names (as the policy proved it)."""
+    assert isinstance(st, MmaConfig)
+    con = contraction(kb.group.computes[st.node], kb.shape_of)
+    if con is None:
+        raise ValueError(f"{st.node}: not a tensor-core contraction, yet configured as one")
+    return con
+
+
+def operand_offset(con: Contraction, op: Operand, origins: list[str]) -> str:
+    """C: the element offset of this block's matrix of ``op`` in its tensor."""
+    batch = " + ".join(
+        f"{origins[d]} * {s}" for d in con.batch_axes if (s := op.strides.get(con.compute.axes[d].name, 0))
+    )
+    return f"{op.offset}" + (f" + {batch}" if batch else "")
+
+
+def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
+    """The context of tensor-core stage ``k`` (config ``st``) of the kernel ``kb`` builds."""
+    con = stage_contraction(kb, st)
+    assert isinstance(st, MmaConfig)
+    o = [kb.origin_name(k, d) for d in range(len(con.compute.axes))]
+    wm, wn = st.block_m // st.warps[0], st.block_n // st.warps[1]
+    a_elems, b_elems = ring_elements(st, con)
+    a_view, b_view = f"mma{k}_a", f"mma{k}_b"
+    dtype = con.compute.dtype
+    kb.add_view(a_view, dtype, st.pipeline_offset, st.pipeline * a_elems)
+    fmt = con.fmt
+    kb.add_view(
+        b_view, dtype, st.pipeline_offset + st.pipeline * a_elems * fmt.elem_bytes, st.pipeline * b_elems
+    )
+    return MmaStageCtx(
+        template=TEMPLATE,
+        headers=HEADERS,
+        **contraction_fields(kb, k, st, con, "tensor cores"),
+        mma_k=fmt.mma_k,
+        mma=fmt.instruction,
+        convert=fmt.convert,
+        warps_n=st.warps[1],
+        warp_m=wm,
+        warp_n=wn,
+        mi=wm // 16,
+        ni=wn // 8,
+        copy_bytes=st.copy_bytes,
+        copy_elems=st.copy_bytes // fmt.elem_bytes,
+        a=_operand(kb, con, con.a, "m", st, a_view, a_elems, o),
+        b=_operand(kb, con, con.b, "n", st, b_view, b_elems, o),
     )
 
 
@@ -191,10 +218,7 @@ def _operand(
     block = st.block_m if role == "m" else st.block_n
     extent = con.m if role == "m" else con.n
     origin = "m0" if role == "m" else "n0"
-    batch = " + ".join(
-        f"{origins[d]} * {s}" for d in con.batch_axes if (s := op.strides.get(con.compute.axes[d].name, 0))
-    )
-    offset = f"{op.offset}" + (f" + {batch}" if batch else "")
+    offset = operand_offset(con, op, origins)
     k_rows = op.contiguous == role  # rows run along K when the operand's own axis is contiguous
     if k_rows:
         rows, cols, row_origin, col_origin = st.block_k, block, "k0", origin

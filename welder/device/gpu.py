@@ -947,9 +947,10 @@ class GpuDevice:
 
     def compile(self, kernels: Sequence[Any], timeout_s: float | None = None) -> GpuProgram:
         """All ``kernels`` (codegen.Kernel) in one nvcc call, killed after ``timeout_s``."""
+        specific = any(getattr(k, "arch_specific", False) for k in kernels)
         image = compile_cubin(
             [k.source for k in kernels],
-            self.arch,
+            sm_arch(self.info.capability, arch_specific=specific),
             options=self.compile_options,
             timeout_s=NVCC_TIMEOUT_S if timeout_s is None else timeout_s,
         )

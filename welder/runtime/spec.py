@@ -161,6 +161,7 @@ class RuntimeSpec:
     kernel_sources: list[str]
     staging_bytes: int
     cuda_arch: str | None = None
+    arch_specific: bool = False  # some kernel needs the arch-specific variant (sm_90a)
     cuda_libraries: tuple[str, ...] = field(default_factory=tuple)
     cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES
 
@@ -230,6 +231,7 @@ def runtime_spec(
         memory=memory,
         views=views,
         kernel_sources=[r.source for r in runs if isinstance(r, Kernel)],
+        arch_specific=any(r.arch_specific for r in runs if isinstance(r, Kernel)),
         staging_bytes=staging_bytes,
         cuda_arch=cuda_arch,
         cuda_libraries=tuple(dict.fromkeys(libraries)),

@@ -7,6 +7,9 @@ mma        :mod:`.mma` -- fp16 contractions on tensor cores  ``codegen_templates
            (the group's first stage; later stages SIMT)
 mma_tf32   :mod:`.mma` -- the same for fp32 contractions,    the same template
            as TF32 (listed only with ``--tf32``)
+wgmma      :mod:`.wgmma` -- fp16 contractions on Hopper's    ``codegen_templates/stages/wgmma.cu.j2``
+           warpgroup instructions (the mma search, other
+           data; compute capability 9.0 only)
 simt       :mod:`.simt` -- every group                      ``codegen_templates/stages/simt.cu.j2``
 library    :mod:`.library` -- products as cuBLAS calls      ``codegen_templates/runtime/cublas.j2``
            (claimed before fusion with ``--skip-dot``)      (a call the runtime makes, no kernel)
@@ -31,12 +34,13 @@ from typing import Any
 from welder.errors import WelderError
 from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
 from welder.schedule.group import Group
-from welder.schedule.kinds import library, mma, simt
+from welder.schedule.kinds import library, mma, simt, wgmma
 from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top_by_family
 
 KINDS: dict[str, KernelKind] = {
     simt.KIND.name: simt.KIND,
     library.KIND.name: library.KIND,
+    wgmma.KIND.name: wgmma.KIND,
     mma.KIND.name: mma.KIND,
     mma.TF32_KIND.name: mma.TF32_KIND,
 }
@@ -55,8 +59,9 @@ def kind(name: str) -> KernelKind:
 def propose(group: Group, ctx: ScheduleContext, kinds: Sequence[str] | None = None) -> list[GroupConfig]:
     """The ``topk`` best configs of ``group`` over the kinds in ``kinds`` (default:
     ``ctx.options.kinds``), in estimated latency, earlier kinds first on ties -- except that
-    every family of candidates (a kind; split-K apart from the rest of the ``mma`` kind)
-    keeps a quarter of the places for its best.  Estimates compare worst across families
+    every family of candidates (a kind; split-K apart from the rest of its kind) keeps a
+    share of the places for its best (:func:`~.base.top_by_family`).  Estimates compare worst
+    across families
     (on the H100 the SIMT estimate of a 50 x 384 x 1152 fp16 product was 4.9 us and its
     kernel took 9 us, while the tensor-core kernel estimated at 5.8 us took 4.2 us), so the
     tuner measures each family that applies rather than trusting the ranking between them."""

@@ -38,7 +38,7 @@ class Options:
     topk: int = 1
     max_candidates: int = 256
     max_threads: int = MAX_THREADS
-    kinds: tuple[str, ...] = ("mma", "simt")
+    kinds: tuple[str, ...] = ("wgmma", "mma", "simt")
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,13 @@ class KernelKind(Protocol):
 
 
 def top_by_family(ranked: Sequence[GroupConfig], topk: int) -> list[GroupConfig]:
-    """The ``topk`` best of ``ranked`` (best first) with a quarter of the places kept for
-    the best of every family (``StageConfig.family``) of the group's first stage, in
-    estimate order."""
-    keep = max(1, topk // 4) if topk > 1 else 0
+    """The ``topk`` best of ``ranked`` (best first) with places kept for the best of every
+    family (``StageConfig.family``) of the group's first stage -- a quarter of them each, or
+    an equal share where more than four families compete -- in estimate order."""
     families: dict[str, list[GroupConfig]] = {}
     for c in ranked:
         families.setdefault(c.stages[0].family, []).append(c)
+    keep = max(1, topk // max(4, len(families))) if topk > 1 else 0
     chosen = [c for members in families.values() for c in members[:keep]][:topk]
     for c in ranked:
         if len(chosen) >= topk:

@@ -358,7 +358,18 @@ def registers(cfg: MmaConfig) -> int:
 class MmaKind:
     """Tensor-core contractions of one operand format (see the module docstring).  One rule,
     one instance per format: ``mma`` (fp16, on by default) and ``mma_tf32`` (fp32 as TF32,
-    listed in the kinds only on request), whose stages one emitter and one template render."""
+    listed in the kinds only on request), whose stages one emitter and one template render.
+
+    The search (block tiles, slice and ring depths, split-K, the root tile, later stages,
+    the estimate) is the same for every tensor-core kind; what differs is data and a few
+    methods here, which a kind for another instruction family overrides
+    (:class:`~.wgmma.WgmmaKind`)."""
+
+    block_tiles: tuple[tuple[int, int, int, int], ...] = BLOCK_TILES
+    pipelines: tuple[int, ...] = PIPELINES
+    efficiency: float = TC_EFFICIENCY
+    #: The rows of a block tile one warp's products start on (the instruction's M).
+    m_granule: int = MMA_M
 
     def __init__(self, fmt: MmaFormat) -> None:
         self.fmt = fmt
@@ -369,7 +380,7 @@ class MmaKind:
         con = self._contraction(group, ctx)
         if con is None:
             return None
-        found = [cfg for v in _search(group, con, ctx) for cfg in v.configs]
+        found = [cfg for v in _search(self, group, con, ctx) for cfg in v.configs]
         found.sort(key=lambda c: c.estimate.latency_us)
         return top_by_family(found, ctx.options.topk)
 
@@ -378,13 +389,39 @@ class MmaKind:
         check that rejected it; None where the group is not this kind's contraction.  For
         diagnostics (``scripts/mma_why.py``): it walks the very checks the rule applies."""
         con = self._contraction(group, ctx)
-        return None if con is None else list(_search(group, con, ctx))
+        return None if con is None else list(_search(self, group, con, ctx))
 
     def _contraction(self, group: Group, ctx: ScheduleContext) -> Contraction | None:
         con = contraction(group.computes[group.stages[0]], ctx.shape_of)
-        if con is None or con.fmt is not self.fmt or ctx.arch.compute_capability < MIN_COMPUTE_CAPABILITY:
+        if con is None or con.fmt is not self.fmt or not self.runs_on(ctx.arch.compute_capability):
             return None
         return con
+
+    def runs_on(self, capability: tuple[int, int]) -> bool:
+        """Whether the GPU of ``capability`` has this kind's instructions."""
+        return capability >= MIN_COMPUTE_CAPABILITY
+
+    def block_ks(self, con: Contraction) -> tuple[int, ...]:
+        """Slice depths to try for ``con``."""
+        return con.fmt.block_ks
+
+    def copy_widths(self, con: Contraction) -> tuple[int, ...]:
+        """cp.async widths in bytes the operands may be copied at, widest first."""
+        return (con.copy_bytes(), 4) if con.copy_bytes() > 4 else (con.copy_bytes(),)
+
+    def ring_bytes(self, cfg: MmaConfig, con: Contraction) -> int:
+        return ring_bytes(cfg, con)
+
+    def ring_fits(self, offset: int) -> str | None:
+        """Why the operand ring cannot start at byte ``offset`` of the pool, or None."""
+        return None
+
+    def registers(self, cfg: MmaConfig) -> int:
+        return registers(cfg)
+
+    def in_flight(self, cfg: MmaConfig) -> int:
+        """Slices being copied while one is multiplied."""
+        return cfg.pipeline - 1
 
 
 @dataclass
@@ -398,27 +435,28 @@ class Verdict:
     reason: str | None = None  # the check that rejected the shape, where configs is empty
 
 
-def _search(group: Group, con: Contraction, ctx: ScheduleContext) -> Iterator[Verdict]:
-    """Every block tile, slice depth and ring depth the rule considers, with its verdict."""
-    for bm, bn, wm, wn in BLOCK_TILES:
-        padding = _padding(con, bm, bn)
-        for bk in con.fmt.block_ks:
-            if bk > con.fmt.block_ks[0] and con.k_extent < 2 * bk:
+def _search(rule: MmaKind, group: Group, con: Contraction, ctx: ScheduleContext) -> Iterator[Verdict]:
+    """Every block tile, slice depth and ring depth ``rule`` considers, with its verdict."""
+    for bm, bn, wm, wn in rule.block_tiles:
+        padding = _padding(con, bm, bn, rule.m_granule)
+        block_ks = rule.block_ks(con)
+        for bk in block_ks:
+            if bk > block_ks[0] and con.k_extent < 2 * bk:
                 continue  # a deeper slice than K needs: the shallowest one is tried
-            for depth in PIPELINES:
+            for depth in rule.pipelines:
                 if padding:
                     yield Verdict((bm, bn, wm, wn), bk, depth, [], padding)
                     continue
-                found = _configs(group, con, (bm, bn, wm, wn, bk), depth, ctx)
+                found = _configs(rule, group, con, (bm, bn, wm, wn, bk), depth, ctx)
                 if isinstance(found, str):
                     yield Verdict((bm, bn, wm, wn), bk, depth, [], found)
                 else:
                     yield Verdict((bm, bn, wm, wn), bk, depth, found, None if found else "no estimate")
 
 
-def _padding(con: Contraction, bm: int, bn: int) -> str | None:
+def _padding(con: Contraction, bm: int, bn: int, m_granule: int) -> str | None:
     """Why a block tile is mostly padding for this contraction, or None."""
-    if bm // 2 >= _round_up(con.m, MMA_M):
+    if bm // 2 >= _round_up(con.m, m_granule):
         return f"padding: half of block_m {bm} covers M = {con.m}"
     if bn // 2 >= _round_up(con.n, 16):
         return f"padding: half of block_n {bn} covers N = {con.n}"
@@ -502,7 +540,12 @@ def _root_tile(
 
 
 def _configs(
-    group: Group, con: Contraction, shape: tuple[int, int, int, int, int], depth: int, ctx: ScheduleContext
+    rule: MmaKind,
+    group: Group,
+    con: Contraction,
+    shape: tuple[int, int, int, int, int],
+    depth: int,
+    ctx: ScheduleContext,
 ) -> list[GroupConfig] | str:
     """The config of one block tile, slice depth and ring depth, unsplit and with each
     useful split-K factor; where the tile does not fit the group or the arch, the check
@@ -515,7 +558,7 @@ def _configs(
     tile, regions = placed
     root_shape = ctx.shape_of(group.root)
     grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
-    copy_bytes = _copy_bytes(con, regions.members[group.stages[0]], grid)
+    copy_bytes = _copy_bytes(con, regions.members[group.stages[0]], grid, rule.copy_widths(con))
     if copy_bytes is None:
         return "aligned origin: a block's matrix tile starts off every copy width"
     for out in group.outputs:
@@ -523,7 +566,7 @@ def _configs(
             return f"partitions_output: blocks do not tile output {out}"
     threads = wm * wn * 32
     first = group.stages[0]
-    stage = CONFIG_TYPES[con.fmt.kind](
+    stage = rule.config_type(
         first,
         tile=regions.members[first].extents,
         block=(bm, bn),
@@ -540,20 +583,23 @@ def _configs(
     placeholder = simt.SimtConfig(first, stage.tile, (1,) * len(tile), (1,) * len(tile))
     # The operand ring is live during the contraction only: later stages' buffers (written
     # after the barrier that ends it) may take its place; its own tile may not.
-    ring = Buffer(RING, ring_bytes(stage, con), 0, 0)
+    ring = Buffer(RING, rule.ring_bytes(stage, con), 0, 0)
     offsets, smem = simt.place_smem(info, [placeholder, *later], [ring])
     stage.smem_offset = placeholder.smem_offset
     stage.pipeline_offset = offsets[RING]
+    misplaced = rule.ring_fits(stage.pipeline_offset)
+    if misplaced:
+        return misplaced
     if smem > arch.smem_per_block:
         return f"smem: {smem} bytes > {arch.smem_per_block}"
-    regs = max([registers(stage), *(simt.registers(st) for st in later)])
+    regs = max([rule.registers(stage), *(simt.registers(st) for st in later)])
     if regs > arch.max_regs_per_thread:
         return f"registers: {regs} > {arch.max_regs_per_thread}"
     order = tuple(range(len(tile)))
     found = []
     for splits in (1, *split_choices(con, stage, math.prod(grid), ctx)):
         split = replace(stage, splits=splits)
-        estimate = _estimate(group, con, split, later, regions, grid, threads, smem, regs, ctx)
+        estimate = _estimate(rule, group, con, split, later, regions, grid, threads, smem, regs, ctx)
         if estimate is not None:
             found.append(GroupConfig(group.root, tile, grid, order, threads, [split, *later], smem, estimate))
     return found if found else "estimate: no block fits an SM"
@@ -581,15 +627,14 @@ def workspace_bytes(cfg: MmaConfig, tiles: int) -> int:
     return 0 if cfg.splits == 1 else cfg.splits * tiles * cfg.block_m * cfg.block_n * 4
 
 
-def _copy_bytes(con: Contraction, region: Region, grid: Sequence[int]) -> int | None:
-    """The widest copy (``con.copy_bytes()``, else 4 bytes) at which every block's matrix
+def _copy_bytes(con: Contraction, region: Region, grid: Sequence[int], widths: Sequence[int]) -> int | None:
+    """The widest copy of ``widths`` (those the kind may use) at which every block's matrix
     tile starts aligned, or None.  Copies run along each operand's contiguous axis, so only
     an origin along M (A M-contiguous) or N (B N-contiguous) must be a multiple of the
     copy's elements; the origin along N must be even besides (the epilogue stores pairs).
     A block coordinate whose grid extent is 1 is always 0 and constrains nothing (an M of
     1, whose one-row tile steps by 1)."""
     fixed = {f"b{k}" for k, g in enumerate(grid) if g == 1}
-    widths = (con.copy_bytes(), 4) if con.copy_bytes() > 4 else (con.copy_bytes(),)
     for width in widths:
         elements = width // con.fmt.elem_bytes
         need = {con.n_axis: 2}
@@ -623,6 +668,7 @@ def _later_stages(group: Group, regions: GroupRegions, threads: int) -> list[sim
 
 
 def _estimate(
+    rule: MmaKind,
     group: Group,
     con: Contraction,
     stage: MmaConfig,
@@ -655,9 +701,9 @@ def _estimate(
     split_tiles = stage.split_tiles(k_tiles)
     item = con.fmt.elem_bytes
     flops_block = 2 * stage.block_m * stage.block_n * split_tiles * stage.block_k
-    sm_rate = getattr(arch, con.fmt.peak) * 1e12 * TC_EFFICIENCY / arch.sm_count  # flop/s per SM
+    sm_rate = getattr(arch, con.fmt.peak) * 1e12 * rule.efficiency / arch.sm_count  # flop/s per SM
     tc_us = -(-blocks // arch.sm_count) * flops_block / sm_rate * 1e6
-    chain_us = waves * (split_tiles / (stage.pipeline - 1) + 1) * SLICE_LATENCY_US
+    chain_us = waves * (split_tiles / rule.in_flight(stage) + 1) * SLICE_LATENCY_US
     simt_flops = sum(
         math.prod(regions.members[st.node].extents) * simt.point_flops(group.computes[st.node])
         for st in later

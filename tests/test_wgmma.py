@@ -1,0 +1,253 @@
+"""The ``wgmma`` kernel kind: fp16 contractions on Hopper's warpgroup instructions, run on the
+CPU emulator against the IR interpreter.
+
+The graphs are the ``mma`` kind's (tests/test_mma.py) wherever 16-byte copies apply: ragged
+M, N and K, A and B in both major-nesses (the swizzled K-major rows and the transposed
+MN-major panels), batches, later SIMT stages reading the tile from shared memory, reshaped
+roots, M = 1.  Each is emulated under the rule's configs of every block tile (one and two
+warpgroups, one and two m64 pieces each), and split-K under every factor the rule allows.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+
+import pytest
+from test_mma import (
+    CASES,
+    SPLIT_CASES,
+    _attention_scores,
+    _broadcast_batch,
+    _context,
+    _matmul,
+    _run,
+    _whole_group,
+    needs_emulator,
+)
+
+from welder.arch import get_arch
+from welder.codegen import generate_kernel
+from welder.frontend.onnx import import_onnx
+from welder.resources import TEMPLATE_DIR
+from welder.schedule.config import GroupConfig
+from welder.schedule.kinds import ScheduleContext, propose, wgmma
+from welder.schedule.kinds.mma import contraction, split_choices
+from welder.schedule.kinds.wgmma import WgmmaConfig
+
+#: The mma cases whose strides allow 16-byte copies (the others have no wgmma config).
+WGMMA_CASES = [
+    "square 64",
+    "ragged 40x72x48",
+    "large K, several slices",
+    "A transposed (Gemm)",
+    "B transposed (Gemm)",
+    "A through a Transpose node",
+    "bias + GELU, product also written",
+    "QK^T + softmax",
+    "tokens written out as NCHW",
+    "residual add + LayerNorm, sum also written",
+    "classifier, M = 1",
+]
+
+
+def _configs(label_or_model, topk: int = 400) -> tuple:
+    model, feeds = CASES[label_or_model]() if isinstance(label_or_model, str) else label_or_model
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    return graph, group, feeds, wgmma.KIND.propose(group, _context(graph, topk=topk))
+
+
+def _best_per_tile(configs: list[GroupConfig]) -> list[GroupConfig]:
+    """The best unsplit config of every block tile and warpgroup count."""
+    best: dict[tuple, GroupConfig] = {}
+    for cfg in configs:
+        st = cfg.stages[0]
+        if st.splits == 1:
+            best.setdefault((st.block, st.warps), cfg)
+    return list(best.values())
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", WGMMA_CASES)
+def test_wgmma_stage_matches_the_interpreter(label: str) -> None:
+    graph, group, feeds, configs = _configs(label)
+    assert configs, f"{label}: the wgmma rule proposed nothing"
+    assert all(isinstance(c.stages[0], WgmmaConfig) for c in configs)
+    chosen = _best_per_tile(configs)[:3]
+    assert _run(graph, group, chosen, feeds) == []
+
+
+@needs_emulator
+def test_ring_slots_are_reused_across_a_long_k() -> None:
+    """Ten slices through rings of four and five slots: every slot is refilled while the
+    previous slice's wgmma group may still read its own (the emulator reports an operand
+    overwritten before its wait)."""
+    graph, group, feeds, configs = _configs(_matmul(72, 640, 136, trans_b=True))
+    chosen = {}
+    for cfg in configs:
+        if cfg.stages[0].splits == 1:
+            chosen.setdefault(cfg.stages[0].pipeline, cfg)
+    assert set(chosen) == set(wgmma.PIPELINES)
+    assert _run(graph, group, list(chosen.values()), feeds) == []
+
+
+@needs_emulator
+def test_broadcast_batch() -> None:
+    """A batch of products sharing one weight (N and M past one 64-wide tile)."""
+    graph, group, feeds, configs = _configs(_broadcast_batch(3, 70, 32, 72))
+    assert _run(graph, group, _best_per_tile(configs)[:2], feeds) == []
+
+
+@needs_emulator
+def test_every_block_tile_and_both_majornesses() -> None:
+    """A 200 x 136 x 100 product (ragged in every dimension, several slices) under every
+    block tile the rule has, with B as a [k][n] weight (MN-major, transposed by the
+    instruction) and as [n][k] (K-major), and A as [k][m]."""
+    failures = []
+    tiles = set()
+    for trans_a, trans_b in ((False, False), (False, True), (True, False)):
+        graph, group, feeds, configs = _configs(_matmul(200, 104, 136, trans_a=trans_a, trans_b=trans_b))
+        chosen = _best_per_tile(configs)
+        tiles |= {(c.stages[0].block, c.stages[0].warps) for c in chosen}
+        failures += _run(graph, group, chosen, feeds)
+    assert {(bm, bn, wm) for bm, bn, wm, _ in wgmma.BLOCK_TILES} <= {(*b, w[0]) for b, w in tiles}
+    assert failures == []
+
+
+#: The mma kind's split-K cases that wgmma takes (16-byte copies, N of 64 or more), and a
+#: batched QK^T with a 64-long sequence.
+WGMMA_SPLIT_CASES = {
+    **{s: f for s, f in SPLIT_CASES.items() if "4-byte" not in s and "QK^T" not in s},
+    "batched QK^T + softmax": lambda: _attention_scores(2, 2, 64, 256),
+}
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(WGMMA_SPLIT_CASES))
+def test_wgmma_split_k_matches_the_interpreter(label: str) -> None:
+    """Every split-K factor the rule allows for the best tile, launched twice (the arrival
+    counters are reset by the last block of each tile)."""
+    model, feeds = WGMMA_SPLIT_CASES[label]()
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    ctx = _context(graph, topk=200)
+    base = next(c for c in wgmma.KIND.propose(group, ctx) if c.stages[0].splits == 1)
+    st = base.stages[0]
+    con = contraction(group.computes[st.node], ctx.shape_of)
+    configs = [
+        replace(base, stages=[replace(st, splits=s), *base.stages[1:]])
+        for s in split_choices(con, st, base.num_blocks, ctx)
+    ]
+    assert len(configs) >= 2, f"{label}: too few split-K factors to test"
+    assert _run(graph, group, configs, feeds, launches=2) == []
+
+
+def test_wgmma_only_on_compute_capability_9_0() -> None:
+    """sm_90a code runs on 9.0 alone: an A100 and a B200-like 10.0 get no wgmma config,
+    and the search picks it on the H100 for a large product when measured families share."""
+    model, _ = _matmul(512, 256, 512)
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    h100 = _context(graph)
+    assert wgmma.KIND.propose(group, h100)
+    for name in ("A100",):
+        other = ScheduleContext(h100.shape_of, h100.dtype_of, get_arch(name), h100.options)
+        assert wgmma.KIND.propose(group, other) is None
+    later = replace(get_arch("H100"), compute_capability=(10, 0))
+    assert (
+        wgmma.KIND.propose(group, ScheduleContext(h100.shape_of, h100.dtype_of, later, h100.options)) is None
+    )
+    families = {c.stages[0].family for c in propose(group, _context(graph, topk=8))}
+    assert "wgmma" in families
+
+
+def test_ring_slots_are_swizzle_atoms() -> None:
+    """Every slot of both operands' rings starts on a 1024-byte atom (the swizzle is of the
+    absolute shared address), and the kernel is marked for sm_90a."""
+    graph, group, _, configs = _configs("bias + GELU, product also written")
+    for cfg in configs:
+        st = cfg.stages[0]
+        assert st.pipeline_offset % wgmma.ATOM_BYTES == 0
+        assert (st.block_m * st.block_k * 2) % wgmma.ATOM_BYTES == 0
+        assert (st.block_n * st.block_k * 2) % wgmma.ATOM_BYTES == 0
+    kernel = generate_kernel(graph, group, configs[0], "probe")
+    assert kernel.arch_specific and "welder_wgmma.cuh" in kernel.source
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_generated_kernels_compile_to_wgmma(tmp_path) -> None:
+    """nvcc compiles a generated kernel for sm_90a, and its PTX holds the warpgroup
+    instructions the template meant (and no local-memory spills in the SASS statistics)."""
+    graph, group, _, configs = _configs(_matmul(256, 256, 256))
+    kernel = generate_kernel(graph, group, configs[0], "wg_probe")
+    src = tmp_path / "k.cu"
+    src.write_text(kernel.source)
+    ptx = tmp_path / "k.ptx"
+    subprocess.run(
+        ["nvcc", "-arch=sm_90a", "-ptx", f"-I{TEMPLATE_DIR}", str(src), "-o", str(ptx)],
+        check=True,
+        capture_output=True,
+    )
+    text = ptx.read_text()
+    for instruction in (
+        "wgmma.mma_async",
+        "wgmma.fence",
+        "wgmma.commit_group",
+        "wgmma.wait_group",
+        "cp.async",
+    ):
+        assert instruction in text, instruction
+    done = subprocess.run(
+        [
+            "nvcc",
+            "-arch=sm_90a",
+            "-cubin",
+            "-Xptxas",
+            "-v",
+            f"-I{TEMPLATE_DIR}",
+            str(src),
+            "-o",
+            str(tmp_path / "k.cubin"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    spills = re.findall(r"(\d+) bytes spill stores", done.stderr)
+    assert spills and all(int(s) == 0 for s in spills), done.stderr
+
+
+def test_runtime_with_wgmma_kernels_builds_for_sm_90a(tmp_path) -> None:
+    """A runtime holding a wgmma kernel compiles it for sm_90a and refuses, at configure
+    time and naming the reason, an architecture other than 9.0; one without wgmma kernels
+    is unchanged."""
+    from welder.runtime.emit import emit_runtime
+
+    graph, group, _, configs = _configs(_matmul(256, 256, 256))
+    kernel = generate_kernel(graph, group, configs[0], "welder_k0_y")
+    out = emit_runtime(tmp_path / "wg", graph, [(group, configs[0])], [kernel], "90")
+    cmake = (out / "CMakeLists.txt").read_text()
+    assert "-arch=sm_90a" in cmake and "wgmma" in cmake
+    plain_cfg = next(c for c in propose(group, _context(graph, topk=8)) if c.stages[0].kind == "mma")
+    plain = generate_kernel(graph, group, plain_cfg, "welder_k0_y")
+    assert not plain.arch_specific
+    out = emit_runtime(tmp_path / "mma", graph, [(group, plain_cfg)], [plain], "90")
+    assert "sm_90a" not in (out / "CMakeLists.txt").read_text()
+    if shutil.which("cmake") is None:
+        return
+    done = subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(tmp_path / "wg" / "nnfusion_rt" / "cuda_codegen"),
+            "-B",
+            str(tmp_path / "b"),
+            "-DCMAKE_CUDA_ARCHITECTURES=80",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and "compute capability 9.0 only" in done.stderr.replace("\n", " ")

@@ -1,0 +1,133 @@
+"""The ``wgmma`` kind: fp16 contractions on Hopper's warpgroup tensor-core instructions.
+
+``mma.sync`` is Ampere's instruction: on an H100 the ``mma`` kind's kernels reach about a
+third of what cuBLAS reaches on large products, because a warp-level instruction must be
+fed from registers (``ldmatrix`` for every fragment, every k16 step) and issues at a
+fraction of the tensor cores' rate.  Hopper's ``wgmma.mma_async`` instead multiplies a
+64 x N x 16 piece per warpgroup (four warps, 128 threads) straight from shared memory,
+asynchronously, through two 64-bit *matrix descriptors*; only the fp32 accumulators live in
+registers.  The kind is the ``mma`` kind's search (:mod:`.mma`: the same contraction
+recognition, root tile, later stages, split-K and estimate) with other data:
+
+- block tiles are whole warpgroups: each owns ``block_m / warpgroups`` rows (one or two
+  m64 products) and the whole ``block_n`` (one ``wgmma`` of N = ``block_n`` per m64 and k16);
+- slices are 64 elements deep: a 128-byte row of the 128-byte-swizzled shared-memory
+  layout the descriptors describe (no padding: the XOR swizzle spreads an 8-row group's
+  16-byte chunks over all banks), so the operand ring starts 1024-byte aligned;
+- operands stream through the same ``cp.async`` ring (16-byte copies only: each is one
+  16-byte unit of the swizzled layout), waited for, made visible to the tensor cores'
+  asynchronous proxy (``fence.proxy.async``) and a barrier; a slot is refilled only after
+  the ``wgmma`` group that read it has completed (``wgmma.wait_group 1`` keeps one in flight);
+- an operand may be K-major (rows along M or N, A as ``[m][k]``, B as ``[n][k]``) or
+  MN-major (rows along K: a ``[k][n]`` weight), the latter through the instruction's
+  transpose flag, which fp16 has.
+
+The instructions exist on compute capability 9.0 only (``sm_90a``: not on later GPUs), so
+the rule proposes nothing elsewhere; kernels holding them are compiled for ``sm_90a``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from welder.schedule.group import Group
+from welder.schedule.kinds.base import ScheduleContext
+from welder.schedule.kinds.mma import FP16, Contraction, MmaConfig, MmaFormat, MmaKind
+
+#: The GPU generation with wgmma (sm_90a code runs on 9.0 alone).
+COMPUTE_CAPABILITY = (9, 0)
+#: The instruction's rows, and its K for 16-bit operands.
+WGMMA_M, WGMMA_K = 64, 16
+#: Elements of one 128-byte swizzled row: a slice's depth along K.
+BLOCK_K = 64
+#: Bytes of one swizzle atom (8 rows of 128 bytes); ring slots start on multiples of it.
+ATOM_BYTES = 1024
+#: Block tiles (block_m, block_n, warps along m, 1): ``warps // 4`` warpgroups split M.
+BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
+    (128, 256, 8, 1),
+    (256, 128, 8, 1),
+    (128, 128, 8, 1),
+    (128, 128, 4, 1),
+    (128, 64, 8, 1),
+    (64, 256, 4, 1),
+    (64, 128, 4, 1),
+    (64, 64, 4, 1),
+)
+#: Ring depths: ``depth - 2`` slices are in flight ahead of the one multiplied, as the slot
+#: of the previous slice stays busy until its wgmma group completes.  Few-row products are
+#: chains of slices (latency): on the H100 a 64 x 64 tile of 128 x 768 x 2304 took 6.9 us
+#: at depth 4 and 5.9 us at depth 5, so deeper rings are tried where they fit.
+PIPELINES = (4, 5, 6, 8)
+#: Share of the dense fp16 peak the kernels are expected to reach (cp.async-fed, one
+#: warpgroup role; TMA and producer warpgroups would add to it).
+WGMMA_EFFICIENCY = 0.65
+#: Registers besides the accumulators: descriptors, copy addresses, loop state, epilogue.
+BASE_REGISTERS = 40
+
+
+@dataclass
+class WgmmaConfig(MmaConfig):
+    """An :class:`MmaConfig` whose contraction runs as ``wgmma`` (fields as there; ``warps``
+    is (4 x warpgroups, 1) and ``block_k`` is :data:`BLOCK_K`)."""
+
+    kind: ClassVar[str] = "wgmma"
+
+    @property
+    def warpgroups(self) -> int:
+        return self.warps[0] // 4
+
+    @property
+    def wg_m(self) -> int:
+        """Rows of the block tile each warpgroup owns."""
+        return self.block_m // self.warpgroups
+
+    @property
+    def family(self) -> str:
+        return "wgmma/split-k" if self.splits > 1 else "wgmma"
+
+
+class WgmmaKind(MmaKind):
+    """The rule (see the module docstring)."""
+
+    block_tiles = BLOCK_TILES
+    pipelines = PIPELINES
+    efficiency = WGMMA_EFFICIENCY
+    m_granule = WGMMA_M
+
+    def __init__(self, fmt: MmaFormat) -> None:
+        self.fmt = fmt
+        self.name = "wgmma"
+        self.config_type = WgmmaConfig
+
+    def runs_on(self, capability: tuple[int, int]) -> bool:
+        return capability == COMPUTE_CAPABILITY
+
+    def _contraction(self, group: Group, ctx: ScheduleContext) -> Contraction | None:
+        con = super()._contraction(group, ctx)
+        # Every copy is one 16-byte unit of the swizzled layout.
+        return con if con is not None and con.copy_bytes() == 16 else None
+
+    def block_ks(self, con: Contraction) -> tuple[int, ...]:
+        return (BLOCK_K,)
+
+    def copy_widths(self, con: Contraction) -> tuple[int, ...]:
+        return (16,)
+
+    def ring_bytes(self, cfg: MmaConfig, con: Contraction) -> int:
+        return cfg.pipeline * (cfg.block_m + cfg.block_n) * cfg.block_k * con.fmt.elem_bytes
+
+    def ring_fits(self, offset: int) -> str | None:
+        if offset % ATOM_BYTES:
+            return f"ring: offset {offset} is not {ATOM_BYTES}-byte aligned (the swizzle needs it)"
+        return None
+
+    def in_flight(self, cfg: MmaConfig) -> int:
+        return cfg.pipeline - 2
+
+    def registers(self, cfg: MmaConfig) -> int:
+        assert isinstance(cfg, WgmmaConfig)
+        return BASE_REGISTERS + cfg.wg_m * cfg.block_n // 128
+
+
+KIND = WgmmaKind(FP16)
