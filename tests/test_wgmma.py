@@ -224,20 +224,30 @@ def test_runtime_with_wgmma_kernels_builds_for_sm_90a(tmp_path) -> None:
     """A runtime holding a wgmma kernel compiles it for sm_90a and refuses, at configure
     time and naming the reason, an architecture other than 9.0; one without wgmma kernels
     is unchanged."""
+    from welder.runtime.build import emitted_cuda_arch
     from welder.runtime.emit import emit_runtime
 
     graph, group, _, configs = _configs(_matmul(256, 256, 256))
     kernel = generate_kernel(graph, group, configs[0], "welder_k0_y")
+    out = emit_runtime(tmp_path / "auto", graph, [(group, configs[0])], [kernel], None)
+    assert emitted_cuda_arch(out) is None  # the GPU present decides, not the sm_90a switch
     out = emit_runtime(tmp_path / "wg", graph, [(group, configs[0])], [kernel], "90")
+    assert emitted_cuda_arch(out) == "90"
     cmake = (out / "CMakeLists.txt").read_text()
-    assert "-arch=sm_90a" in cmake and "wgmma" in cmake
+    assert "arch=compute_90a,code=sm_90a" in cmake and "wgmma" in cmake
     plain_cfg = next(c for c in propose(group, _context(graph, topk=8)) if c.stages[0].kind == "mma")
     plain = generate_kernel(graph, group, plain_cfg, "welder_k0_y")
     assert not plain.arch_specific
-    out = emit_runtime(tmp_path / "mma", graph, [(group, plain_cfg)], [plain], "90")
-    assert "sm_90a" not in (out / "CMakeLists.txt").read_text()
-    if shutil.which("cmake") is None:
+    plain_out = emit_runtime(tmp_path / "mma", graph, [(group, plain_cfg)], [plain], "90")
+    assert "sm_90a" not in (plain_out / "CMakeLists.txt").read_text()
+    if shutil.which("cmake") is None or shutil.which("nvcc") is None:
         return
+    # nvcc builds it (no GPU needed to compile), and the runtime's kernel is sm_90a code
+    build = tmp_path / "build90"
+    configure = ["cmake", "-S", str(out), "-B", str(build), "-DCMAKE_CUDA_ARCHITECTURES=90"]
+    subprocess.run(configure, check=True, capture_output=True)
+    made = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
     done = subprocess.run(
         [
             "cmake",

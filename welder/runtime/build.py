@@ -102,7 +102,7 @@ def find_nvcc() -> str:
 def emitted_cuda_arch(source: Path) -> str | None:
     """The architecture the runtime in ``source`` was generated for, if one was named."""
     cmake = source / "CMakeLists.txt"
-    found = re.search(r"^\s*set\(CMAKE_CUDA_ARCHITECTURES (\w+)\)", cmake.read_text(), re.M)
+    found = re.search(r"^\s*set\(CMAKE_CUDA_ARCHITECTURES ([0-9]+[af]?)\)", cmake.read_text(), re.M)
     return found.group(1) if found else None
 
 

@@ -28,7 +28,13 @@ from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group
 
 #: The headers every kernel source includes, copied beside the sources.
-PRELUDE_HEADERS = ("welder_prelude.cuh", "welder_math.cuh", "welder_mma.cuh")
+PRELUDE_HEADERS = (
+    "welder_prelude.cuh",
+    "welder_math.cuh",
+    "welder_mma.cuh",
+    "welder_wgmma.cuh",
+    "welder_wgmma_asm.cuh",
+)
 #: Generated file -> its template.
 RENDERED = {
     "nnfusion_rt.h": "nnfusion_rt.h.j2",
