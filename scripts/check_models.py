@@ -10,10 +10,11 @@ For each model, one after another, in ``WORKDIR/<model>``:
    options is already there);
 2. ``welder tune --cost-model --arch H100 --topk 1 --cuda-arch 90 --no-build``: the H100's
    plan, configs ranked by the cost model alone, runtime sources emitted but not built;
-3. ``nvcc -ptx -arch=sm_90`` on the runtime's ``nnfusion_rt.cu`` and a count of the
-   tensor-core instructions in the PTX (``mma.sync``, ``ldmatrix``, ``cp.async``; static
-   counts, unrolled loops counted as written), beside how many of the plan's groups hold a
-   contraction the ``mma`` kind takes and how many it was chosen for;
+3. ``nvcc -ptx -arch=sm_90`` (``sm_90a`` where it holds ``wgmma`` kernels) on the runtime's
+   ``nnfusion_rt.cu`` and a count of the tensor-core instructions in the PTX (``mma.sync``,
+   ``wgmma``, ``ldmatrix``, ``cp.async``; static counts, unrolled loops counted as written),
+   beside how many of the plan's groups hold a contraction the ``mma`` kind takes and how
+   many a tensor-core kind was chosen for;
 4. the plan that ``welder check --backend emulate`` makes (the H100's, ``topk=1``) made
    again here and its kernel sources compared with the runtime's, so that what the PTX
    shows and what the emulator runs are the same kernels;
@@ -55,7 +56,11 @@ from welder.errors import WelderError  # noqa: E402
 MODELS = ("bert", "vit_small_p32", "swin_tiny", "mobilenet_v2", "mobilevit_s", "nerf")
 #: Instruction families counted in the PTX; a family is every opcode starting with its name
 #: (``cp.async`` counts the copies and their commit/wait instructions).
-FAMILIES = ("mma.sync", "ldmatrix", "cp.async")
+FAMILIES = ("mma.sync", "wgmma", "ldmatrix", "cp.async")
+#: The families that are a tensor-core product.
+PRODUCTS = ("mma.sync", "wgmma")
+#: The kinds that put a stage on tensor cores.
+TENSOR_CORE_KINDS = ("mma", "mma_tf32", "wgmma")
 ARCH = "H100"
 CUDA_ARCH = "90"
 RESULTS_JSON = "results.json"
@@ -80,7 +85,7 @@ class PtxCounts:
     """Tensor-core instructions in one PTX file.  ``families`` counts each of FAMILIES over
     the whole file, ``opcodes`` every full opcode of those families (``mma.sync.aligned.m16n8k16
     .row.col.f32.f16.f16.f32``), ``kernels`` the ``.entry`` functions and ``mma_kernels``
-    those holding at least one ``mma.sync`` themselves."""
+    those holding at least one product (``mma.sync`` or ``wgmma``) themselves."""
 
     kernels: int = 0
     mma_kernels: int = 0
@@ -116,16 +121,19 @@ def count_ptx(text: str) -> PtxCounts:
             continue
         counts.families[family] += 1
         counts.opcodes[opcode] = counts.opcodes.get(opcode, 0) + 1
-        entry_has_mma = entry_has_mma or family == "mma.sync"
+        entry_has_mma = entry_has_mma or family in PRODUCTS
     close()
     counts.opcodes = dict(sorted(counts.opcodes.items()))
     return counts
 
 
 def compile_ptx(runtime: Path, ptx: Path, nvcc: str, cuda_arch: str = CUDA_ARCH) -> None:
-    """The runtime's device code as PTX, compiled as its CMake build would (C++17, -O3)."""
+    """The runtime's device code as PTX, compiled as its CMake build would (C++17, -O3; for
+    the arch-specific target where it holds wgmma kernels)."""
     source = runtime / "nnfusion_rt.cu"
-    command = [nvcc, "-std=c++17", "-O3", f"-arch=sm_{cuda_arch}", "-I", str(runtime), "-ptx", str(source)]
+    specific = "a" if "welder_wgmma.cuh" in source.read_text() and not cuda_arch.endswith("a") else ""
+    arch = f"-arch=sm_{cuda_arch}{specific}"
+    command = [nvcc, "-std=c++17", "-O3", arch, "-I", str(runtime), "-ptx", str(source)]
     done = subprocess.run([*command, "-o", str(ptx)], capture_output=True, text=True)
     if done.returncode != 0:
         ptx.unlink(missing_ok=True)
@@ -220,7 +228,7 @@ def group_facts(prefix: Path, arch: str = ARCH) -> PlanFacts:
             facts.contractions += 1
             facts.mma_form += mma.contraction(first, ctx.shape_of) is not None
         chosen = entry["configs"][0]
-        if any(st["kind"] == "mma" for st in chosen["stages"]):
+        if any(st["kind"] in TENSOR_CORE_KINDS for st in chosen["stages"]):
             facts.mma_groups += 1
             facts.mma_proposed += 1
             continue
@@ -480,9 +488,10 @@ def markdown_table(results: Mapping[str, Any]) -> str:
     rows.sort(key=lambda r: (order.get(r["model"], len(order)), r["model"], r["batch"]))
     head = (
         "| model | bs | options | kernels | contractions | mma form | mma proposed | on tensor cores "
-        "| PTX mma.sync | ldmatrix | cp.async | check | max rel err / limit per output | emulate | note |"
+        "| PTX mma.sync | wgmma | ldmatrix | cp.async | check | max rel err / limit per output "
+        "| emulate | note |"
     )
-    lines = [head, "|" + "---|" * 15]
+    lines = [head, "|" + "---|" * 16]
     for r in rows:
         plan, ptx = r.get("plan") or {}, r.get("ptx") or {}
         fam = ptx.get("families", {})
@@ -505,6 +514,7 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             str(plan.get("mma_proposed", "-")),
             str(plan.get("mma_groups", "-")),
             str(fam.get("mma.sync", "-")),
+            str(fam.get("wgmma", "-")),
             str(fam.get("ldmatrix", "-")),
             str(fam.get("cp.async", "-")),
             r["status"],

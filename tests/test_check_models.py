@@ -22,6 +22,7 @@ from welder.check import CheckReport, OutputResult
 from welder.codegen import generate_model, model_source
 from welder.frontend.onnx import import_onnx
 from welder.resources import TEMPLATE_DIR
+from welder.runtime.emit import PRELUDE_HEADERS
 from welder.schedule.plan import plan_model
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_models.py"
@@ -81,14 +82,26 @@ LISTING = """\
 \tcp.async.wait_all;
 \tret;
 }
+
+\t// .globl\twelder_k2_wg
+.visible .entry welder_k2_wg(
+\t.param .u64 welder_k2_wg_param_0
+)
+{
+\twgmma.fence.sync.aligned;
+\twgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%f1, %f2}, %rd1, %rd2, %p1, 1, 1, 0, 1;
+\twgmma.commit_group.sync.aligned; // wgmma.mma_async in a comment
+\twgmma.wait_group.sync.aligned 0;
+\tret;
+}
 """.replace("MMA", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
 
 
 def test_count_ptx_counts_instructions_not_mentions() -> None:
     counts = cm.count_ptx(LISTING)
-    assert counts.kernels == 2
-    assert counts.mma_kernels == 1
-    assert counts.families == {"mma.sync": 3, "ldmatrix": 2, "cp.async": 6}
+    assert counts.kernels == 3
+    assert counts.mma_kernels == 2
+    assert counts.families == {"mma.sync": 3, "wgmma": 4, "ldmatrix": 2, "cp.async": 6}
     assert counts.opcodes == {
         "cp.async.ca.shared.global": 1,
         "cp.async.cg.shared.global": 2,
@@ -98,23 +111,28 @@ def test_count_ptx_counts_instructions_not_mentions() -> None:
         "ldmatrix.sync.aligned.m8n8.x4.shared.b16": 1,
         "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16": 1,
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32": 3,
+        "wgmma.commit_group.sync.aligned": 1,
+        "wgmma.fence.sync.aligned": 1,
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16": 1,
+        "wgmma.wait_group.sync.aligned": 1,
     }
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_count_ptx_of_a_half_model_agrees_with_its_plan(tmp_path: Path) -> None:
     """A half-precision BERT layer sized so that the H100 plan puts products on tensor cores,
-    compiled as the script compiles a runtime: as many PTX kernels hold mma.sync as the plan
-    has groups with an mma stage, and the totals are those of a plain line count."""
+    compiled as the script compiles a runtime (for sm_90a where it holds wgmma): as many PTX
+    kernels hold a tensor-core product as the plan has groups with a tensor-core stage, and
+    the totals are those of a plain line count."""
     path = tmp_path / "layer.onnx"
     onnx.save(to_half(bert_encoder_layer(seq=32, hidden=64, heads=2, ffn=128)[0]), str(path))
     graph = import_onnx(path)
     plan = plan_model(graph, get_arch("H100"), topk=1)
-    on_mma = sum(any(st.kind == "mma" for st in g.configs[0].stages) for g in plan.groups)
+    on_mma = sum(any(st.kind in cm.TENSOR_CORE_KINDS for st in g.configs[0].stages) for g in plan.groups)
     assert on_mma > 0
     source = tmp_path / "nnfusion_rt.cu"
     source.write_text(model_source(generate_model(graph, [(g.group, g.configs[0]) for g in plan.groups])))
-    for header in ("welder_prelude.cuh", "welder_math.cuh", "welder_mma.cuh"):
+    for header in PRELUDE_HEADERS:
         shutil.copyfile(Path(TEMPLATE_DIR) / header, tmp_path / header)
     ptx = tmp_path / "runtime.ptx"
     cm.compile_ptx(tmp_path, ptx, shutil.which("nvcc"))
@@ -124,7 +142,8 @@ def test_count_ptx_of_a_half_model_agrees_with_its_plan(tmp_path: Path) -> None:
     assert counts.mma_kernels == on_mma
     for family in cm.FAMILIES:
         by_line = len(re.findall(rf"^\s*(?:@!?%p\d+\s+)?{re.escape(family)}\.", text, re.MULTILINE))
-        assert counts.families[family] == by_line > 0, family
+        assert counts.families[family] == by_line, family
+    assert sum(counts.families[family] for family in cm.PRODUCTS) > 0
 
 
 def test_compile_ptx_failure_names_the_stage_and_leaves_no_file(tmp_path: Path) -> None:
@@ -228,20 +247,20 @@ def test_markdown_table_reports_every_row_with_its_counts_and_reasons() -> None:
     lines = cm.markdown_table(results).splitlines()
     assert len(lines) == 2 + 4
     widths = {len(line.split(" | ")) for line in lines[2:]} | {len(lines[0].split(" | "))}
-    assert widths == {15}, "every row has one cell per column (no stray |)"
+    assert widths == {16}, "every row has one cell per column (no stray |)"
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines[2:]}
     assert list(rows) == ["bert", "vit_small_p32", "mobilenet_v2", "nerf"]
     nerf = rows["nerf"]
     assert nerf[2] == "points=4096"
-    assert nerf[3:12] == ["75", "48", "48", "24", "12", "768", "384", "576", "PASS"]
-    assert nerf[12] == "output: 1.50e-03 / 2e-02" and nerf[13] == "5.0 min"
+    assert nerf[3:13] == ["75", "48", "48", "24", "12", "768", "-", "384", "576", "PASS"]
+    assert nerf[13] == "output: 1.50e-03 / 2e-02" and nerf[14] == "5.0 min"
     mobilenet = rows["mobilenet_v2"]
-    assert mobilenet[5:11] == ["0", "0", "0", "0", "0", "0"]
-    assert "no contraction the mma kind takes / convolutions" in mobilenet[14]
-    assert "emulated kernels differ" in mobilenet[14]
+    assert mobilenet[5:12] == ["0", "0", "0", "0", "-", "0", "0"]
+    assert "no contraction the mma kind takes / convolutions" in mobilenet[15]
+    assert "emulated kernels differ" in mobilenet[15]
     bert = rows["bert"]
-    assert bert[11] == "ERROR" and "tune: out of memory" in bert[14] and "more detail" not in lines[2]
-    assert rows["vit_small_p32"][11] == "FAIL" and rows["vit_small_p32"][12].endswith("FAIL")
+    assert bert[12] == "ERROR" and "tune: out of memory" in bert[15] and "more detail" not in lines[2]
+    assert rows["vit_small_p32"][12] == "FAIL" and rows["vit_small_p32"][13].endswith("FAIL")
 
 
 def test_tensor_core_note_says_why_a_model_has_no_tensor_core_kernel() -> None:

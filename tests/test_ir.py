@@ -48,20 +48,6 @@ def test_index_simplification_is_exact(ops, i):
     assert eval_expr(simplified, {"i": i}, {}) == eval_expr(raw, {"i": i}, {})
 
 
-@settings(max_examples=100, deadline=None)
-@given(i=st.integers(-50, 50), j=st.integers(0, 9), c=st.integers(1, 7))
-def test_split_and_joined_index_is_the_index(i, j, c):
-    """``(x // c) * c + x % c`` (a reshape read through another) is ``x`` in either order,
-    also where the operands differ only in part (then left as written, value kept)."""
-    x = Var("i") * 10 + Var("j")
-    assert (x // c) * c + x % c == x
-    assert x % c + (x // c) * c == x
-    other = (x // c) * c + Var("i") % c
-    assert isinstance(other, Binary)
-    raw = Binary("add", Binary("mul", Binary("floordiv", x, Const(c, INDEX)), Const(c, INDEX)), x % c)
-    assert eval_expr(raw, {"i": i, "j": j}, {}) == i * 10 + j
-
-
 def test_conv_offsets_collapse_into_one_constant():
     i = Var("i")
     assert str((i * 2 + 3) - 1) == "((i * 2) + 2)"

@@ -39,6 +39,8 @@ from welder.schedule.kinds.mma import MmaConfig, contraction
 from welder.schedule.plan import plan_model
 
 ARCH = get_arch("H100")
+#: The kinds that put an fp16 product on tensor cores on the H100.
+TENSOR_CORE_KINDS = {"mma", "wgmma"}
 RNG = np.random.default_rng(7)
 
 needs_emulator = pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
@@ -480,7 +482,7 @@ def test_the_search_prefers_tensor_cores_for_large_products_and_can_be_told_not_
     graph = import_onnx(_matmul(512, 768, 768)[0])
     group = _whole_group(graph)
     best = propose(group, _context(graph))[0]
-    assert best.stages[0].kind == "mma"
+    assert best.stages[0].kind in TENSOR_CORE_KINDS
     simt_only = ScheduleContext(
         lambda t: graph.tensor(t).shape,
         lambda t: graph.tensor(t).dtype,
@@ -489,7 +491,7 @@ def test_the_search_prefers_tensor_cores_for_large_products_and_can_be_told_not_
     )
     assert all(c.stages[0].kind == "simt" for c in propose(group, simt_only))
     plan = plan_model(graph, ARCH, topk=2)
-    assert plan.groups[0].configs[0].stages[0].kind == "mma"
+    assert plan.groups[0].configs[0].stages[0].kind in TENSOR_CORE_KINDS
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -554,6 +556,7 @@ def test_tune_uses_tensor_cores_unless_told_not_to(tmp_path) -> None:
         doc = json.loads((prefix / "tuned.json").read_text())
         kinds[bool(flags)] = {st["kind"] for g in doc["groups"] for st in g["configs"][0]["stages"]}
         sources = "".join(g["kernel"]["source"] for g in doc["groups"])
-        assert ("welder_mma_m16n8k16_f16f32(" in sources) == (not flags)
-    assert "mma" in kinds[False]
+        on_tensor_cores = "welder_mma_m16n8k16_f16f32(" in sources or "welder_wgmma_m64k16_f16f32<" in sources
+        assert on_tensor_cores == (not flags)
+    assert kinds[False] & TENSOR_CORE_KINDS
     assert kinds[True] == {"simt"}

@@ -341,12 +341,6 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
             return Const(0, INDEX)
         if a.dtype == INDEX and op == "mod" and cb == 1:
             return Const(0, INDEX)
-    if a.dtype == INDEX and op == "add":
-        # (x // c) * c + x % c -> x: a flat index split into digits and joined again (a
-        # reshape read through another), exact for floor and truncating division alike.
-        joined = _joined(a, b) or _joined(b, a)
-        if joined is not None:
-            return joined
     if a.dtype == INDEX and op in ("add", "sub") and isinstance(cb, int) and isinstance(a, Binary):
         # (x + c1) + c2 -> x + (c1 + c2): keeps conv/slice offsets as one constant.
         inner = _const_value(a.b)
@@ -354,23 +348,6 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
             total = (inner if a.op == "add" else -inner) + (cb if op == "add" else -cb)
             return binary("add", a.a, total) if total >= 0 else binary("sub", a.a, -total)
     return Binary(op, a, b)
-
-
-def _joined(high: Expr, low: Expr) -> Expr | None:
-    """``x`` where ``high + low`` is ``(x // c) * c + x % c`` for a constant ``c``, else None."""
-    if not (isinstance(high, Binary) and high.op == "mul" and isinstance(low, Binary) and low.op == "mod"):
-        return None
-    quotient, c = high.a, high.b
-    if (
-        isinstance(c, Const)
-        and isinstance(quotient, Binary)
-        and quotient.op == "floordiv"
-        and quotient.a == low.a
-        and quotient.b == c
-        and low.b == c
-    ):
-        return low.a
-    return None
 
 
 def _fold_int(op: str, a: int, b: int) -> int:

@@ -368,6 +368,11 @@ class MmaKind:
     block_tiles: tuple[tuple[int, int, int, int], ...] = BLOCK_TILES
     pipelines: tuple[int, ...] = PIPELINES
     efficiency: float = TC_EFFICIENCY
+    slice_latency_us: float = SLICE_LATENCY_US
+    streaming_blocks_per_sm: int = STREAMING_BLOCKS_PER_SM
+    #: Split-K's reduction: a fixed cost (the arrival round trip) and one per further split.
+    split_fixed_us: float = SLICE_LATENCY_US
+    split_step_us: float = 0.0
     #: The rows of a block tile one warp's products start on (the instruction's M).
     m_granule: int = MMA_M
 
@@ -703,7 +708,7 @@ def _estimate(
     flops_block = 2 * stage.block_m * stage.block_n * split_tiles * stage.block_k
     sm_rate = getattr(arch, con.fmt.peak) * 1e12 * rule.efficiency / arch.sm_count  # flop/s per SM
     tc_us = -(-blocks // arch.sm_count) * flops_block / sm_rate * 1e6
-    chain_us = waves * (split_tiles / rule.in_flight(stage) + 1) * SLICE_LATENCY_US
+    chain_us = waves * (split_tiles / rule.in_flight(stage) + 1) * rule.slice_latency_us
     simt_flops = sum(
         math.prod(regions.members[st.node].extents) * simt.point_flops(group.computes[st.node])
         for st in later
@@ -715,7 +720,8 @@ def _estimate(
     partial = stage.block_m * stage.block_n * 4
     reduce_us = 0.0
     if splits > 1:
-        reduce_us = SLICE_LATENCY_US + (splits - 1) * partial / (arch.l2_bw_gbs * 1e9 / arch.sm_count) * 1e6
+        read_us = partial / (arch.l2_bw_gbs * 1e9 / arch.sm_count) * 1e6
+        reduce_us = rule.split_fixed_us + (splits - 1) * (read_us + rule.split_step_us)
     other_inputs = [t for t in regions.inputs if t not in (con.a.tensor, con.b.tensor)]
     # Per tile (the last block of a split tile does the later stages and the writes).
     shape_of, dtype_of = ctx.shape_of, ctx.dtype_of
@@ -726,10 +732,10 @@ def _estimate(
     write_bytes = tile_writes * tiles + workspace // 2
     compulsory = simt.io_bytes(group, ctx.shape_of, ctx.dtype_of)
     # A block keeps only its next operand slices in flight, so DRAM and L2 reach their
-    # bandwidth only with STREAMING_BLOCKS_PER_SM resident blocks per SM; fewer blocks (128
+    # bandwidth only with ``streaming_blocks_per_sm`` resident blocks per SM; fewer blocks (128
     # rows of a weight-streaming product in 36 blocks) get their share of it.
     resident = min(blocks, blocks_per_sm * arch.sm_count)
-    share = min(1.0, resident / (STREAMING_BLOCKS_PER_SM * arch.sm_count))
+    share = min(1.0, resident / (rule.streaming_blocks_per_sm * arch.sm_count))
     dram_us = compulsory / (arch.global_bw_gbs * 1e9 * simt.DRAM_EFFICIENCY * share) * 1e6
     l2_us = (read_bytes + write_bytes) / (arch.l2_bw_gbs * 1e9 * share) * 1e6
     latency = max(tc_us + simt_us, dram_us, l2_us, chain_us) + reduce_us + LAUNCH_OVERHEAD_US
