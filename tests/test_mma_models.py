@@ -42,7 +42,7 @@ def test_half_model_on_tensor_cores_matches_onnxruntime(label: str, tmp_path: Pa
     graph = import_onnx(path)
     plan = plan_model(graph, get_arch("H100"), topk=1)
     kinds = [st.kind for g in plan.groups for st in g.configs[0].stages]
-    assert "mma" in kinds, f"{label}: no product on tensor cores ({kinds})"
+    assert {"mma", "wgmma"} & set(kinds), f"{label}: no product on tensor cores ({kinds})"
     report = check_model(path, backend="emulate")
     assert report.passed, report
 
@@ -52,14 +52,17 @@ def test_half_model_on_tensor_cores_matches_onnxruntime(label: str, tmp_path: Pa
 def test_half_model_compiles_to_tensor_core_instructions(label: str, tmp_path: Path) -> None:
     graph = import_onnx(_half(label, tmp_path))
     plan = plan_model(graph, get_arch("H100"), topk=1)
+    kernels = generate_model(graph, [(g.group, g.configs[0]) for g in plan.groups])
     source = tmp_path / "model.cu"
-    source.write_text(model_source(generate_model(graph, [(g.group, g.configs[0]) for g in plan.groups])))
+    source.write_text(model_source(kernels))
     ptx = tmp_path / "model.ptx"
+    arch = "sm_90a" if any(k.arch_specific for k in kernels) else "sm_90"  # wgmma kernels
     subprocess.run(
-        ["nvcc", "-std=c++17", "-arch=sm_90", "-I", str(TEMPLATE_DIR), "-ptx", str(source), "-o", str(ptx)],
+        ["nvcc", "-std=c++17", f"-arch={arch}", "-I", str(TEMPLATE_DIR), "-ptx", str(source), "-o", str(ptx)],
         check=True,
         capture_output=True,
     )
     text = ptx.read_text()
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in text
-    assert "ldmatrix.sync.aligned" in text and "cp.async.cg.shared.global" in text
+    mma_sync = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in text and "ldmatrix.sync.aligned" in text
+    assert mma_sync or "wgmma.mma_async.sync.aligned" in text
+    assert "cp.async.cg.shared.global" in text
