@@ -7,7 +7,7 @@ the reason of its first slice and ring depth; a tile whose depths disagree lists
 reason once.  The checks are the rule's own (``MmaKind.explain``), so this cannot drift
 from what ``welder tune`` does.
 
-    python scripts/mma_why.py DIR [--arch H100] [--tf32] [--all]
+    python scripts/mma_why.py DIR [--arch H100] [--tf32 | --kind wgmma] [--all]
 
 ``DIR`` holds ``model.onnx`` and the ``tuned.json`` of a ``welder tune`` run (its
 grouping is reused); ``--all`` lists groups that get configs too, with the best estimate.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from welder.arch import get_arch  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
-from welder.schedule.kinds import Options, ScheduleContext, mma  # noqa: E402
+from welder.schedule.kinds import Options, ScheduleContext, kind, mma  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", type=Path)
     parser.add_argument("--arch", default="H100")
     parser.add_argument("--tf32", action="store_true", help="the fp32 (TF32) kind instead of fp16")
+    parser.add_argument(
+        "--kind", default="mma", choices=("mma", "wgmma"), help="the fp16 kind to explain (default mma)"
+    )
     parser.add_argument("--all", action="store_true", help="also list groups that get configs")
     args = parser.parse_args(argv)
     graph = import_onnx(str(args.dir / "model.onnx"))
@@ -41,13 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     ctx = ScheduleContext(
         lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, get_arch(args.arch), Options(topk=1)
     )
-    kind = mma.TF32_KIND if args.tf32 else mma.KIND
+    rule = mma.TF32_KIND if args.tf32 else kind(args.kind)
     accepted = proposed = 0
     for g in tuned["groups"]:
         if g.get("library"):
             continue
         group = make_group(graph, g["members"])
-        verdicts = kind.explain(group, ctx)
+        verdicts = rule.explain(group, ctx)
         if verdicts is None:
             continue
         accepted += 1

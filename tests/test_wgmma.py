@@ -261,3 +261,31 @@ def test_runtime_with_wgmma_kernels_builds_for_sm_90a(tmp_path) -> None:
         text=True,
     )
     assert done.returncode != 0 and "compute capability 9.0 only" in done.stderr.replace("\n", " ")
+
+
+def test_mma_why_explains_the_wgmma_kind(tmp_path) -> None:
+    """``scripts/mma_why.py --kind wgmma`` walks the wgmma rule's checks over a tuned plan:
+    the product is accepted and gets configs, and ``--all`` lists its block tiles' verdicts
+    (the deepest rings of the 256-wide tiles rejected for their shared memory)."""
+    import sys
+    from pathlib import Path
+
+    import onnx
+
+    from welder.cli import main
+
+    model, _ = _matmul(200, 256, 512)
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    argv = ["tune", str(tmp_path), "--arch", "H100", "--cost-model", "--topk", "1", "--no-build"]
+    assert main(argv) == 0
+    script = Path(__file__).resolve().parents[1] / "scripts" / "mma_why.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "--kind", "wgmma", "--all"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "1 groups with an accepted contraction, 1 with configs" in done.stdout
+    # 256 x 128 is a wgmma tile only (two warpgroups of two m64 pieces); its deepest rings
+    # exceed the shared memory
+    assert re.search(r"256 x 128 smem: \d+ bytes > \d+", done.stdout), done.stdout
