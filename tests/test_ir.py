@@ -7,7 +7,7 @@ from scalar_eval import eval_expr
 
 from welder.frontend.registry import Tensor
 from welder.ir.compute import compute, reduce, reduce_axis
-from welder.ir.expr import INDEX, Binary, Const, Var, binary, call, cast, lt, select
+from welder.ir.expr import INDEX, Binary, Const, Var, binary, call, cast, lt, select, substitute
 
 
 def test_scalars_take_the_other_operands_dtype():
@@ -46,6 +46,34 @@ def test_index_simplification_is_exact(ops, i):
         simplified = binary(op, simplified, c)
         raw = Binary(op, raw, Const(c, INDEX))
     assert eval_expr(simplified, {"i": i}, {}) == eval_expr(raw, {"i": i}, {})
+
+
+@settings(max_examples=100, deadline=None)
+@given(i=st.integers(-50, 50), j=st.integers(0, 9), c=st.integers(1, 7))
+def test_split_and_joined_index_is_the_index(i, j, c):
+    """``(x // c) * c + x % c`` (a reshape read through another) is ``x`` in either order,
+    also where the operands differ only in part (then left as written, value kept)."""
+    x = Var("i") * 10 + Var("j")
+    assert (x // c) * c + x % c == x
+    assert x % c + (x // c) * c == x
+    other = (x // c) * c + Var("i") % c
+    assert isinstance(other, Binary)
+    raw = Binary("add", Binary("mul", Binary("floordiv", x, Const(c, INDEX)), Const(c, INDEX)), x % c)
+    assert eval_expr(raw, {"i": i, "j": j}, {}) == i * 10 + j
+
+
+def test_substitution_rewrites_each_variable_once():
+    """A node that simplifies into one of its substituted parts is not substituted again:
+    ``i0 * i1`` under ``{i0: i1, i1: 1}`` is ``i1``, and a joined index under a mapping that
+    splits its own axis (``{i0: i0 // 4}``, as inlining a reshape does) keeps its value."""
+    i0, i1 = Var("i0"), Var("i1")
+    assert substitute(i0 * i1, {"i0": i1, "i1": Const(1, INDEX)}) == i1
+    split = {"x": i0 // 4, "y": i0 % 4}
+    joined = substitute(Var("x") * 4 + Var("y"), split)
+    assert joined == i0
+    nested = substitute((i0 // 4) * 4 + i0 % 4 + Var("y") * 0, {"i0": i0 // 4, "y": i1})
+    for v in range(-9, 20):
+        assert eval_expr(nested, {"i0": v, "i1": 3}, {}) == v // 4
 
 
 def test_conv_offsets_collapse_into_one_constant():

@@ -341,6 +341,12 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
             return Const(0, INDEX)
         if a.dtype == INDEX and op == "mod" and cb == 1:
             return Const(0, INDEX)
+    if a.dtype == INDEX and op == "add":
+        # (x // c) * c + x % c -> x: a flat index split into digits and joined again (a
+        # reshape read through another); exact, as floordiv and mod both floor.
+        joined = _joined(a, b) or _joined(b, a)
+        if joined is not None:
+            return joined
     if a.dtype == INDEX and op in ("add", "sub") and isinstance(cb, int) and isinstance(a, Binary):
         # (x + c1) + c2 -> x + (c1 + c2): keeps conv/slice offsets as one constant.
         inner = _const_value(a.b)
@@ -348,6 +354,23 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
             total = (inner if a.op == "add" else -inner) + (cb if op == "add" else -cb)
             return binary("add", a.a, total) if total >= 0 else binary("sub", a.a, -total)
     return Binary(op, a, b)
+
+
+def _joined(high: Expr, low: Expr) -> Expr | None:
+    """``x`` where ``high + low`` is ``(x // c) * c + x % c`` for a constant ``c``, else None."""
+    if not (isinstance(high, Binary) and high.op == "mul" and isinstance(low, Binary) and low.op == "mod"):
+        return None
+    quotient, c = high.a, high.b
+    if (
+        isinstance(c, Const)
+        and isinstance(quotient, Binary)
+        and quotient.op == "floordiv"
+        and quotient.a == low.a
+        and quotient.b == c
+        and low.b == c
+    ):
+        return low.a
+    return None
 
 
 def _fold_int(op: str, a: int, b: int) -> int:
@@ -482,26 +505,42 @@ def free_vars(e: Expr) -> set[str]:
 
 
 def rewrite(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """Bottom-up rebuild: ``fn`` sees each node after its children were rewritten and
-    returns a replacement, or None to keep the (rebuilt) node."""
+    """Bottom-up rebuild: ``fn`` sees each node once, after its children were rewritten, and
+    returns a replacement, or None to keep the (rebuilt) node.
+
+    ``fn`` sees the node as rebuilt, before the constructors simplify it: a simplification
+    may fold a node into one of its rewritten parts (``x * 1``, ``select(true, a, b)``), and
+    ``fn`` applied to that part again would rewrite it twice -- a substitution ``{i0: i0 //
+    4}`` would turn an index that folds to ``i0`` into ``i0 // 4``."""
     if isinstance(e, (Var, Const)):
-        new: Expr = e
-    elif isinstance(e, Binary):
-        new = binary(e.op, rewrite(e.a, fn), rewrite(e.b, fn))
+        out = fn(e)
+        return e if out is None else out
+    if isinstance(e, Binary):
+        a, b = rewrite(e.a, fn), rewrite(e.b, fn)
+        raw: Expr = Binary(e.op, a, b)
+        build = lambda: binary(e.op, a, b)  # noqa: E731
     elif isinstance(e, Call):
-        new = call(e.fn, *(rewrite(a, fn) for a in e.args))
+        args = tuple(rewrite(x, fn) for x in e.args)
+        raw = Call(e.fn, args)
+        build = lambda: call(e.fn, *args)  # noqa: E731
     elif isinstance(e, Select):
-        new = select(rewrite(e.cond, fn), rewrite(e.a, fn), rewrite(e.b, fn))
+        cond, a, b = rewrite(e.cond, fn), rewrite(e.a, fn), rewrite(e.b, fn)
+        raw = Select(cond, a, b)
+        build = lambda: select(cond, a, b)  # noqa: E731
     elif isinstance(e, Cast):
-        new = cast(rewrite(e.x, fn), e.dtype)
+        x = rewrite(e.x, fn)
+        raw = Cast(x, e.dtype)
+        build = lambda: cast(x, e.dtype)  # noqa: E731
     elif isinstance(e, Load):
-        new = Load(e.tensor, tuple(rewrite(i, fn) for i in e.indices), e.dtype)
+        raw = Load(e.tensor, tuple(rewrite(i, fn) for i in e.indices), e.dtype)
+        build = lambda: raw  # noqa: E731
     elif isinstance(e, DataIndex):
-        new = DataIndex(rewrite(e.value, fn), e.extent, e.origin)
+        raw = DataIndex(rewrite(e.value, fn), e.extent, e.origin)
+        build = lambda: raw  # noqa: E731
     else:
         raise TypeError(f"not an expression: {e!r}")
-    out = fn(new)
-    return new if out is None else out
+    out = fn(raw)
+    return build() if out is None else out
 
 
 def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
