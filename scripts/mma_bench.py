@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from welder.arch import match_gpu_name  # noqa: E402
 from welder.codegen import generate_kernel, model_source  # noqa: E402
-from welder.device.gpu import compile_cubin, nvcc_path  # noqa: E402
+from welder.device.gpu import compile_cubin, nvcc_path, sm_arch  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.resources import TEMPLATE_DIR  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
 
     name = torch.cuda.get_device_name()
     arch = match_gpu_name(name)
-    sm = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    capability = torch.cuda.get_device_capability()
+    sm = sm_arch(capability)
     l2 = arch.l2_bytes
     print(f"device: {name} ({sm}); cost model {arch.name}; torch {torch.__version__}", flush=True)
     rows = []
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             configs += propose(group, simt_ctx)
         kernels = [generate_kernel(graph, group, cfg, f"mma_bench_{j}") for j, cfg in enumerate(configs)]
         source = model_source(kernels)
-        target = sm + ("a" if any(kn.arch_specific for kn in kernels) else "")  # wgmma: sm_90a
+        target = sm_arch(capability, arch_specific=any(kn.arch_specific for kn in kernels))
         cubin = compile_cubin(source, target)
         if args.ptxas:
             with tempfile.TemporaryDirectory() as work:

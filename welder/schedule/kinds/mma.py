@@ -376,10 +376,10 @@ class MmaKind:
     #: The rows of a block tile one warp's products start on (the instruction's M).
     m_granule: int = MMA_M
 
-    def __init__(self, fmt: MmaFormat) -> None:
+    def __init__(self, fmt: MmaFormat, config_type: type[MmaConfig] | None = None) -> None:
         self.fmt = fmt
-        self.name = fmt.kind
-        self.config_type = CONFIG_TYPES[fmt.kind]
+        self.config_type = config_type or CONFIG_TYPES[fmt.kind]
+        self.name = self.config_type.kind
 
     def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
         con = self._contraction(group, ctx)

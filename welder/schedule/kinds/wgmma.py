@@ -33,7 +33,7 @@ from typing import ClassVar
 
 from welder.schedule.group import Group
 from welder.schedule.kinds.base import ScheduleContext
-from welder.schedule.kinds.mma import FP16, Contraction, MmaConfig, MmaFormat, MmaKind
+from welder.schedule.kinds.mma import FP16, Contraction, MmaConfig, MmaKind
 
 #: The GPU generation with wgmma (sm_90a code runs on 9.0 alone).
 COMPUTE_CAPABILITY = (9, 0)
@@ -107,11 +107,6 @@ class WgmmaKind(MmaKind):
     #: tiles, one per SM, drew about 4 TB/s from L2 on the H100).
     streaming_blocks_per_sm = 1
 
-    def __init__(self, fmt: MmaFormat) -> None:
-        self.fmt = fmt
-        self.name = "wgmma"
-        self.config_type = WgmmaConfig
-
     def runs_on(self, capability: tuple[int, int]) -> bool:
         return capability == COMPUTE_CAPABILITY
 
@@ -142,4 +137,4 @@ class WgmmaKind(MmaKind):
         return BASE_REGISTERS + cfg.wg_m * cfg.block_n // 128
 
 
-KIND = WgmmaKind(FP16)
+KIND = WgmmaKind(FP16, WgmmaConfig)
