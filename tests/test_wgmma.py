@@ -60,12 +60,13 @@ def _configs(label_or_model, topk: int = 400) -> tuple:
     return graph, group, feeds, wgmma.KIND.propose(group, _context(graph, topk=topk))
 
 
-def _best_per_tile(configs: list[GroupConfig]) -> list[GroupConfig]:
-    """The best unsplit config of every block tile and warpgroup count."""
+def _best_per_tile(configs: list[GroupConfig], producer: bool = False) -> list[GroupConfig]:
+    """The best unsplit config of every block tile and warpgroup count, fed by cp.async or
+    (``producer``) by a TMA producer warpgroup."""
     best: dict[tuple, GroupConfig] = {}
     for cfg in configs:
         st = cfg.stages[0]
-        if st.splits == 1:
+        if st.splits == 1 and st.producer == producer:
             best.setdefault((st.block, st.warps), cfg)
     return list(best.values())
 
@@ -89,8 +90,8 @@ def test_ring_slots_are_reused_across_a_long_k() -> None:
     chosen = {}
     for cfg in configs:
         if cfg.stages[0].splits == 1:
-            chosen.setdefault(cfg.stages[0].pipeline, cfg)
-    assert set(chosen) == set(wgmma.PIPELINES)
+            chosen.setdefault((cfg.stages[0].pipeline, cfg.stages[0].producer), cfg)
+    assert set(chosen) == {(p, producer) for p in wgmma.PIPELINES for producer in (False, True)}
     assert _run(graph, group, list(chosen.values()), feeds) == []
 
 
@@ -115,6 +116,57 @@ def test_every_block_tile_and_both_majornesses() -> None:
         failures += _run(graph, group, chosen, feeds)
     assert {(bm, bn, wm) for bm, bn, wm, _ in wgmma.BLOCK_TILES} <= {(*b, w[0]) for b, w in tiles}
     assert failures == []
+
+
+#: Cases for the producer variant: both major-nesses of both operands, ragged edges (the
+#: copies zero-fill past the maps' extents), a batch (3-d maps), later stages, M = 1.
+PRODUCER_CASES = [
+    "ragged 40x72x48",
+    "large K, several slices",
+    "A transposed (Gemm)",
+    "B transposed (Gemm)",
+    "QK^T + softmax",
+    "residual add + LayerNorm, sum also written",
+    "classifier, M = 1",
+]
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", PRODUCER_CASES)
+def test_producer_variant_matches_the_interpreter(label: str) -> None:
+    """TMA copies issued by a producer warpgroup, full/empty mbarriers per slot: the
+    emulator reports a slot read before its copies landed or refilled while read."""
+    graph, group, feeds, configs = _configs(label)
+    chosen = _best_per_tile(configs, producer=True)[:2]
+    assert chosen, f"{label}: no producer variant proposed"
+    kernel = generate_kernel(graph, group, chosen[0], "probe")
+    assert len(kernel.tensor_maps) >= 2 and "welder_tma_load_" in kernel.source
+    assert _run(graph, group, chosen, feeds) == []
+
+
+def test_producer_maps_follow_the_copy_engine_rules() -> None:
+    """Every tensor map a producer config asks for is one the driver encodes (16-byte
+    strides, boxes of at most 256 and 128 bytes along the swizzled axis), its boxes fill a
+    slot exactly, and the variant is neither split nor proposed where a map cannot reach."""
+    from welder.device.tensor_map import TensorMapArg, tensor_map_problem
+
+    for trans_a, trans_b in ((False, False), (True, True)):
+        graph, group, _, configs = _configs(_matmul(200, 136, 328, trans_a=trans_a, trans_b=trans_b))
+        producers = [c for c in configs if c.stages[0].producer]
+        assert producers and all(c.stages[0].splits == 1 for c in producers)
+        for cfg in producers:
+            st = cfg.stages[0]
+            kernel = generate_kernel(graph, group, cfg, "probe")
+            boxes = 0
+            for m in kernel.tensor_maps:
+                spec = TensorMapArg(0, m.elem_bytes, m.dims, m.strides, m.box, m.swizzle)
+                assert tensor_map_problem(spec, m.offset * m.elem_bytes) is None, m
+                loads = kernel.source.count(f"&{m.name}, ")
+                boxes += loads * spec.box_bytes
+            assert boxes == (st.block_m + st.block_n) * st.block_k * 2
+    # 4-byte-aligned strides only: no 16-byte copies, so no wgmma at all, and no maps.
+    graph, group, _, configs = _configs(_matmul(40, 36, 44))
+    assert not configs
 
 
 #: The mma kind's split-K cases that wgmma takes (16-byte copies, N of 64 or more), and a

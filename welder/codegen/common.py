@@ -37,6 +37,31 @@ class KernelParam:
         return f"{role} {sanitize_comment(self.tensor)} {list(self.shape)} {self.dtype}"
 
 
+@dataclass(frozen=True)
+class TensorMap:
+    """A TMA tensor map the kernel takes by value (``CUtensorMap``), built by whoever launches
+    it from the pointer argument of ``tensor``: the map's origin is ``offset`` elements into
+    that tensor; ``dims`` and ``box`` are innermost first, ``strides`` (bytes) those of
+    ``dims[1:]``; ``swizzle`` is the shared-memory swizzle span in bytes (0 for none)."""
+
+    name: str
+    tensor: str
+    offset: int
+    elem_bytes: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int
+
+    @property
+    def decl(self) -> str:
+        return f"const __grid_constant__ CUtensorMap {self.name}"
+
+    @property
+    def comment(self) -> str:
+        return f"TMA map of {sanitize_comment(self.tensor)}: box {list(self.box)} of {list(self.dims)}"
+
+
 @dataclass
 class Kernel:
     """A rendered kernel and how to launch it."""
@@ -51,6 +76,8 @@ class Kernel:
     # Holds instructions of the planned GPU's arch-specific feature set (sm_90a's wgmma):
     # compiled for that variant, the code runs on that GPU generation only.
     arch_specific: bool = False
+    # Parameters after the pointers: tensor maps the launcher encodes from them.
+    tensor_maps: list[TensorMap] = field(default_factory=list)
 
 
 def sanitize_identifier(text: str, limit: int = 40) -> str:

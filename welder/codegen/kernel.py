@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from welder.graph import Graph
 from welder.ir.expr import Expr, Load
+from welder.ir.interpret import np_dtype
 from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.group import Group
 from welder.tile.propagate import propagate_group
@@ -31,6 +32,7 @@ from .common import (
     Kernel,
     KernelParam,
     StageCtx,
+    TensorMap,
     environment,
     flat_index,
     read_value,
@@ -76,6 +78,7 @@ class KernelBuilder:
         self.regions = propagate_group(stages, group.root, config.block_tile, self.shape_of)
         self.stage_index = {s: k for k, s in enumerate(group.stages)}
         self.views: list[dict] = []
+        self.tensor_maps: list[TensorMap] = []
         self.tile_views: dict[str, str] = {}
         self.tiles: dict[str, tuple[int, ...]] = {}
         for k, st in enumerate(config.stages):
@@ -91,9 +94,27 @@ class KernelBuilder:
         info = self.graph.tensor(tensor)
         self.params[tensor] = KernelParam(f"p{len(self.params)}", tensor, info.dtype, info.shape, is_output)
 
-    def add_view(self, name: str, dtype: str, offset: int, count: int) -> None:
-        """A typed array ``name`` of ``count`` elements at ``offset`` in the shared pool."""
-        self.views.append({"name": name, "ctype": STORAGE_TYPES[dtype], "offset": offset, "count": count})
+    def add_view(self, name: str, dtype: str, offset: int, count: int, ctype: str | None = None) -> None:
+        """A typed array ``name`` of ``count`` elements at ``offset`` in the shared pool (of
+        ``dtype``'s storage type, or of the C type ``ctype``)."""
+        ctype = ctype or STORAGE_TYPES[dtype]
+        self.views.append({"name": name, "ctype": ctype, "offset": offset, "count": count})
+
+    def add_tensor_map(
+        self,
+        tensor: str,
+        offset: int,
+        dims: tuple[int, ...],
+        strides: tuple[int, ...],
+        box: tuple[int, ...],
+        swizzle: int,
+    ) -> str:
+        """A tensor-map parameter over kernel input ``tensor`` (see :class:`TensorMap`);
+        returns its C name."""
+        name = f"{self.params[tensor].name}_map{len(self.tensor_maps)}"
+        item = np_dtype(self.graph.tensor(tensor).dtype).itemsize
+        self.tensor_maps.append(TensorMap(name, tensor, offset, item, dims, strides, box, swizzle))
+        return name
 
     def origin_name(self, k: int, d: int) -> str:
         """The C name of dimension ``d`` of stage ``k``'s tile origin in this block."""
@@ -115,7 +136,7 @@ class KernelBuilder:
             "splits": splits,
             "threads": self.cfg.threads,
             "smem_bytes": self.cfg.smem_bytes,
-            "params": list(self.params.values()),
+            "params": [*self.params.values(), *self.tensor_maps],
             "views": self.views,
             "block_coords": coords,
         }
@@ -129,6 +150,7 @@ class KernelBuilder:
             self.cfg.smem_bytes,
             self.group.root,
             arch_specific=any(s.arch_specific for s in stage_ctxs),
+            tensor_maps=list(self.tensor_maps),
         )
 
     @property

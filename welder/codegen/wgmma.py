@@ -17,12 +17,12 @@ unit ``c`` of row ``r`` stored at unit ``c ^ (r % 8)``, rows in 8-row atoms of 1
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from welder.schedule.config import StageConfig
 from welder.schedule.kinds.mma import Contraction, Operand
-from welder.schedule.kinds.wgmma import ATOM_BYTES, BLOCK_K, WgmmaConfig
+from welder.schedule.kinds.wgmma import ATOM_BYTES, BLOCK_K, WgmmaConfig, tma_dims
 
 from .mma import ContractionStageCtx, contraction_fields, operand_offset, stage_contraction
 
@@ -31,8 +31,19 @@ if TYPE_CHECKING:
 
 TEMPLATE = "stages/wgmma.cu.j2"
 HEADERS = ("welder_mma.cuh", "welder_wgmma.cuh")
+#: What the producer variant adds: mbarriers and TMA copies.
+TMA_HEADERS = ("welder_tma.cuh",)
 #: Bytes of one swizzled row (64 fp16 elements).
 ROW_BYTES = 128
+
+
+@dataclass
+class _TmaLoad:
+    """One TMA box of an operand's slice: where it lands in the slot (elements) and its
+    coordinates in the tensor map (C expressions, innermost first)."""
+
+    dst: int
+    coords: list[str]
 
 
 @dataclass
@@ -60,6 +71,8 @@ class _Operand:
     k_step: int  # elements the source advances per unit of k0
     fixed_origin: str  # m0 or n0
     fixed_limit: int  # M or N
+    map: str | None = None  # the producer variant: the operand's tensor-map parameter
+    loads: list[_TmaLoad] = field(default_factory=list)  # and the boxes of one slice
 
 
 @dataclass(kw_only=True)
@@ -69,6 +82,9 @@ class WgmmaStageCtx(ContractionStageCtx):
     mi: int  # m64 pieces per warpgroup
     a: _Operand
     b: _Operand
+    producer: bool  # TMA copies issued by a producer warpgroup (see the template)
+    consumers: int  # threads of the warpgroups that multiply
+    barriers: str | None  # the producer variant's mbarriers: full[pipeline], then empty[pipeline]
 
 
 def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
@@ -84,17 +100,55 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
     b_offset = st.pipeline_offset + st.pipeline * a_elems * con.fmt.elem_bytes
     assert b_offset % ATOM_BYTES == 0
     kb.add_view(b_view, dtype, b_offset, st.pipeline * b_elems)
+    a = _operand(kb, con, con.a, "m", st, a_view, a_elems, o)
+    b = _operand(kb, con, con.b, "n", st, b_view, b_elems, o)
+    barriers = None
+    if st.producer:
+        barriers = f"wgmma{k}_barriers"
+        kb.add_view(barriers, dtype, st.barrier_offset, 2 * st.pipeline, ctype="uint64_t")
+        for operand, view in ((a, con.a), (b, con.b)):
+            _tma(kb, con, view, operand, st, o)
     return WgmmaStageCtx(
         template=TEMPLATE,
-        headers=HEADERS,
+        headers=(*HEADERS, *TMA_HEADERS) if st.producer else HEADERS,
         arch_specific=True,
         **contraction_fields(kb, k, st, con, "wgmma"),
         block_n=st.block_n,
         wg_m=st.wg_m,
         mi=st.wg_m // 64,
-        a=_operand(kb, con, con.a, "m", st, a_view, a_elems, o),
-        b=_operand(kb, con, con.b, "n", st, b_view, b_elems, o),
+        a=a,
+        b=b,
+        producer=st.producer,
+        consumers=st.warpgroups * 128,
+        barriers=barriers,
     )
+
+
+def _tma(
+    kb: KernelBuilder, con: Contraction, op: Operand, out: _Operand, st: WgmmaConfig, origins: list[str]
+) -> None:
+    """Gives ``out`` its tensor map and the boxes of one slice.  The map's axes are
+    :func:`~welder.schedule.kinds.wgmma.tma_dims`'s, with the contraction's extents (the
+    copies zero-fill what lies beyond, as the cp.async variant's do); a box is 64 elements
+    (one 128-byte swizzled row) along the contiguous axis: a K-major slice is one box of all
+    its rows, an MN-major one a box of 64 K rows per 64-column panel."""
+    names = tma_dims(con, op)
+    assert names is not None, "the policy proposes the producer variant only where maps fit"
+    axes = {a.name: a.extent for a in (*con.compute.axes, *con.compute.reduce_axes)}
+    item = con.fmt.elem_bytes
+    dims = tuple(axes[n] for n in names)
+    strides = tuple(op.strides[n] * item for n in names[1:])
+    batch = [origins[d] for d in con.batch_axes if con.compute.axes[d].name in names[2:]]
+    own0 = out.fixed_origin
+    if out.k_rows:  # [k][own]: panels of 64 columns
+        box = (64, BLOCK_K)
+        panels = (st.block_m if out.name == "a" else st.block_n) // 64
+        loads = [_TmaLoad(p * 64 * BLOCK_K, [f"{own0} + {64 * p}", "k0", *batch]) for p in range(panels)]
+    else:
+        box = (BLOCK_K, out.rows)
+        loads = [_TmaLoad(0, ["k0", own0, *batch])]
+    out.map = kb.add_tensor_map(op.tensor, op.offset, dims, strides, box, 128)
+    out.loads = loads
 
 
 def _operand(
@@ -119,8 +173,11 @@ def _operand(
         row_limit, col_limit, row_stride = extent, con.k_extent, con.stride(op, role)
     chunks = cols // 8
     threads = st.threads
-    assert threads % chunks == 0 and rows % (threads // chunks) == 0, (threads, rows, cols)
-    row_step = threads // chunks
+    if st.producer:  # no cp.async copies: the copy loop's fields go unused
+        row_step = rows
+    else:
+        assert threads % chunks == 0 and rows % (threads // chunks) == 0, (threads, rows, cols)
+        row_step = threads // chunks
     return _Operand(
         name="a" if role == "m" else "b",
         param=kb.params[op.tensor].name,

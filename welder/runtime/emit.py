@@ -34,6 +34,7 @@ PRELUDE_HEADERS = (
     "welder_mma.cuh",
     "welder_wgmma.cuh",
     "welder_wgmma_asm.cuh",
+    "welder_tma.cuh",
 )
 #: Generated file -> its template.
 RENDERED = {

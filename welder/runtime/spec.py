@@ -82,6 +82,24 @@ class ArgSpec:
 
 
 @dataclass(frozen=True)
+class MapSpec:
+    """A TMA tensor map a launch encodes and passes after the pointers: over pointer
+    argument ``arg``, from ``offset_bytes`` into it (see ``welder.codegen.common.TensorMap``)."""
+
+    arg: int
+    offset_bytes: int
+    elem_bytes: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     kind: ClassVar[str] = "kernel"
     name: str
@@ -90,6 +108,7 @@ class LaunchSpec:
     threads: int
     smem_bytes: int
     args: tuple[ArgSpec, ...]
+    maps: tuple[MapSpec, ...] = ()
 
     @property
     def needs_smem_opt_in(self) -> bool:
@@ -176,6 +195,11 @@ class RuntimeSpec:
     @property
     def uses_cublas(self) -> bool:
         return "cublas" in self.cuda_libraries
+
+    @property
+    def uses_tma(self) -> bool:
+        """Whether a launch encodes TMA tensor maps (the host side of welder_tma.cuh)."""
+        return any(k.maps for k in self.launches)
 
     @property
     def pool_bytes(self) -> int:
@@ -318,6 +342,13 @@ def _launch(kernel: Kernel, memory: MemoryPlan) -> LaunchSpec:
     for p in kernel.params:
         nbytes = math.prod(p.shape) * np_dtype(p.dtype).itemsize
         args.append(ArgSpec(STORAGE_TYPES[p.dtype], not p.is_output, _address(memory[p.tensor]), nbytes))
+    position = {p.tensor: i for i, p in enumerate(kernel.params)}
+    maps = tuple(
+        MapSpec(
+            position[m.tensor], m.offset * m.elem_bytes, m.elem_bytes, m.dims, m.strides, m.box, m.swizzle
+        )
+        for m in kernel.tensor_maps
+    )
     return LaunchSpec(
         kernel.name,
         sanitize_comment(kernel.root),
@@ -325,6 +356,7 @@ def _launch(kernel: Kernel, memory: MemoryPlan) -> LaunchSpec:
         kernel.threads,
         kernel.smem_bytes,
         tuple(args),
+        maps,
     )
 
 

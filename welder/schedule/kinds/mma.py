@@ -428,6 +428,19 @@ class MmaKind:
         """Slices being copied while one is multiplied."""
         return cfg.pipeline - 1
 
+    def variants(self, stage: MmaConfig, con: Contraction) -> list[MmaConfig]:
+        """The stage configs one block tile, slice depth and ring depth give: ways of
+        feeding the same tile that the kind tells apart (one here)."""
+        return [stage]
+
+    def splittable(self, cfg: MmaConfig) -> bool:
+        """Whether split-K variants of ``cfg`` are tried."""
+        return True
+
+    def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
+        """The share of the tensor cores' peak ``cfg`` reaches, and its slice latency (us)."""
+        return self.efficiency, self.slice_latency_us
+
 
 @dataclass
 class Verdict:
@@ -556,7 +569,6 @@ def _configs(
     useful split-K factor; where the tile does not fit the group or the arch, the check
     that says so."""
     bm, bn, wm, wn, bk = shape
-    arch = ctx.arch
     placed = _root_tile(group, con, bm, bn, ctx)
     if isinstance(placed, str):
         return placed
@@ -569,9 +581,8 @@ def _configs(
     for out in group.outputs:
         if out != group.root and not partitions_output(regions.members[out], ctx.shape_of(out), tile, grid):
             return f"partitions_output: blocks do not tile output {out}"
-    threads = wm * wn * 32
     first = group.stages[0]
-    stage = rule.config_type(
+    base = rule.config_type(
         first,
         tile=regions.members[first].extents,
         block=(bm, bn),
@@ -581,6 +592,34 @@ def _configs(
         copy_bytes=copy_bytes,
         pipeline_offset=0,
     )
+    found: list[GroupConfig] = []
+    reasons = []
+    for stage in rule.variants(base, con):
+        placed_configs = _placed(rule, group, con, stage, tile, regions, grid, ctx)
+        if isinstance(placed_configs, str):
+            reasons.append(placed_configs)
+        else:
+            found += placed_configs
+    if found or not reasons:
+        return found if found else "estimate: no block fits an SM"
+    return reasons[0]
+
+
+def _placed(
+    rule: MmaKind,
+    group: Group,
+    con: Contraction,
+    stage: MmaConfig,
+    tile: tuple[int, ...],
+    regions: GroupRegions,
+    grid: tuple[int, ...],
+    ctx: ScheduleContext,
+) -> list[GroupConfig] | str:
+    """The configs of one stage variant: its later stages, shared memory and registers
+    placed, unsplit and with each useful split-K factor; or the check that failed."""
+    arch = ctx.arch
+    threads = stage.threads
+    first = group.stages[0]
     later = _later_stages(group, regions, threads)
     if isinstance(later, str):
         return later
@@ -602,7 +641,8 @@ def _configs(
         return f"registers: {regs} > {arch.max_regs_per_thread}"
     order = tuple(range(len(tile)))
     found = []
-    for splits in (1, *split_choices(con, stage, math.prod(grid), ctx)):
+    splits_tried = split_choices(con, stage, math.prod(grid), ctx) if rule.splittable(stage) else []
+    for splits in (1, *splits_tried):
         split = replace(stage, splits=splits)
         estimate = _estimate(rule, group, con, split, later, regions, grid, threads, smem, regs, ctx)
         if estimate is not None:
@@ -706,9 +746,10 @@ def _estimate(
     split_tiles = stage.split_tiles(k_tiles)
     item = con.fmt.elem_bytes
     flops_block = 2 * stage.block_m * stage.block_n * split_tiles * stage.block_k
-    sm_rate = getattr(arch, con.fmt.peak) * 1e12 * rule.efficiency / arch.sm_count  # flop/s per SM
+    efficiency, slice_latency_us = rule.cost_constants(stage)
+    sm_rate = getattr(arch, con.fmt.peak) * 1e12 * efficiency / arch.sm_count  # flop/s per SM
     tc_us = -(-blocks // arch.sm_count) * flops_block / sm_rate * 1e6
-    chain_us = waves * (split_tiles / rule.in_flight(stage) + 1) * rule.slice_latency_us
+    chain_us = waves * (split_tiles / rule.in_flight(stage) + 1) * slice_latency_us
     simt_flops = sum(
         math.prod(regions.members[st.node].extents) * simt.point_flops(group.computes[st.node])
         for st in later

@@ -28,12 +28,12 @@ the rule proposes nothing elsewhere; kernels holding them are compiled for ``sm_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from welder.schedule.group import Group
 from welder.schedule.kinds.base import ScheduleContext
-from welder.schedule.kinds.mma import FP16, Contraction, MmaConfig, MmaKind
+from welder.schedule.kinds.mma import FP16, Contraction, MmaConfig, MmaKind, Operand
 
 #: The GPU generation with wgmma (sm_90a code runs on 9.0 alone).
 COMPUTE_CAPABILITY = (9, 0)
@@ -68,6 +68,16 @@ WGMMA_EFFICIENCY = 0.65
 SLICE_LATENCY_US = 0.75
 #: Registers besides the accumulators: descriptors, copy addresses, loop state, epilogue.
 BASE_REGISTERS = 40
+#: The producer variant (TMA copies issued by a warpgroup of their own): the consumers only
+#: wait and multiply, so more of the peak and a shorter step per slice are expected (first
+#: guesses, to be fitted on the H100 like the cp.async variant's).
+TMA_EFFICIENCY = 0.8
+TMA_SLICE_LATENCY_US = 0.6
+#: Threads of the producer warpgroup (one thread issues the copies; a whole warpgroup keeps
+#: the consumers' warpgroup numbering and register budget simple).
+PRODUCER_THREADS = 128
+#: Dimensions a TMA tensor map may have; two are the slice's, the rest batch axes.
+TMA_MAX_RANK = 5
 
 
 @dataclass
@@ -77,8 +87,18 @@ class WgmmaConfig(MmaConfig):
 
     kind: ClassVar[str] = "wgmma"
 
+    # A warpgroup of its own feeds the ring with TMA copies (tensor maps the kernel takes as
+    # parameters), each slot guarded by a full and an empty mbarrier; the ``warps`` are the
+    # consumers.
+    producer: bool = False
+
+    @property
+    def threads(self) -> int:
+        return self.warps[0] * self.warps[1] * 32 + (PRODUCER_THREADS if self.producer else 0)
+
     @property
     def warpgroups(self) -> int:
+        """Consumer warpgroups: those that multiply."""
         return self.warps[0] // 4
 
     @property
@@ -88,7 +108,15 @@ class WgmmaConfig(MmaConfig):
 
     @property
     def family(self) -> str:
+        if self.producer:
+            return "wgmma/tma"
         return "wgmma/split-k" if self.splits > 1 else "wgmma"
+
+    @property
+    def barrier_offset(self) -> int:
+        """Byte offset of the producer variant's mbarriers in the shared pool: after the ring's
+        slots, ``pipeline`` full ones then ``pipeline`` empty ones."""
+        return self.pipeline_offset + self.pipeline * (self.block_m + self.block_n) * self.block_k * 2
 
 
 class WgmmaKind(MmaKind):
@@ -122,7 +150,9 @@ class WgmmaKind(MmaKind):
         return (16,)
 
     def ring_bytes(self, cfg: MmaConfig, con: Contraction) -> int:
-        return cfg.pipeline * (cfg.block_m + cfg.block_n) * cfg.block_k * con.fmt.elem_bytes
+        slots = cfg.pipeline * (cfg.block_m + cfg.block_n) * cfg.block_k * con.fmt.elem_bytes
+        barriers = 2 * cfg.pipeline * 8 if getattr(cfg, "producer", False) else 0
+        return slots + barriers
 
     def ring_fits(self, offset: int) -> str | None:
         if offset % ATOM_BYTES:
@@ -130,11 +160,45 @@ class WgmmaKind(MmaKind):
         return None
 
     def in_flight(self, cfg: MmaConfig) -> int:
-        return cfg.pipeline - 2
+        # The producer refills a slot as soon as its consumers release it; cp.async copies
+        # wait a slice longer (the slot is reissued before the previous wgmma group is done).
+        return cfg.pipeline - 1 if getattr(cfg, "producer", False) else cfg.pipeline - 2
+
+    def variants(self, stage: MmaConfig, con: Contraction) -> list[MmaConfig]:
+        if tma_maps_fit(con):
+            return [stage, replace(stage, producer=True)]
+        return [stage]
+
+    def splittable(self, cfg: MmaConfig) -> bool:
+        return not getattr(cfg, "producer", False)
+
+    def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
+        if getattr(cfg, "producer", False):
+            return TMA_EFFICIENCY, TMA_SLICE_LATENCY_US
+        return self.efficiency, self.slice_latency_us
 
     def registers(self, cfg: MmaConfig) -> int:
         assert isinstance(cfg, WgmmaConfig)
         return BASE_REGISTERS + cfg.wg_m * cfg.block_n // 128
+
+
+def tma_dims(con: Contraction, operand: Operand) -> list[str] | None:
+    """The axes of ``operand``'s tensor map, innermost first: its contiguous axis, the other
+    one of its slice (K, or its own M or N), then every batch axis it moves along; None
+    where a map cannot describe it (more than :data:`TMA_MAX_RANK` axes)."""
+    own = "m" if operand is con.a else "n"
+    inner, outer = (own, "k") if operand.contiguous == own else ("k", own)
+    names = [con.axis_name(inner), con.axis_name(outer)]
+    batch = [n for d in con.batch_axes if operand.strides.get(n := con.compute.axes[d].name, 0)]
+    if len(names) + len(batch) > TMA_MAX_RANK or any(operand.strides.get(n, 0) <= 0 for n in names + batch):
+        return None
+    return names + batch
+
+
+def tma_maps_fit(con: Contraction) -> bool:
+    """Whether both operands can be read through TMA tensor maps: 16-byte aligned starts and
+    strides (the 16-byte copies the kind requires already prove both) and few enough axes."""
+    return con.copy_bytes() == 16 and all(tma_dims(con, op) is not None for op in (con.a, con.b))
 
 
 KIND = WgmmaKind(FP16, WgmmaConfig)
