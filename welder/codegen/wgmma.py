@@ -24,7 +24,7 @@ from welder.schedule.config import StageConfig
 from welder.schedule.kinds.mma import Contraction, Operand
 from welder.schedule.kinds.wgmma import ATOM_BYTES, BLOCK_K, WgmmaConfig
 
-from .mma import ContractionStageCtx, contraction_fields, operand_offset, stage_contraction
+from .mma import ContractionStageCtx, contraction_fields, gather_value, operand_offset, stage_contraction
 
 if TYPE_CHECKING:
     from .kernel import KernelBuilder
@@ -60,6 +60,12 @@ class _Operand:
     k_step: int  # elements the source advances per unit of k0
     fixed_origin: str  # m0 or n0
     fixed_limit: int  # M or N
+    cols: int  # elements per slice along the row axis
+    # A gathered operand (always MN-major): as the mma stage's (codegen/mma.py), with
+    # ``gather_dst`` placing a pair in the swizzled slot.
+    gather: str | None = None
+    pairs: int = 0
+    gather_dst: str = ""
 
 
 @dataclass(kw_only=True)
@@ -119,8 +125,9 @@ def _operand(
         row_limit, col_limit, row_stride = extent, con.k_extent, con.stride(op, role)
     chunks = cols // 8
     threads = st.threads
-    assert threads % chunks == 0 and rows % (threads // chunks) == 0, (threads, rows, cols)
-    row_step = threads // chunks
+    gathered = op.gathered
+    assert gathered or (threads % chunks == 0 and rows % (threads // chunks) == 0), (threads, rows, cols)
+    row_step = max(threads // chunks, 1)
     return _Operand(
         name="a" if role == "m" else "b",
         param=kb.params[op.tensor].name,
@@ -143,4 +150,9 @@ def _operand(
         k_step=row_stride if k_rows else 1,
         fixed_origin="m0" if role == "m" else "n0",
         fixed_limit=extent,
+        cols=cols,
+        gather=gather_value(kb, con, op, origins) if gathered else None,
+        pairs=rows * cols // 2 // threads if gathered else 0,
+        # Panel col / 64 of 64-element rows, 16-byte unit (col % 64 / 8) ^ (row % 8) of its row.
+        gather_dst=f"col / 64 * {rows * 64} + row * 64 + ((col % 64 / 8) ^ (row & 7)) * 8 + col % 8",
     )

@@ -103,6 +103,8 @@ class WgmmaKind(MmaKind):
     #: 1.5-5 us over their chains (2.3 us, and about 0.5 us per further split).
     split_fixed_us = 2.3
     split_step_us = 0.5
+    #: wgmma runs asynchronously: a gathered operand's copies of the next slice overlap it.
+    gather_overlaps = True
     #: One block per SM keeps enough in flight with a ring 4 to 8 slices deep (the 128 x 256
     #: tiles, one per SM, drew about 4 TB/s from L2 on the H100).
     streaming_blocks_per_sm = 1
