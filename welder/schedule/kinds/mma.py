@@ -159,8 +159,8 @@ BASE_REGISTERS = 48
 #: constants are multiply-shifts), the padding guard, the 2-byte load, half a 4-byte shared
 #: store (elements go in pairs).  Counted against the SM's 4 x 32 lanes issued per clock.
 GATHER_ISSUE = 12
-#: Registers a thread keeps per gathered element pair of a slice (the slice ahead is held
-#: in registers while the current one is multiplied), besides the pair itself: none.
+#: Registers a thread holds per gathered element pair (one ``__half2``) of the slice it
+#: keeps in registers while the current one is multiplied.
 GATHER_PAIR_REGISTERS = 1
 
 
@@ -681,7 +681,10 @@ def _radix_axes(dims: Sequence[Interval], con: Contraction) -> dict[int, tuple[i
             return f"root tile: the contraction's origin along axis {j} is not affine in the block ({d})"
         k, size = int(lo.a.name[1:]), int(lo.b.value)
         if lo.op == "floordiv" and j not in con.batch_axes:
-            return f"root tile: root axis {k} steps axis {j} (not a batch axis) every {size} elements"
+            return (
+                f"root tile: the contraction's origin along axis {j} is not affine in the block ({d}),"
+                f" and it is not a batch axis that root axis {k} steps every {size} elements"
+            )
         if lo.op == "mod":
             found[k] = (size, j)
     return found
