@@ -1,8 +1,10 @@
-"""Pointwise (1x1) convolutions on tensor cores: a half-precision 1x1 / stride 1 / unpadded /
-ungrouped Conv is lowered as a batched product over the flattened image, which the ``mma``
-kind computes with its consumers (bias, ReLU6, a residual Add) fused after it; other
-convolutions, and fp32 ones, keep the image form and the CUDA cores.  Results are compared
-with onnxruntime."""
+"""Convolutions on tensor cores.  A half-precision 1x1 / stride 1 / unpadded / ungrouped Conv
+is lowered as a batched product over the flattened image, which the ``mma`` kind computes
+with its consumers (bias, ReLU6, a residual Add) fused after it.  Any other fp16 conv whose
+groups are wide enough is an implicit GEMM: the same flat product with one reduce axis over
+(input channels, taps), the image a gathered operand that the ``mma`` and ``wgmma`` stages
+copy element by element.  Depthwise and narrow-group convs, and fp32 ones, keep the image
+form and the CUDA cores.  Results are compared with onnxruntime."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from welder.check import error_metric, threshold_for
 from welder.frontend.onnx import import_onnx
 from welder.runtime.emu import available
 from welder.schedule.group import make_group
-from welder.schedule.kinds import Options, ScheduleContext, mma
+from welder.schedule.kinds import Options, ScheduleContext, mma, wgmma
 from welder.schedule.plan import plan_model
 from welder.session import check_model
 
@@ -40,20 +42,25 @@ def _conv_model(
     stride: int = 1,
     pad: int = 0,
     group: int = 1,
+    dilation: int = 1,
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """``Conv(x, w, b)`` then ``after``: ``"relu6"`` (Clip 0..6), ``"add"`` (the input added
-    back: a residual, so ``out`` equals the input channels) or ``""``."""
+    back: a residual, so ``out`` equals the input channels and the conv keeps the image's
+    size), ``"relu+add"`` (a ReLU, then the residual) or ``""``."""
     x = RNG.standard_normal(shape).astype(dtype)
     fan_in = shape[1] // group * kernel * kernel
     w = (RNG.standard_normal((out, shape[1] // group, kernel, kernel)) / np.sqrt(fan_in)).astype(dtype)
     consts = {"w": w, "b": RNG.standard_normal(out).astype(dtype)}
-    attrs = {"strides": [stride, stride], "pads": [pad] * 4, "group": group}
+    attrs = {"strides": [stride, stride], "pads": [pad] * 4, "group": group, "dilations": [dilation] * 2}
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if after else "y"], **attrs)]
     if after == "relu6":
         consts |= {"lo": np.array(0, dtype), "hi": np.array(6, dtype)}
         nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
     elif after == "add":
         nodes.append(helper.make_node("Add", ["c", "x"], ["y"]))
+    elif after == "relu+add":
+        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+        nodes.append(helper.make_node("Add", ["r", "x"], ["y"]))
     return make_model(nodes, {"x": x}, ["y"], consts, opset=17), {"x": x}
 
 
@@ -63,7 +70,12 @@ def _onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.nda
 
 
 def _mma_stages(graph_plan) -> list[str]:
-    return [st.kind for g in graph_plan.groups for st in g.configs[0].stages if st.kind.startswith("mma")]
+    return [
+        st.kind
+        for g in graph_plan.groups
+        for st in g.configs[0].stages
+        if st.kind.startswith(("mma", "wgmma"))
+    ]
 
 
 POINTWISE = {
@@ -110,19 +122,17 @@ def test_planner_puts_a_batched_pointwise_conv_on_tensor_cores(after: str, tmp_p
     assert report.passed, report
 
 
-OTHER_CONVS = {
-    "3x3, padded": {"kernel": 3, "pad": 1},
-    "1x1, stride 2": {"stride": 2},
-    "1x1, padded": {"pad": 1},
-    "1x1, 2 groups": {"group": 2},
+#: Narrow groups: depthwise (one channel per group), and 8 output channels per group.
+NARROW_CONVS = {
     "3x3 depthwise": {"kernel": 3, "pad": 1, "group": 32},
+    "3x3, 4 groups of 8 channels": {"kernel": 3, "pad": 1, "group": 4},
 }
 
 
 @needs_emulator
-@pytest.mark.parametrize("label", list(OTHER_CONVS))
-def test_other_convs_stay_off_tensor_cores_and_match(label: str, tmp_path: Path) -> None:
-    model, _ = _conv_model((2, 32, 12, 12), 32, "relu6", **OTHER_CONVS[label])
+@pytest.mark.parametrize("label", list(NARROW_CONVS))
+def test_narrow_group_convs_stay_off_tensor_cores_and_match(label: str, tmp_path: Path) -> None:
+    model, _ = _conv_model((2, 32, 12, 12), 32, "relu6", **NARROW_CONVS[label])
     path = tmp_path / "conv.onnx"
     onnx.save(model, str(path))
     graph = import_onnx(path)
@@ -133,10 +143,11 @@ def test_other_convs_stay_off_tensor_cores_and_match(label: str, tmp_path: Path)
     assert report.passed, report
 
 
-def test_fp32_pointwise_conv_keeps_the_image_form_and_exact_arithmetic() -> None:
-    """fp32 1x1 convolutions are not flattened (the CUDA-core kind tiles the image form
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_fp32_conv_keeps_the_image_form_and_exact_arithmetic(kernel: int) -> None:
+    """fp32 convolutions are not flattened (the CUDA-core kind tiles the image form
     better), so no tensor-core stage computes them, with or without TF32 allowed."""
-    model, _ = _conv_model((8, 64, 28, 28), 128, "relu6", dtype=np.float32)
+    model, _ = _conv_model((8, 64, 28, 28), 128, "relu6", dtype=np.float32, kernel=kernel, pad=kernel // 2)
     graph = import_onnx(model)
     assert all(len(n.compute.shape) == 4 for n in graph.nodes.values())
     assert _mma_stages(plan_model(graph, ARCH, topk=1)) == []
@@ -156,3 +167,82 @@ def test_the_flat_product_keeps_the_image_output() -> None:
     assert (con.m, con.n, con.k_extent) == (40, 100, 48)
     assert con.b.tensor == "x" and con.b.contiguous == "n"
     assert con.b.strides[con.k] == 100 and con.b.strides[con.axis_name("n")] == 1
+
+
+# -- implicit GEMM: any fp16 conv with wide groups -------------------------------------------
+
+#: (input shape, output channels, Conv attributes, what follows): each sized so that both
+#: kinds have configs (wgmma's tiles are 64 wide) and the emulator runs them in seconds.
+IMPLICIT = {
+    "3x3 s1 p1": ((2, 16, 10, 10), 32, {"kernel": 3, "pad": 1}, "relu6"),
+    "3x3 s2 p1": ((1, 16, 14, 14), 32, {"kernel": 3, "stride": 2, "pad": 1}, ""),
+    "7x7 s2 p3 over 3 channels (K = 147)": ((1, 3, 20, 20), 32, {"kernel": 7, "stride": 2, "pad": 3}, ""),
+    "4x4 s4 patch embedding": ((1, 8, 32, 32), 32, {"kernel": 4, "stride": 4}, ""),
+    "3x3 dilation 2": ((1, 16, 12, 12), 32, {"kernel": 3, "pad": 2, "dilation": 2}, ""),
+    "3x3, 2 groups of 32": ((1, 32, 10, 10), 64, {"kernel": 3, "pad": 1, "group": 2}, ""),
+    "3x3, bias + ReLU + residual": ((1, 32, 10, 10), 32, {"kernel": 3, "pad": 1}, "relu+add"),
+    "1x1 s2": ((1, 32, 16, 16), 32, {"stride": 2}, ""),
+}
+KINDS = {"mma": mma.KIND, "wgmma": wgmma.KIND}
+
+
+def _implicit(label: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    shape, out, attrs, after = IMPLICIT[label]
+    return _conv_model(shape, out, after, **attrs)
+
+
+@needs_emulator
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("label", list(IMPLICIT))
+def test_implicit_gemm_conv_runs_on_tensor_cores_and_matches_onnxruntime(label: str, kind: str) -> None:
+    """The whole graph as one group under the kind's best configs of two block tiles: the
+    first stage is the tensor-core product with the image gathered, its consumers later
+    stages; the emulated output matches onnxruntime."""
+    model, feeds = _implicit(label)
+    graph = import_onnx(model)
+    group = make_group(graph, list(graph.nodes))
+    ctx = ScheduleContext(
+        lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, ARCH, Options(topk=50)
+    )
+    con = mma.contraction(group.computes[group.stages[0]], ctx.shape_of)
+    assert con is not None and con.gathered is con.b and con.b.tensor == "x"
+    configs = KINDS[kind].propose(group, ctx)
+    assert configs, f"{label}: the {kind} rule proposed nothing"
+    assert all(cfg.stages[0].kind == kind for cfg in configs)
+    chosen = list({cfg.stages[0].block: cfg for cfg in reversed(configs)}.values())[-2:]
+    reference = _onnxruntime(model, feeds)
+    for cfg, runs in zip(chosen, emulate_configs(graph, group, chosen, feeds)):
+        err = error_metric(runs[0]["y"], reference)
+        assert err <= threshold_for("float16"), f"{label}: {cfg.stages[0]} error {err:.3e}"
+
+
+def test_the_implicit_gemm_lowering_pads_ragged_weight_rows() -> None:
+    """ResNet's stem: K = 3 x 7 x 7 = 147 halves a weight row, which no 16-byte copy starts
+    on; the lowering reads padded constant rows of 152 (zeros past 147) and still sums 147."""
+    model, _ = _implicit("7x7 s2 p3 over 3 channels (K = 147)")
+    graph = import_onnx(model)
+    shape_of = lambda t: graph.tensor(t).shape  # noqa: E731
+    (con,) = [c for n in graph.nodes.values() if (c := mma.contraction(n.compute, shape_of)) is not None]
+    assert (con.m, con.n, con.k_extent) == (32, 100, 147)
+    assert con.a.strides[con.axis_name("m")] == 152 and con.a.contiguous == "k"
+    padded = graph.constants[con.a.tensor]
+    weights = onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "w"))
+    assert padded.shape == (32, 152) and not padded[:, 147:].any()
+    assert np.array_equal(padded[:, :147], weights.reshape(32, 147))
+
+
+@needs_emulator
+@pytest.mark.parametrize(("arch", "kind"), [("A100", "mma"), ("H100", "wgmma")])
+def test_planner_puts_a_3x3_conv_on_the_arch_tensor_core_kind(arch: str, kind: str, tmp_path: Path) -> None:
+    """At a size the cost model gives to tensor cores, the planned conv kernel is the arch's
+    tensor-core kind with bias, ReLU and the residual fused after it, and the emulated plan
+    matches onnxruntime."""
+    model, _ = _conv_model((4, 32, 16, 16), 32, "relu+add", kernel=3, pad=1)
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, str(path))
+    plan = plan_model(import_onnx(path), get_arch(arch), topk=1)
+    firsts = [g.configs[0].stages[0].kind for g in plan.groups]
+    assert kind in firsts, firsts
+    assert all(len(g.configs[0].stages) >= 2 for g in plan.groups if g.configs[0].stages[0].kind == kind)
+    report = check_model(path, backend="emulate", arch=arch)
+    assert report.passed, report

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from welder.ir.expr import Load, Select
 from welder.ir.layout import row_major_strides
 from welder.schedule.config import StageConfig
 from welder.schedule.kinds.mma import (
@@ -26,7 +27,8 @@ from welder.schedule.kinds.mma import (
     workspace_bytes,
 )
 
-from .common import STORAGE_TYPES, StageCtx, sanitize_comment
+from .common import STORAGE_TYPES, StageCtx, flat_index, sanitize_comment
+from .cprint import CPrinter
 
 if TYPE_CHECKING:
     from .kernel import KernelBuilder
@@ -69,6 +71,12 @@ class _Operand:
     k_step: int  # elements the source advances per unit of k0
     fixed_origin: str  # m0 or n0: the origin along the axis that is not K
     fixed_limit: int  # M or N
+    # A gathered operand (rows along K): the C value, an element of the storage type, at K
+    # index ``gk`` and M or N index ``gf`` (in range: the template guards the edges), and
+    # the element pairs each thread copies per slice.  None / 0 for an affine operand.
+    gather: str | None = None
+    pairs: int = 0
+    gather_dst: str = ""  # C: a pair's element offset within a slot, in ``row`` and ``col``
 
 
 @dataclass(kw_only=True)
@@ -163,6 +171,27 @@ def stage_contraction(kb: KernelBuilder, st: StageConfig) -> Contraction:
     return con
 
 
+def gather_value(kb: KernelBuilder, con: Contraction, op: Operand, origins: list[str]) -> str:
+    """C: element ``(gk, gf)`` of gathered operand ``op``'s matrix (``gk`` along K, ``gf``
+    along its own axis, the batch axes at this block's origins), as the storage type: its
+    load at the IR's index expressions, or zero where the padding guard fails.  The value
+    is copied, not computed: a 2-byte load, no conversion."""
+    assert op.gather is not None
+    c = con.compute
+    own = con.axis_name(op.contiguous)
+    names = {c.axes[d].name: origins[d] for d in con.batch_axes} | {own: "gf", con.k: "gk"}
+    param = kb.params[op.tensor]
+
+    def load(ld: Load, p: CPrinter) -> str:
+        return f"{param.name}[{flat_index([p(i) for i in ld.indices], param.shape)}]"
+
+    printer = CPrinter(load, names)
+    if isinstance(op.gather, Select):
+        zero = "__float2half(0.0f)" if con.fmt.elem_bytes == 2 else "0.0f"
+        return f"({printer(op.gather.cond)} ? {printer(op.load)} : {zero})"
+    return printer(op.load)
+
+
 def operand_offset(con: Contraction, op: Operand, origins: list[str]) -> str:
     """C: the element offset of this block's matrix of ``op`` in its tensor."""
     batch = " + ".join(
@@ -253,6 +282,7 @@ def _operand(
             fragment = (
                 f"({warp} + {lane_matrix} / 2 * 8 + lane % 8) * {ld} + kk + {lane_matrix} % 2 * {half_k}"
             )
+    gathered = op.gathered
     chunks = cols // (st.copy_bytes // fmt.elem_bytes)
     threads = st.threads
     hoisted = threads % chunks == 0 and rows % (threads // chunks) == 0
@@ -283,4 +313,7 @@ def _operand(
         k_step=row_stride if k_rows else 1,
         fixed_origin=origin,
         fixed_limit=extent,
+        gather=gather_value(kb, con, op, origins) if gathered else None,
+        pairs=rows * cols // 2 // threads if gathered else 0,
+        gather_dst=f"row * {ld} + col",
     )

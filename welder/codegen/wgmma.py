@@ -24,7 +24,7 @@ from welder.schedule.config import StageConfig
 from welder.schedule.kinds.mma import Contraction, Operand
 from welder.schedule.kinds.wgmma import ATOM_BYTES, BLOCK_K, WgmmaConfig, tma_dims
 
-from .mma import ContractionStageCtx, contraction_fields, operand_offset, stage_contraction
+from .mma import ContractionStageCtx, contraction_fields, gather_value, operand_offset, stage_contraction
 
 if TYPE_CHECKING:
     from .kernel import KernelBuilder
@@ -71,6 +71,12 @@ class _Operand:
     k_step: int  # elements the source advances per unit of k0
     fixed_origin: str  # m0 or n0
     fixed_limit: int  # M or N
+    cols: int  # elements per slice along the row axis
+    # A gathered operand (always MN-major): as the mma stage's (codegen/mma.py), with
+    # ``gather_dst`` placing a pair in the swizzled slot.
+    gather: str | None = None
+    pairs: int = 0
+    gather_dst: str = ""
     map: str | None = None  # the producer variant: the operand's tensor-map parameter
     loads: list[_TmaLoad] = field(default_factory=list)  # and the boxes of one slice
 
@@ -173,11 +179,12 @@ def _operand(
         row_limit, col_limit, row_stride = extent, con.k_extent, con.stride(op, role)
     chunks = cols // 8
     threads = st.threads
+    gathered = op.gathered
     if st.producer:  # no cp.async copies: the copy loop's fields go unused
         row_step = rows
     else:
-        assert threads % chunks == 0 and rows % (threads // chunks) == 0, (threads, rows, cols)
-        row_step = threads // chunks
+        assert gathered or (threads % chunks == 0 and rows % (threads // chunks) == 0), (threads, rows, cols)
+        row_step = max(threads // chunks, 1)
     return _Operand(
         name="a" if role == "m" else "b",
         param=kb.params[op.tensor].name,
@@ -200,4 +207,9 @@ def _operand(
         k_step=row_stride if k_rows else 1,
         fixed_origin="m0" if role == "m" else "n0",
         fixed_limit=extent,
+        cols=cols,
+        gather=gather_value(kb, con, op, origins) if gathered else None,
+        pairs=rows * cols // 2 // threads if gathered else 0,
+        # Panel col / 64 of 64-element rows, 16-byte unit (col % 64 / 8) ^ (row % 8) of its row.
+        gather_dst=f"col / 64 * {rows * 64} + row * 64 + ((col % 64 / 8) ^ (row & 7)) * 8 + col % 8",
     )

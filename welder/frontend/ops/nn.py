@@ -17,6 +17,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from welder.errors import ModelError
 from welder.frontend.ops.norm import reduce_over
 from welder.frontend.ops.shape import reshape_index, reshaped
@@ -25,8 +27,13 @@ from welder.ir.compute import Reduce, reduce, reduce_axis, reduce_identity
 from welder.ir.expr import Expr, ExprLike, cast, eq, ge, is_float, logical_and, lt, maximum, minimum, select
 
 AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
-#: Dtypes whose 1x1 convolutions are lowered as flat products (:func:`_pointwise_conv`).
+#: Dtypes whose convolutions are lowered as flat products (:func:`_pointwise_conv`,
+#: :func:`_conv_as_product`), the form the tensor-core kinds compute.
 POINTWISE_AS_PRODUCT = frozenset({"float16"})
+#: Narrowest group lowered as a product: output channels per group (M) and input channels
+#: per group times kernel taps (K) of at least one m16n8k16 instruction's M and K.  Narrower
+#: groups (depthwise, ShuffleNet's) would be mostly padding on tensor cores.
+PRODUCT_MIN_GROUP = 16
 
 
 @dataclass(frozen=True)
@@ -308,9 +315,16 @@ def conv(ctx: LowerContext) -> Tensor:
             f"{ctx.label}: weights {list(w.shape)} do not fit {x.shape[1]} input channels in {group} group(s)"
         )
     windows = sliding_windows(ctx, x.shape[2:], _kernel_shape(ctx, x.rank - 2, w.shape[2:]))
-    if x.dtype in POINTWISE_AS_PRODUCT and group == 1 and len(windows) > 1 and all(map(_pointwise, windows)):
-        return _with_bias(ctx, _pointwise_conv(ctx, x, w))
     m_per_group = m // group
+    if x.dtype in POINTWISE_AS_PRODUCT:
+        pointwise = group == 1 and all(map(_pointwise, windows))
+        if pointwise and len(windows) > 1:
+            return _with_bias(ctx, _pointwise_conv(ctx, x, w))
+        taps = math.prod(win.kernel for win in windows)
+        wide = m_per_group >= PRODUCT_MIN_GROUP and per_group * taps >= PRODUCT_MIN_GROUP
+        # A 1-D pointwise conv is a product in its image form already.
+        if wide and not pointwise:
+            return _with_bias(ctx, _conv_as_product(ctx, x, w, windows, group))
 
     def fn(n: Expr, c: Expr, *o: Expr) -> Reduce:
         ci = reduce_axis(per_group)
@@ -353,6 +367,61 @@ def _pointwise_conv(ctx: LowerContext, x: Tensor, w: Tensor) -> Tensor:
 
     y = ctx.compute((x.shape[0], w.shape[0], flat), fn, "conv")
     return reshaped(ctx, y, (x.shape[0], w.shape[0], *spatial))
+
+
+def _conv_as_product(
+    ctx: LowerContext, x: Tensor, w: Tensor, windows: Sequence[Window], group: int
+) -> Tensor:
+    """Any convolution as a flat product (an implicit GEMM), reshaped back to the image:
+    ``O[n, (g,) c, p] = sum_k W[g*Mg + c, k] * X~[n, g, k, p]`` with ``p`` the output
+    positions flattened and one reduce axis ``k`` over the group's input channels and kernel
+    taps flattened (the weights' own row-major order, so ``W`` stays affine: row ``c`` is
+    ``K`` contiguous elements).  ``X~`` is the image operand the product gathers: ``k`` and
+    ``p`` are decomposed with ``//`` and ``%`` into ``(ci, taps)`` and the output position,
+    and a tap that reads padding is the same ``select(inside, X[...], 0)`` as the image form.
+
+    The tensor-core kinds compute it with ``W`` copied as an affine operand and ``X~`` as a
+    gathered one, element by element (docs/tensor_cores.md, "Convolutions as implicit
+    GEMM").  A 1x1 unpadded stride-1 conv is the special case whose gather is affine
+    (:func:`_pointwise_conv`).  Several groups get an axis of their own in front of the
+    channels: every group is one matrix of a batched product."""
+    n, per_group = x.shape[0], w.shape[1]
+    m_per_group = w.shape[0] // group
+    outs = tuple(win.out for win in windows)
+    kernel = tuple(win.kernel for win in windows)
+    flat, depth = math.prod(outs), per_group * math.prod(kernel)
+    padded = _padded_weights(ctx, w, depth)
+
+    def fn(*axes: Expr) -> Reduce:
+        b, c, p = axes[0], axes[-2], axes[-1]
+        g = axes[1] if group > 1 else 0
+        k = reduce_axis(depth)
+        ci, *ks = reshape_index((k,), (depth,), (per_group, *kernel))
+        o = reshape_index((p,), (flat,), outs)
+        row = g * m_per_group + c if group > 1 else c
+        channel = g * per_group + ci if group > 1 else ci
+        image = _window_load(x, (b, channel), windows, o, ks, 0.0)
+        weight = w[(row, ci, *ks)] if padded is None else padded[(row, k)]
+        return reduce("sum", weight * image, [k])
+
+    lead = (n, group) if group > 1 else (n,)
+    y = ctx.compute((*lead, m_per_group, flat), fn, "conv")
+    return reshaped(ctx, y, (n, w.shape[0], *outs))
+
+
+def _padded_weights(ctx: LowerContext, w: Tensor, depth: int) -> Tensor | None:
+    """Constant weights as ``[out channels, depth]`` rows padded with zeros to a multiple of
+    8 elements, where ``depth`` is not one (ResNet's 7x7 stem over 3 channels: 147): the
+    tensor-core kinds copy weight rows 16 bytes at a time, which needs every row to start
+    16-byte aligned.  The product still sums ``depth`` elements.  None where no padding is
+    needed or the weights are not constant (that conv then stays off tensor cores)."""
+    value = ctx.const_value(1)
+    if depth % 8 == 0 or value is None:
+        return None
+    rows = w.shape[0]
+    padded = np.zeros((rows, -(-depth // 8) * 8), value.dtype)
+    padded[:, :depth] = value.reshape(rows, depth)
+    return ctx.constant(padded, "weights")
 
 
 @register("ConvTranspose")

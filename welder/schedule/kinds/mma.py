@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from welder.ir.compute import Compute
-from welder.ir.expr import Binary, Load
+from welder.ir.expr import Binary, Const, Expr, Load, Select, Var, free_vars, walk
 from welder.ir.layout import affine_layout
 from welder.schedule.config import Estimate, GroupConfig, StageConfig
 from welder.schedule.group import Group
@@ -59,7 +59,7 @@ from welder.schedule.kinds import simt
 from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, ScheduleContext, ShapeOf, top_by_family
 from welder.tile.footprint import Buffer
 from welder.tile.propagate import GroupRegions, Region, partitions_output, propagate_group
-from welder.tile.region import Affine
+from welder.tile.region import Affine, Interval
 
 #: mma.sync (m16n8k16 and m16n8k8.tf32), ldmatrix and cp.async arrived with Ampere; a V100
 #: cost model proposes no tensor-core stage of this kind.
@@ -155,6 +155,13 @@ TC_EFFICIENCY = 0.45
 STREAMING_BLOCKS_PER_SM = 2
 #: Registers besides the accumulators and fragments: addresses, loop state, the epilogue.
 BASE_REGISTERS = 48
+#: Thread instructions per element of a gathered operand: its index arithmetic (divisions by
+#: constants are multiply-shifts), the padding guard, the 2-byte load, half a 4-byte shared
+#: store (elements go in pairs).  Counted against the SM's 4 x 32 lanes issued per clock.
+GATHER_ISSUE = 12
+#: Registers a thread holds per gathered element pair (one ``__half2``) of the slice it
+#: keeps in registers while the current one is multiplied.
+GATHER_PAIR_REGISTERS = 1
 
 
 @dataclass
@@ -219,13 +226,24 @@ class Operand:
     """One operand's addressing: element ``(.., m or n, k)`` of the matrix the block reads is
     at ``offset + sum(stride[axis] * index)`` of ``tensor``; ``contiguous`` names the
     axis of stride 1 (``"k"``, or ``"m"`` for A / ``"n"`` for B) -- the rows of its
-    shared-memory slice run along the other one."""
+    shared-memory slice run along the other one.
+
+    A *gathered* operand (``gather`` set: a convolution's image read through ``//`` and
+    ``%`` of the flattened axes, padding as a select) has no strides: each element's
+    address is ``gather``'s own index expression, which the stage evaluates per element.
+    Its slice is stored with rows along K (``contiguous`` is its own axis, ``"m"`` or
+    ``"n"``), so that consecutive threads fill consecutive elements of a row."""
 
     load: Load
     tensor: str
     offset: int
     strides: Mapping[str, int]
     contiguous: str
+    gather: Expr | None = None  # the operand's expression: a Load, or select(cond, Load, 0)
+
+    @property
+    def gathered(self) -> bool:
+        return self.gather is not None
 
 
 @dataclass(frozen=True)
@@ -257,6 +275,16 @@ class Contraction:
     def batch(self) -> int:
         return math.prod(self.compute.axes[d].extent for d in self.batch_axes)
 
+    @property
+    def gathered(self) -> Operand | None:
+        """The operand copied element by element, if one is (at most one is)."""
+        return next((o for o in (self.a, self.b) if o.gathered), None)
+
+    @property
+    def copied(self) -> tuple[Operand, ...]:
+        """The operands copied with ``cp.async`` (the affine ones)."""
+        return tuple(o for o in (self.a, self.b) if not o.gathered)
+
     def stride(self, operand: Operand, role: str) -> int:
         """``operand``'s stride along ``role`` (``"m"``, ``"n"`` or ``"k"``)."""
         return operand.strides.get(self.axis_name(role), 0)
@@ -277,22 +305,34 @@ class Contraction:
                 and all(
                     s % width == 0 for name, s in o.strides.items() if name != self.axis_name(o.contiguous)
                 )
-                for o in (self.a, self.b)
+                for o in self.copied
             ):
                 return width * item
         return None
 
 
+def _gathered_load(e: Expr) -> Load | None:
+    """The one load of an operand a stage may gather element by element: ``e`` itself, or
+    ``select(cond, load, 0)`` (a padded window); None for anything else (a computed value,
+    or an index that reads other data)."""
+    load = e
+    if isinstance(e, Select) and isinstance(e.b, Const) and e.b.value == 0:
+        load = e.a
+    if not isinstance(load, Load) or sum(isinstance(x, Load) for x in walk(e)) != 1:
+        return None
+    return load
+
+
 def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
-    """``c`` as a tensor-core contraction, or None (see the module docstring)."""
+    """``c`` as a tensor-core contraction, or None (see the module docstring).  One operand
+    may be gathered (:class:`Operand`): its load is not affine, but it varies along K and
+    one of M or N only, and the other operand is affine."""
     body = c.body
     if (
         c.reduce_op != "sum"
         or c.dtype not in FORMATS
         or not isinstance(body, Binary)
         or body.op != "mul"
-        or not isinstance(body.a, Load)
-        or not isinstance(body.b, Load)
         or body.a.dtype != c.dtype
         or body.b.dtype != c.dtype
         or len(c.axes) < 2
@@ -303,11 +343,14 @@ def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
     if len(ks) != 1:
         return None
     axes = (*c.axes, *c.reduce_axes)
-    layouts = [affine_layout(ld, shape_of(ld.tensor), axes) for ld in (body.a, body.b)]
-    if layouts[0] is None or layouts[1] is None:
-        return None
     m_axis, n_axis, k = len(c.axes) - 2, len(c.axes) - 1, ks[0].name
     m_name, n_name = c.axes[m_axis].name, c.axes[n_axis].name
+    exprs = (body.a, body.b)
+    layouts = [affine_layout(e, shape_of(e.tensor), axes) if isinstance(e, Load) else None for e in exprs]
+    if layouts[0] is None and layouts[1] is None:
+        return None
+    if layouts[0] is None or layouts[1] is None:
+        return _gathered_contraction(c, exprs, layouts, m_axis, n_axis, k)
     ops = list(zip((body.a, body.b), layouts))
     # A does not move along N, B not along M; the product commutes, so either load may be A.
     if ops[0][1][1][n_name] != 0 or ops[1][1][1][m_name] != 0:
@@ -329,6 +372,46 @@ def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
         k,
         tuple(range(len(c.axes) - 2)),
     )
+    return found if found.copy_bytes() is not None else None
+
+
+def _gathered_contraction(
+    c: Compute,
+    exprs: tuple[Expr, Expr],
+    layouts: list[tuple[int, dict[str, int]] | None],
+    m_axis: int,
+    n_axis: int,
+    k: str,
+) -> Contraction | None:
+    """``contraction`` where one operand is not affine: that one is gathered if it is a
+    (guarded) load free of the other output axis, and the affine one is A's or B's."""
+    j = 0 if layouts[0] is None else 1
+    gather, (affine, layout) = exprs[j], (exprs[1 - j], layouts[1 - j])
+    assert layout is not None and isinstance(affine, Load)
+    load = _gathered_load(gather)
+    if load is None or FORMATS[c.dtype].elem_bytes != 2:  # the stages gather 16-bit pairs
+        return None
+    m_name, n_name = c.axes[m_axis].name, c.axes[n_axis].name
+    used = free_vars(gather)
+    if k not in used or not used <= {a.name for a in c.axes} | {k}:
+        return None
+    if m_name not in used:
+        role, other, other_role = "n", m_name, "m"  # the gather is B, the affine operand A
+    elif n_name not in used:
+        role, other, other_role = "m", n_name, "n"
+    else:
+        return None
+    offset, strides = layout
+    own = n_name if role == "n" else m_name  # the gathered operand's axis, along which A or B must not move
+    if strides[own] != 0 or strides[k] == 0:
+        return None
+    contig = "k" if strides[k] == 1 else other_role if strides[other] == 1 else None
+    if contig is None:
+        return None
+    fixed = Operand(affine, affine.tensor, offset, strides, contig)
+    gathered = Operand(load, load.tensor, 0, {}, role, gather)
+    a, b = (fixed, gathered) if role == "n" else (gathered, fixed)
+    found = Contraction(c, FORMATS[c.dtype], a, b, m_axis, n_axis, k, tuple(range(len(c.axes) - 2)))
     return found if found.copy_bytes() is not None else None
 
 
@@ -355,6 +438,28 @@ def registers(cfg: MmaConfig) -> int:
     return BASE_REGISTERS + accumulators + fragments
 
 
+def gather_pairs(cfg: MmaConfig, con: Contraction) -> int:
+    """Element pairs of a gathered operand's slice each thread loads (0 without one): the
+    slice is ``block_k`` rows of the block's M or N, dealt out two adjacent elements of a
+    row at a time, thread-major (pair ``tid + j * threads``)."""
+    op = con.gathered
+    if op is None:
+        return 0
+    block = cfg.block_m if op.contiguous == "m" else cfg.block_n
+    return cfg.block_k * block // 2 // cfg.threads
+
+
+def gather_fits(cfg: MmaConfig, con: Contraction) -> str | None:
+    """Why the block's threads cannot deal out a gathered slice evenly, or None."""
+    op = con.gathered
+    if op is None:
+        return None
+    block = cfg.block_m if op.contiguous == "m" else cfg.block_n
+    if (cfg.block_k * block // 2) % cfg.threads:
+        return f"gather: {cfg.block_k} x {block} elements are not whole pairs per thread of {cfg.threads}"
+    return None
+
+
 class MmaKind:
     """Tensor-core contractions of one operand format (see the module docstring).  One rule,
     one instance per format: ``mma`` (fp16, on by default) and ``mma_tf32`` (fp32 as TF32,
@@ -375,6 +480,10 @@ class MmaKind:
     split_step_us: float = 0.0
     #: The rows of a block tile one warp's products start on (the instruction's M).
     m_granule: int = MMA_M
+    #: Whether a gathered operand's element copies run beside the tensor cores (an
+    #: asynchronous instruction) rather than in the issue slots of the warps' own
+    #: ``mma.sync`` and ``ldmatrix`` (the ``mma`` kind: they add up).
+    gather_overlaps: bool = False
 
     def __init__(self, fmt: MmaFormat, config_type: type[MmaConfig] | None = None) -> None:
         self.fmt = fmt
@@ -519,9 +628,12 @@ def _root_tile(
     unit = propagate_group(members, group.root, (1,) * len(root_shape), ctx.shape_of).members[first]
     digits: dict[int, list[tuple[int, int]]] = {}  # contraction axis: (coefficient, root axis)
     moves: dict[int, int] = {}  # root axis: the contraction axis it moves
+    radix = _radix_axes(unit.dims, con)
+    if isinstance(radix, str):
+        return radix
     for j, d in enumerate(unit.dims):
         if d.affine is None:
-            return f"root tile: the contraction's origin along axis {j} is not affine in the block ({d})"
+            continue  # a digit of a radix root axis (checked by _radix_axes)
         for var, coef in d.affine.terms:
             k = int(var[1:])
             if moves.setdefault(k, j) != j:
@@ -548,6 +660,9 @@ def _root_tile(
             if tile[k] < size:
                 break
             span *= size
+    for k, (size, axis) in radix.items():
+        limit = bm if axis == con.m_axis else bn if axis == con.n_axis else 1
+        tile[k] = max(t for t in range(1, min(size, limit) + 1) if size % t == 0)
     regions = propagate_group(members, group.root, tile, ctx.shape_of)
     region = regions.members[first].extents
     if any(region[d] != 1 for d in con.batch_axes):
@@ -555,6 +670,37 @@ def _root_tile(
     if region[con.m_axis] > bm or region[con.n_axis] > bn:
         return f"root tile: the contraction's region {region} exceeds one {bm} x {bn} tile"
     return tuple(tile), regions
+
+
+def _radix_axes(dims: Sequence[Interval], con: Contraction) -> dict[int, tuple[int, int]] | str:
+    """Root axes that move the contraction along two of its axes as mixed-radix digits, the
+    inner one along M, N or a batch axis and the outer one along a batch axis: a grouped
+    convolution's channels, ``c = g * Mg + c'``, whose one-element root tile has origins
+    ``b // Mg`` (the group, a batch axis) and ``b % Mg`` (M).  By root axis: (the inner
+    digit's size, the contraction axis it moves).  Any other origin that is not affine in
+    the block: why the root tile cannot be placed."""
+    found: dict[int, tuple[int, int]] = {}
+    for j, d in enumerate(dims):
+        if d.affine is not None:
+            continue
+        lo = d.lo
+        if not (
+            isinstance(lo, Binary)
+            and lo.op in ("floordiv", "mod")
+            and isinstance(lo.a, Var)
+            and lo.a.name.startswith("b")
+            and isinstance(lo.b, Const)
+        ):
+            return f"root tile: the contraction's origin along axis {j} is not affine in the block ({d})"
+        k, size = int(lo.a.name[1:]), int(lo.b.value)
+        if lo.op == "floordiv" and j not in con.batch_axes:
+            return (
+                f"root tile: the contraction's origin along axis {j} is not affine in the block ({d}),"
+                f" and it is not a batch axis that root axis {k} steps every {size} elements"
+            )
+        if lo.op == "mod":
+            found[k] = (size, j)
+    return found
 
 
 def _configs(
@@ -636,7 +782,11 @@ def _placed(
         return misplaced
     if smem > arch.smem_per_block:
         return f"smem: {smem} bytes > {arch.smem_per_block}"
-    regs = max([rule.registers(stage), *(simt.registers(st) for st in later)])
+    misfit = gather_fits(stage, con)
+    if misfit:
+        return misfit
+    own = rule.registers(stage) + gather_pairs(stage, con) * GATHER_PAIR_REGISTERS
+    regs = max([own, *(simt.registers(st) for st in later)])
     if regs > arch.max_regs_per_thread:
         return f"registers: {regs} > {arch.max_regs_per_thread}"
     order = tuple(range(len(tile)))
@@ -684,7 +834,7 @@ def _copy_bytes(con: Contraction, region: Region, grid: Sequence[int], widths: S
         elements = width // con.fmt.elem_bytes
         need = {con.n_axis: 2}
         for op, role, axis in ((con.a, "m", con.m_axis), (con.b, "n", con.n_axis)):
-            if op.contiguous == role:
+            if op.contiguous == role and not op.gathered:
                 need[axis] = math.lcm(need.get(axis, 1), elements)
         if all(_aligned_origin(region.dims[axis].lo, step, fixed) for axis, step in need.items()):
             return width
@@ -749,6 +899,13 @@ def _estimate(
     efficiency, slice_latency_us = rule.cost_constants(stage)
     sm_rate = getattr(arch, con.fmt.peak) * 1e12 * efficiency / arch.sm_count  # flop/s per SM
     tc_us = -(-blocks // arch.sm_count) * flops_block / sm_rate * 1e6
+    # A gathered operand: every element of its slices is addressed and copied by a thread.
+    gather_us = 0.0
+    if con.gathered is not None:
+        elements = 2 * gather_pairs(stage, con) * threads * split_tiles
+        issue = 4 * 32 * arch.clock_ghz * 1e9  # lanes an SM issues per second
+        gather_us = -(-blocks // arch.sm_count) * elements * GATHER_ISSUE / issue * 1e6
+    core_us = max(tc_us, gather_us) if rule.gather_overlaps else tc_us + gather_us
     chain_us = waves * (split_tiles / rule.in_flight(stage) + 1) * slice_latency_us
     simt_flops = sum(
         math.prod(regions.members[st.node].extents) * simt.point_flops(group.computes[st.node])
@@ -779,7 +936,7 @@ def _estimate(
     share = min(1.0, resident / (rule.streaming_blocks_per_sm * arch.sm_count))
     dram_us = compulsory / (arch.global_bw_gbs * 1e9 * simt.DRAM_EFFICIENCY * share) * 1e6
     l2_us = (read_bytes + write_bytes) / (arch.l2_bw_gbs * 1e9 * share) * 1e6
-    latency = max(tc_us + simt_us, dram_us, l2_us, chain_us) + reduce_us + LAUNCH_OVERHEAD_US
+    latency = max(core_us + simt_us, dram_us, l2_us, chain_us) + reduce_us + LAUNCH_OVERHEAD_US
     return Estimate(
         blocks=blocks,
         blocks_per_sm=blocks_per_sm,

@@ -131,6 +131,8 @@ class WgmmaKind(MmaKind):
     #: 1.5-5 us over their chains (2.3 us, and about 0.5 us per further split).
     split_fixed_us = 2.3
     split_step_us = 0.5
+    #: wgmma runs asynchronously: a gathered operand's copies of the next slice overlap it.
+    gather_overlaps = True
     #: One block per SM keeps enough in flight with a ring 4 to 8 slices deep (the 128 x 256
     #: tiles, one per SM, drew about 4 TB/s from L2 on the H100).
     streaming_blocks_per_sm = 1
@@ -198,7 +200,10 @@ def tma_dims(con: Contraction, operand: Operand) -> list[str] | None:
 def tma_maps_fit(con: Contraction) -> bool:
     """Whether both operands can be read through TMA tensor maps: 16-byte aligned starts and
     strides (the 16-byte copies the kind requires already prove both) and few enough axes."""
-    return con.copy_bytes() == 16 and all(tma_dims(con, op) is not None for op in (con.a, con.b))
+    operands = (con.a, con.b)
+    if con.copy_bytes() != 16 or any(op.gathered for op in operands):
+        return False  # a gathered operand (an image read through a window) has no map
+    return all(tma_dims(con, op) is not None for op in operands)
 
 
 KIND = WgmmaKind(FP16, WgmmaConfig)
