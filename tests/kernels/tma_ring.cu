@@ -23,10 +23,10 @@
 
 namespace tma_ring {
 
-constexpr int kBM = 128, kBN = 64, kBK = 64, kStages = 4, kThreads = 384;
+constexpr int kBM = 128, kBN = 64, kBK = 64, kStages = 4;
 constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kSlotBytes = kABytes + kBBytes;
-// 1024 bytes of alignment slack, the slots, then 2 * kStages mbarriers.
-constexpr int kSmemBytes = 1024 + kStages * kSlotBytes + 2 * kStages * 8;
+// The launch's dynamic size: 1024 bytes of alignment slack, the slots, then 2 * kStages mbarriers.
+static_assert(1024 + kStages * kSlotBytes + 2 * kStages * 8 == 99392, "tma_reference.RING_SMEM_BYTES");
 
 }  // namespace tma_ring
 

@@ -28,6 +28,7 @@ later call fails with a GpuError saying so.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import itertools
@@ -52,6 +53,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from welder.device.tensor_map import (
+    TENSOR_MAP_ALIGN,
+    TENSOR_MAP_BYTES,
+    EncodedTensorMap,
+    TensorMapArg,
+    TensorMapError,
+    check_tensor_map,
+)
 from welder.errors import WelderError
 from welder.resources import TEMPLATE_DIR
 
@@ -254,7 +263,9 @@ class DeviceBuffer:
         self._alloc.free()
 
 
-Argument = DeviceBuffer | int | np.generic  # buffers and raw pointers, or a numpy scalar
+# Buffers and raw pointers, numpy scalars, and tensor maps over a buffer argument of the same launch
+# (encoded per launch, or once per rotated copy of the buffers: EncodedTensorMap).
+Argument = DeviceBuffer | int | np.generic | TensorMapArg | EncodedTensorMap
 
 
 def _dim3(value: int | Sequence[int]) -> tuple[int, int, int]:
@@ -295,15 +306,119 @@ class GpuModule:
             fn.set_attribute(self._drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem))
             self._smem_opt_in[name] = smem
         fmt, values = _pack(args)
-        fn.prepare(fmt)
+        fn.prepare(fmt)  # the format carries the tensor maps' alignment padding
         fn.prepared_async_call(_dim3(grid), _dim3(block), stream, *values, shared_size=int(smem))
 
 
-def _pack(args: Sequence[Argument]) -> tuple[str, list[Any]]:
-    """pycuda's argument format string and values: pointers as ``P``, scalars by dtype."""
+TensorMapEncoder = Callable[[TensorMapArg, int], bytes]
+
+
+def encode_tensor_map(spec: TensorMapArg, base: int) -> bytes:
+    """The 128 bytes of ``spec`` over device address ``base``, from the driver's
+    ``cuTensorMapEncodeTiled`` (called through ctypes on the libcuda pycuda has loaded: pycuda
+    does not wrap it).  FLOAT16 for 2-byte elements, FLOAT32 for 4; interleave none, L2
+    promotion 128B, out-of-bounds elements zero, element strides 1.  Raises
+    :class:`TensorMapError` for a description the driver's rules refuse, and when the driver
+    refuses it anyway."""
+    check_tensor_map(spec, base)
+    encode = _driver_encode()
+    rank = spec.rank
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    holder = (ctypes.c_ubyte * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN))()
+    at = ctypes.addressof(holder) + (-ctypes.addressof(holder) % TENSOR_MAP_ALIGN)
+    result = encode(
+        ctypes.c_void_p(at),
+        _CU_TENSOR_MAP_DATA_TYPE[spec.elem_bytes],
+        rank,
+        ctypes.c_void_p(base),
+        (u64 * rank)(*spec.dims),
+        (u64 * max(rank - 1, 1))(*spec.strides),
+        (u32 * rank)(*spec.box),
+        (u32 * rank)(*([1] * rank)),
+        0,  # CU_TENSOR_MAP_INTERLEAVE_NONE
+        _CU_TENSOR_MAP_SWIZZLE[spec.swizzle],
+        2,  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+        0,  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: zeros
+    )
+    if result != 0:
+        raise TensorMapError(f"cuTensorMapEncodeTiled refused {spec} at 0x{base:x} (CUresult {result})")
+    return ctypes.string_at(at, TENSOR_MAP_BYTES)
+
+
+# The driver's CUtensorMapDataType by element size.  bf16 (CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9)
+# needs a field of its own in TensorMapArg: 2 bytes cannot tell it from fp16.
+_CU_TENSOR_MAP_DATA_TYPE = {2: 6, 4: 7}  # FLOAT16, FLOAT32
+_CU_TENSOR_MAP_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_encode() -> Any:
+    """``cuTensorMapEncodeTiled`` of the process's libcuda (the one pycuda loaded)."""
+    _driver()
+    try:
+        library = ctypes.CDLL("libcuda.so.1")
+        encode = library.cuTensorMapEncodeTiled
+    except (OSError, AttributeError) as e:
+        raise GpuUnavailable(f"the driver has no cuTensorMapEncodeTiled (CUDA 12 or later): {e}") from None
+    encode.restype = ctypes.c_int
+    encode.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_uint32,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint32),
+        ctypes.POINTER(ctypes.c_uint32),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    return encode
+
+
+def _address(args: Sequence[Argument], spec: TensorMapArg, position: int) -> int:
+    """The device address of the buffer argument a tensor map at ``position`` names."""
+    target = args[spec.pointer] if 0 <= spec.pointer < len(args) else None
+    if isinstance(target, DeviceBuffer):
+        if spec.extent > target.nbytes:
+            raise TensorMapError(
+                f"argument {position} (tensor map) covers {spec.extent} bytes, but its buffer, argument "
+                f"{spec.pointer}, has {target.nbytes}"
+            )
+        return target.ptr
+    if isinstance(target, int) and not isinstance(target, bool):
+        return target
+    raise TensorMapError(
+        f"argument {position} (tensor map) names argument {spec.pointer}, which is not a buffer or pointer"
+    )
+
+
+def bind_tensor_maps(args: Sequence[Argument], encode: TensorMapEncoder | None = None) -> list[Argument]:
+    """``args`` with every :class:`TensorMapArg` encoded over the buffer it names in ``args``:
+    done once per set of buffers a launch rotates through (each copy has its own address)."""
+    encode = encode or encode_tensor_map
+    return [
+        EncodedTensorMap(encode(a, _address(args, a, i))) if isinstance(a, TensorMapArg) else a
+        for i, a in enumerate(args)
+    ]
+
+
+def _pack(args: Sequence[Argument], encode: TensorMapEncoder | None = None) -> tuple[str, list[Any]]:
+    """pycuda's argument format string and values: pointers as ``P``, scalars by dtype, tensor
+    maps as 128 bytes at the next multiple of 64 of the parameter buffer (pad bytes before), as
+    the kernel's parameter layout puts a ``CUtensorMap``.  Maps not yet encoded are encoded here
+    over the buffer they name."""
     fmt, values = [], []
-    for a in args:
-        if isinstance(a, DeviceBuffer):
+    for i, a in enumerate(args):
+        if isinstance(a, TensorMapArg):
+            a = EncodedTensorMap((encode or encode_tensor_map)(a, _address(args, a, i)))
+        if isinstance(a, EncodedTensorMap):
+            pad = -struct.calcsize("".join(fmt)) % TENSOR_MAP_ALIGN
+            fmt.append(f"{pad}x{TENSOR_MAP_BYTES}s" if pad else f"{TENSOR_MAP_BYTES}s")
+            values.append(a.data)
+        elif isinstance(a, DeviceBuffer):
             fmt.append("P")
             values.append(a.ptr)
         elif isinstance(a, np.generic):
@@ -313,7 +428,9 @@ def _pack(args: Sequence[Argument]) -> tuple[str, list[Any]]:
             fmt.append("P")
             values.append(a)
         else:
-            raise TypeError(f"kernel arguments are DeviceBuffers, pointers or numpy scalars, not {type(a)}")
+            raise TypeError(
+                f"kernel arguments are DeviceBuffers, pointers, numpy scalars or tensor maps, not {type(a)}"
+            )
     return "".join(fmt), values
 
 
@@ -458,7 +575,8 @@ def time_kernel(
 
 
 def _rotation_sets(args: Sequence[Argument], l2_bytes: int | None, max_copies: int) -> list[list[Argument]]:
-    """The argument list plus copies of its buffers (scalars shared) to rotate through."""
+    """The argument list plus copies of its buffers (scalars shared) to rotate through, each
+    with its tensor maps encoded over its own buffers."""
     buffers = [a for a in args if isinstance(a, DeviceBuffer)]
     total = sum(b.nbytes for b in buffers)
     free, _ = _driver().mem_get_info()
@@ -474,7 +592,7 @@ def _rotation_sets(args: Sequence[Argument], l2_bytes: int | None, max_copies: i
             else:
                 copy.append(a)
         sets.append(copy)
-    return sets
+    return [bind_tensor_maps(s) for s in sets]
 
 
 # -- the executor: whole jobs in one CUDA context ---------------------------------------------------
@@ -482,10 +600,14 @@ def _rotation_sets(args: Sequence[Argument], l2_bytes: int | None, max_copies: i
 
 @dataclass(frozen=True)
 class LaunchSpec:
+    """One kernel's launch; ``tensor_maps`` follow the buffers (inputs, then outputs) as its last
+    parameters, each naming the buffer it covers by position."""
+
     name: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int
+    tensor_maps: tuple[TensorMapArg, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -541,7 +663,7 @@ class GpuExecutor:
         outs = self._outputs(outputs)
         try:
             with self._guard(f"running {launch.name}"):
-                self._launch(module, launch, [*self._data[data], *outs])
+                self._launch(module, launch, [*self._data[data], *outs, *launch.tensor_maps])
                 self._context.synchronize()
                 return [b.to_array(shape, dtype) for b, (shape, dtype) in zip(outs, outputs)]
         finally:
@@ -560,7 +682,7 @@ class GpuExecutor:
                     launch.grid,
                     launch.block,
                     launch.smem,
-                    [*self._data[data], *outs],
+                    [*self._data[data], *outs, *launch.tensor_maps],
                     budget_s=budget_s,
                     l2_bytes=self.info().l2_bytes,
                 )
@@ -600,11 +722,14 @@ class GpuExecutor:
 
     @contextmanager
     def _guard(self, what: str) -> Iterator[None]:
-        """Driver errors become LaunchError, fatal when the context no longer works."""
+        """Driver errors become LaunchError, fatal when the context no longer works; so does a
+        tensor map that cannot be encoded (not fatal: the tuner drops that candidate)."""
         try:
             yield
         except self._drv.Error as e:
             raise LaunchError(f"{what}: {e}", fatal=not self._context_alive()) from None
+        except TensorMapError as e:
+            raise LaunchError(f"{what}: {e}") from None
 
     def _context_alive(self) -> bool:
         try:
@@ -644,7 +769,8 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-_ERRORS: dict[str, type[GpuError]] = {
+_ERRORS: dict[str, type[WelderError]] = {
+    "TensorMapError": TensorMapError,
     "GpuError": GpuError,
     "GpuUnavailable": GpuUnavailable,
     "CompileError": CompileError,
@@ -731,7 +857,7 @@ def _serve(channel: _Channel, executor: Any) -> None:
         try:
             channel.send(("ok", getattr(executor, method)(*args)))
         except BaseException as e:
-            fatal = getattr(e, "fatal", not isinstance(e, GpuError))
+            fatal = getattr(e, "fatal", not isinstance(e, GpuError | TensorMapError))
             channel.send(("err", type(e).__name__, str(e), bool(fatal)))
             if fatal:
                 return
@@ -1005,7 +1131,8 @@ class GpuDevice:
 
 
 def launch_spec(kernel: Any) -> LaunchSpec:
-    return LaunchSpec(kernel.name, _dim3(kernel.grid), _dim3(kernel.threads), int(kernel.smem_bytes))
+    maps = tuple(getattr(kernel, "tensor_maps", ()))
+    return LaunchSpec(kernel.name, _dim3(kernel.grid), _dim3(kernel.threads), int(kernel.smem_bytes), maps)
 
 
 def output_specs(kernel: Any) -> list[OutputSpec]:

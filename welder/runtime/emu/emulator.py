@@ -189,10 +189,9 @@ class _Kernel:
         if not isinstance(value, TensorMapArg):
             raise self._fail(index, param, f"needs a TensorMapArg, got {type(value).__name__}")
         target = args[value.pointer] if 0 <= value.pointer < len(args) else None
-        if not (0 <= value.pointer < len(self.params) and self.params[value.pointer].pointer) or not isinstance(
-            target, np.ndarray
-        ):
-            raise self._fail(index, param, f"the map's pointer argument {value.pointer} is not an array argument")
+        is_pointer = 0 <= value.pointer < len(self.params) and self.params[value.pointer].pointer
+        if not is_pointer or not isinstance(target, np.ndarray):
+            raise self._fail(index, param, f"its pointer argument {value.pointer} is not an array argument")
         if value.extent > target.nbytes:
             raise self._fail(
                 index,
