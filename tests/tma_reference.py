@@ -17,7 +17,7 @@ from welder.device.tensor_map import TensorMapArg
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 UNITS, BUGS, RING = (KERNEL_DIR / f"tma_{n}.cu" for n in ("units", "bugs", "ring"))
-UNIT_KERNELS = ["tma_box", "tma_wgmma"]
+UNIT_KERNELS = ["tma_box", "tma_wgmma", "tma_tile_copy"]
 BUG_KERNELS = ["tma_misuse"]
 RING_KERNELS = ["tma_ring_gemm"]
 

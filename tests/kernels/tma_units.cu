@@ -71,3 +71,30 @@ extern "C" __global__ void tma_wgmma(const __grid_constant__ CUtensorMap map_a, 
   welder_wgmma_fence_operand(d);
   for (int i = 0; i < 4; ++i) out[4 * tid + i] = d[i];
 }
+
+// dst[20][44] = src (fp32) through 8x32 TMA boxes, one per block (grid 2 x 3): the shape of a
+// generated kernel, whose parameters are its buffers followed by its tensor maps (map covers src).
+extern "C" __global__ void tma_tile_copy([[maybe_unused]] const float* __restrict__ src, float* __restrict__ dst,
+                                         const __grid_constant__ CUtensorMap map) {
+  constexpr int rows = 20, cols = 44;
+  WELDER_SMEM_BEGIN;
+  WELDER_SHARED(unsigned char, first, 0, 1);
+  const int pad = static_cast<int>((1024u - welder_shared_address(first) % 1024u) % 1024u);
+  WELDER_SHARED(uint64_t, bar, pad, 1);
+  WELDER_SHARED(float, tile, pad + 1024, 8 * 32);
+  const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 8;
+  if (threadIdx.x == 0) {
+    welder_mbarrier_init(bar, 1);
+    welder_mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    welder_mbarrier_arrive_expect_tx(bar, 8 * 32 * 4);
+    welder_tma_load_2d(tile, &map, bar, c0, r0);
+  }
+  welder_mbarrier_wait(bar, 0);
+  for (int i = threadIdx.x; i < 8 * 32; i += blockDim.x) {
+    const int r = r0 + i / 32, c = c0 + i % 32;
+    if (r < rows && c < cols) dst[(size_t)r * cols + c] = float(tile[i]);
+  }
+}
