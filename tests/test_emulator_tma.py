@@ -105,6 +105,19 @@ def test_a_swizzled_box_narrower_than_its_span_is_not_modelled(module, rng):
         module.launch("tma_box", 1, 128, case.smem_bytes, case.args(data, replace(spec, swizzle=64), out))
 
 
+def test_an_innermost_coordinate_off_16_bytes_is_reported(module, rng):
+    # The H100 faults (illegal instruction) on a box starting 6 bytes into a row; -16 bytes is fine.
+    case = replace(BOX_CASES[0], coords=(-8, 30))
+    data, spec = case.tensor(rng)
+    out = np.zeros(case.box_bytes, np.uint8)
+    module.launch("tma_box", 1, 128, case.smem_bytes, case.args(data, spec, out))
+    np.testing.assert_array_equal(out, case.expected(data, spec))
+    case = replace(case, coords=(3, 30))
+    expected = "the innermost coordinate 3 starts the box at byte 6 of a row, not a multiple of 16 bytes"
+    with pytest.raises(EmulationError, match=expected):
+        module.launch("tma_box", 1, 128, case.smem_bytes, case.args(data, spec, out))
+
+
 def test_a_wgmma_reads_tma_operands_without_a_proxy_fence(module, rng):
     head, expected = wgmma_case(rng)
     out = np.full((128, 4), np.nan, np.float32)
@@ -299,6 +312,7 @@ BAD = [
     (TensorMapArg(0, 8, (64,), (), (16,), 0), BASE, "element size must be 2 or 4"),
     (TensorMapArg(0, 2, (2,) * 6, (32,) * 5, (8,) * 6, 0), BASE, "rank must be 1 to 5"),
     (TensorMapArg(0, 2, (64, 4), (128,), (64, 4), 0), BASE + 8, "16-byte aligned"),
+    (TensorMapArg(0, 2, (64, 4), (128,), (64, 4), 0), 0, "null"),
     (TensorMapArg(0, 2, (0, 4), (128,), (8, 4), 0), BASE, "dimension"),
     (TensorMapArg(0, 2, (2**32 + 1, 4), (128,), (8, 4), 0), BASE, "dimension"),
     (TensorMapArg(0, 2, (64, 4), (136,), (64, 4), 0), BASE, "stride"),
@@ -398,10 +412,16 @@ def test_the_host_encode_compiles_for_the_runtime(nvcc, tmp_path: Path):
     source.write_text(
         '#include "welder_prelude.cuh"\n#include "welder_mma.cuh"\n#include "welder_wgmma.cuh"\n'
         '#include "welder_tma.cuh"\n#include <cstdio>\n'
-        "int main() {\n  CUtensorMap map;\n  unsigned long long dims[2] = {64, 64}, strides[1] = {128};\n"
+        "int main() {\n"
+        "  void* base = nullptr;\n"
+        "  if (cudaMalloc(&base, 1 << 16) != cudaSuccess) base = reinterpret_cast<void*>(0x10000);\n"
+        "  alignas(64) CUtensorMap map;\n"
+        "  unsigned long long dims[2] = {64, 64}, strides[1] = {128};\n"
         "  unsigned box[2] = {64, 8};\n"
-        '  std::printf("%d %d\\n", welder_encode_tensor_map(&map, 2, 2, nullptr, dims, strides, box, 128),\n'
-        "              welder_encode_tensor_map(&map, 2, 2, nullptr, dims, strides, box, 64));\n}\n"
+        "  const int good = welder_encode_tensor_map(&map, 2, 2, base, dims, strides, box, 128);\n"
+        "  const int wide = welder_encode_tensor_map(&map, 2, 2, base, dims, strides, box, 64);\n"
+        "  const int null = welder_encode_tensor_map(&map, 2, 2, nullptr, dims, strides, box, 128);\n"
+        '  std::printf("%d %d %d\\n", good, wide, null);\n}\n'
     )
     result = subprocess.run(
         [
@@ -420,8 +440,9 @@ def test_the_host_encode_compiles_for_the_runtime(nvcc, tmp_path: Path):
     assert result.returncode == 0, result.stderr
     libraries = subprocess.run(["ldd", str(tmp_path / "host")], capture_output=True, text=True).stdout
     assert "libcuda.so" not in libraries, libraries
-    # Without a GPU the driver cannot be found (11); the swizzle-span rule refuses the other (10).
+    # With a GPU the driver encodes (0); without one it cannot be found (11).  The rules refuse
+    # the box wider than the 64B swizzle (10) and the null address (1) either way.
     run = subprocess.run([str(tmp_path / "host")], capture_output=True, text=True, timeout=60)
-    first, second = run.stdout.split()
-    assert second == "10"
-    assert first in ("0", "11"), run.stdout
+    good, wide, null = run.stdout.split()
+    assert (wide, null) == ("10", "1")
+    assert good in ("0", "11"), run.stdout

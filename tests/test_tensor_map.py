@@ -1,12 +1,13 @@
-"""The tensor-map kernel argument (welder/device/tensor_map.py) and how the device layers carry it,
-without a GPU: the rules a map must meet, its place in pycuda's parameter buffer (128 bytes at a
-multiple of 64), encoding once per rotated set of buffers, the errors, and a generated-kernel-shaped
-launch on the emulator through EmulatedModel (the path the tuner's checks take).
+"""The tensor-map kernel argument (welder/device/tensor_map.py) and how the device layers carry
+it, without a GPU: the rules a map must meet, how a launch passes it (128 bytes at a 64-byte
+aligned address, by pointer), encoding once per rotated set of buffers, the errors, and a
+generated-kernel-shaped launch on the emulator through EmulatedModel (the path the tuner's checks
+take).
 """
 
 from __future__ import annotations
 
-import struct
+import ctypes
 from types import SimpleNamespace
 
 import numpy as np
@@ -61,21 +62,26 @@ def test_the_rules_name_what_is_wrong():
         EncodedTensorMap(bytes(64))
 
 
-def test_a_map_sits_at_the_next_multiple_of_64_in_the_parameter_buffer():
+def read(address: int, nbytes: int) -> bytes:
+    return ctypes.string_at(address, nbytes)
+
+
+def test_a_launch_passes_each_value_by_pointer_and_maps_64_aligned():
     calls: list = []
-    args = [0x7F0000001000, np.int32(5), MAP, np.float32(2.5)]
-    fmt, values = gpu._pack(args, fake_encoder(calls))
+    args = [0x7F0000001000, np.int32(5), MAP, np.float32(2.5), fake_buffer(0x2000, 64)]
+    holders, params = gpu.kernel_params(args, fake_encoder(calls))
     assert calls == [(MAP, 0x7F0000001000)]
-    assert fmt == "Pi52x128sf"
-    buffer = struct.pack(fmt, *values)
-    assert len(buffer) == 196
-    assert buffer[64:192] == (0x7F0000001000).to_bytes(8, "little") * 16
-    assert struct.unpack_from("f", buffer, 192) == (2.5,)
-    # First in line: no padding; after 64 bytes exactly: none either.
-    first = TensorMapArg(1, 4, (8,), (), (4,), 0)
-    assert gpu._pack([first, 0x2000], fake_encoder([]))[0] == "128sP"
-    eight = [0x10 * (i + 1) for i in range(8)]
-    assert gpu._pack([*eight, first], fake_encoder([]))[0] == "PPPPPPPP128s"
+    assert len(holders) == 5
+    assert read(params[0], 8) == (0x7F0000001000).to_bytes(8, "little")
+    assert read(params[1], 4) == np.int32(5).tobytes()
+    assert params[2] % 64 == 0
+    assert read(params[2], 128) == (0x7F0000001000).to_bytes(8, "little") * 16
+    assert read(params[3], 4) == np.float32(2.5).tobytes()
+    assert read(params[4], 8) == (0x2000).to_bytes(8, "little")
+    # Launches without maps keep pycuda's packed format.
+    assert gpu._pack([0x1000, np.int32(1), np.float16(1)]) == ("Pie", [0x1000, np.int32(1), np.float16(1)])
+    with pytest.raises(TypeError, match="numpy scalars, not <class"):
+        gpu._pack([0x1000, MAP])
 
 
 def test_maps_are_encoded_once_per_rotated_set_over_its_own_buffer():
@@ -86,9 +92,9 @@ def test_maps_are_encoded_once_per_rotated_set_over_its_own_buffer():
     for i, b in enumerate(bound):
         assert isinstance(b[2], gpu.EncodedTensorMap) and b[1] == np.int32(7) and b[0] is sets[i][0]
         assert b[2].data[:8] == (0x1000 * (i + 1)).to_bytes(8, "little")
-        # An encoded map packs as it is: no second encode.
-        fmt, values = gpu._pack(b, fake_encoder(calls))
-        assert fmt == "Pi52x128s" and values[2] == b[2].data
+        # An encoded map is passed as it is: no second encode.
+        _, params = gpu.kernel_params(b, fake_encoder(calls))
+        assert read(params[2], 128) == b[2].data
     assert len(calls) == 3
 
 
@@ -98,7 +104,7 @@ def test_a_map_over_a_small_buffer_or_a_scalar_is_refused():
         gpu.bind_tensor_maps([fake_buffer(0x1000, 1000), MAP], fake_encoder([]))
     over_scalar = TensorMapArg(1, 2, (64,), (), (8,), 0)
     with pytest.raises(TensorMapError, match="names argument 1, which is not a buffer or pointer"):
-        gpu._pack([0x1000, np.int32(3), over_scalar], fake_encoder([]))
+        gpu.kernel_params([0x1000, np.int32(3), over_scalar], fake_encoder([]))
 
 
 def test_the_driver_encode_checks_the_rules_first():

@@ -14,7 +14,7 @@
 
 enum WelderTensorMapStatus : int {
   kWelderTensorMapOk = 0,
-  kWelderTensorMapNullArgument = 1,     // map, dims, box (or strides with rank > 1) is null
+  kWelderTensorMapNullArgument = 1,     // map, base, dims, box (or strides with rank > 1) is null
   kWelderTensorMapElemBytes = 2,        // element size other than 2 or 4 bytes
   kWelderTensorMapRank = 3,             // rank outside 1..5
   kWelderTensorMapBaseAlignment = 4,    // global address not 16-byte aligned
@@ -31,7 +31,8 @@ enum WelderTensorMapStatus : int {
 inline const char* welder_tensor_map_status_text(int code) {
   switch (code) {
     case kWelderTensorMapOk: return "encoded";
-    case kWelderTensorMapNullArgument: return "the map, dims or box pointer (or strides, for rank > 1) is null";
+    case kWelderTensorMapNullArgument:
+      return "the map, global address, dims or box pointer (or strides, for rank > 1) is null";
     case kWelderTensorMapElemBytes: return "the element size must be 2 or 4 bytes";
     case kWelderTensorMapRank: return "the rank must be 1 to 5";
     case kWelderTensorMapBaseAlignment: return "the global address must be 16-byte aligned";
@@ -52,7 +53,8 @@ inline int welder_tensor_map_check(int elem_bytes, int rank, const void* base, c
                                    const unsigned long long* strides_bytes, const unsigned* box, int swizzle_bytes) {
   if (elem_bytes != 2 && elem_bytes != 4) return kWelderTensorMapElemBytes;
   if (rank < 1 || rank > 5) return kWelderTensorMapRank;
-  if (dims == nullptr || box == nullptr || (rank > 1 && strides_bytes == nullptr)) return kWelderTensorMapNullArgument;
+  if (base == nullptr || dims == nullptr || box == nullptr || (rank > 1 && strides_bytes == nullptr))
+    return kWelderTensorMapNullArgument;
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return kWelderTensorMapBaseAlignment;
   for (int i = 0; i < rank; ++i)
     if (dims[i] == 0 || dims[i] > (1ull << 32)) return kWelderTensorMapDim;

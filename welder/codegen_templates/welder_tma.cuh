@@ -20,7 +20,8 @@
 //       cp.async.bulk.tensor.Nd.shared::cluster.global.tile.mbarrier::complete_tx::bytes; dst is
 //       128-byte aligned (1024 with the 128B swizzle); the box lands row-major (innermost
 //       contiguous), each 16-byte unit at address bits 4.. XORed with bits 7.. (1, 2 or 3 bits for
-//       the 32, 64 or 128B swizzle): the layouts welder_wgmma_desc describes.
+//       the 32, 64 or 128B swizzle): the layouts welder_wgmma_desc describes.  c0 times the
+//       element size must be a multiple of 16 bytes (an H100 faults otherwise).
 //   welder_tma_prefetch_map(map)               prefetch.tensormap
 //   welder_setmaxnreg_inc<N>() / _dec<N>()     setmaxnreg.{inc,dec}.sync.aligned.u32 N (warpgroup-wide;
 //                                              N a multiple of 8 in [24, 256])

@@ -279,9 +279,12 @@ class GpuModule:
 
     def __init__(self, image: bytes) -> None:
         self._drv = _driver()
+        self._image = image
         self._module = self._drv.module_from_buffer(image)
         self._functions: dict[str, Any] = {}
         self._smem_opt_in: dict[str, int] = {}
+        self._raw_module: ctypes.c_void_p | None = None
+        self._raw_functions: dict[str, ctypes.c_void_p] = {}
 
     def function(self, name: str) -> Any:
         if name not in self._functions:
@@ -301,13 +304,110 @@ class GpuModule:
         stream: Any = None,
     ) -> None:
         """Enqueue one launch (asynchronous: faults surface at the next synchronisation)."""
+        if any(isinstance(a, TensorMapArg | EncodedTensorMap) for a in args):
+            self._launch_with_params(name, grid, block, smem, args, stream)
+            return
         fn = self.function(name)
         if smem > DEFAULT_SMEM_LIMIT and self._smem_opt_in.get(name, 0) < smem:
             fn.set_attribute(self._drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem))
             self._smem_opt_in[name] = smem
         fmt, values = _pack(args)
-        fn.prepare(fmt)  # the format carries the tensor maps' alignment padding
+        fn.prepare(fmt)
         fn.prepared_async_call(_dim3(grid), _dim3(block), stream, *values, shared_size=int(smem))
+
+    def _launch_with_params(
+        self,
+        name: str,
+        grid: int | Sequence[int],
+        block: int | Sequence[int],
+        smem: int,
+        args: Sequence[Argument],
+        stream: Any,
+    ) -> None:
+        """A launch with tensor maps, through ``cuLaunchKernel``'s array of parameter pointers.
+
+        pycuda's prepared calls pass one packed parameter buffer (CU_LAUNCH_PARAM_BUFFER_POINTER);
+        on an H100 (driver 580) a ``__grid_constant__`` CUtensorMap passed that way -- correctly
+        laid out at a multiple of 64 -- makes the first TMA load an illegal instruction, while the
+        same bytes passed by pointer work.  pycuda does not expose its function handles, so the
+        module is loaded a second time through ctypes for such kernels."""
+        driver = _driver_library()
+        fn = self._raw_function(name)
+        if smem > DEFAULT_SMEM_LIMIT and self._smem_opt_in.get("raw:" + name, 0) < smem:
+            _check(
+                driver.cuFuncSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem)),
+                name,
+            )
+            self._smem_opt_in["raw:" + name] = smem
+        holders, params = kernel_params(args)
+        stream_handle = ctypes.c_void_p(getattr(stream, "handle", None) or None)
+        gx, gy, gz = _dim3(grid)
+        bx, by, bz = _dim3(block)
+        result = driver.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, int(smem), stream_handle, params, None)
+        del holders  # the driver has copied the parameters
+        _check(result, name)
+
+    def _raw_function(self, name: str) -> ctypes.c_void_p:
+        driver = _driver_library()
+        if self._raw_module is None:
+            module = ctypes.c_void_p()
+            _check(driver.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(self._image)), "the module")
+            self._raw_module = module
+        if name not in self._raw_functions:
+            fn = ctypes.c_void_p()
+            if driver.cuModuleGetFunction(ctypes.byref(fn), self._raw_module, name.encode()) != 0:
+                raise LaunchError(f"no kernel {name!r} in the module")
+            self._raw_functions[name] = fn
+        return self._raw_functions[name]
+
+
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        raise LaunchError(f"the driver failed to launch {what} (CUresult {result})")
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_library() -> ctypes.CDLL:
+    """The process's libcuda (the one pycuda loaded), for what pycuda does not wrap."""
+    _driver()
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise GpuUnavailable(f"cannot open libcuda.so.1: {e}") from None
+
+
+def kernel_params(
+    args: Sequence[Argument], encode: TensorMapEncoder | None = None
+) -> tuple[list[Any], ctypes.Array]:
+    """``cuLaunchKernel``'s parameter array for ``args``: a pointer to each value -- a pointer
+    as 8 bytes, a numpy scalar in its own type, a tensor map as its 128 bytes at a 64-byte
+    aligned address (encoded here over the buffer it names, unless already encoded).  Returns
+    the holders (keep them alive until the launch) and the array."""
+    holders: list[Any] = []
+    addresses: list[int] = []
+    for i, a in enumerate(args):
+        if isinstance(a, TensorMapArg):
+            a = EncodedTensorMap((encode or encode_tensor_map)(a, _address(args, a, i)))
+        if isinstance(a, EncodedTensorMap):
+            holder: Any = (ctypes.c_ubyte * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN))()
+            at = ctypes.addressof(holder) + (-ctypes.addressof(holder) % TENSOR_MAP_ALIGN)
+            ctypes.memmove(at, a.data, TENSOR_MAP_BYTES)
+        elif isinstance(a, DeviceBuffer) or (isinstance(a, int) and not isinstance(a, bool)):
+            holder = ctypes.c_uint64(a.ptr if isinstance(a, DeviceBuffer) else a)
+            at = ctypes.addressof(holder)
+        elif isinstance(a, np.generic):
+            holder = ctypes.create_string_buffer(a.tobytes(), a.nbytes)
+            at = ctypes.addressof(holder)
+        else:
+            raise TypeError(
+                f"kernel arguments are DeviceBuffers, pointers, numpy scalars or tensor maps, not {type(a)}"
+            )
+        holders.append(holder)
+        addresses.append(at)
+    return holders, (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
 
 
 TensorMapEncoder = Callable[[TensorMapArg, int], bytes]
@@ -354,11 +454,9 @@ _CU_TENSOR_MAP_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
 @functools.lru_cache(maxsize=1)
 def _driver_encode() -> Any:
     """``cuTensorMapEncodeTiled`` of the process's libcuda (the one pycuda loaded)."""
-    _driver()
     try:
-        library = ctypes.CDLL("libcuda.so.1")
-        encode = library.cuTensorMapEncodeTiled
-    except (OSError, AttributeError) as e:
+        encode = _driver_library().cuTensorMapEncodeTiled
+    except AttributeError as e:
         raise GpuUnavailable(f"the driver has no cuTensorMapEncodeTiled (CUDA 12 or later): {e}") from None
     encode.restype = ctypes.c_int
     encode.argtypes = [
@@ -405,20 +503,12 @@ def bind_tensor_maps(args: Sequence[Argument], encode: TensorMapEncoder | None =
     ]
 
 
-def _pack(args: Sequence[Argument], encode: TensorMapEncoder | None = None) -> tuple[str, list[Any]]:
-    """pycuda's argument format string and values: pointers as ``P``, scalars by dtype, tensor
-    maps as 128 bytes at the next multiple of 64 of the parameter buffer (pad bytes before), as
-    the kernel's parameter layout puts a ``CUtensorMap``.  Maps not yet encoded are encoded here
-    over the buffer they name."""
+def _pack(args: Sequence[Argument]) -> tuple[str, list[Any]]:
+    """pycuda's argument format string and values: pointers as ``P``, scalars by dtype (launches
+    with tensor maps go through :func:`kernel_params` instead)."""
     fmt, values = [], []
-    for i, a in enumerate(args):
-        if isinstance(a, TensorMapArg):
-            a = EncodedTensorMap((encode or encode_tensor_map)(a, _address(args, a, i)))
-        if isinstance(a, EncodedTensorMap):
-            pad = -struct.calcsize("".join(fmt)) % TENSOR_MAP_ALIGN
-            fmt.append(f"{pad}x{TENSOR_MAP_BYTES}s" if pad else f"{TENSOR_MAP_BYTES}s")
-            values.append(a.data)
-        elif isinstance(a, DeviceBuffer):
+    for a in args:
+        if isinstance(a, DeviceBuffer):
             fmt.append("P")
             values.append(a.ptr)
         elif isinstance(a, np.generic):
@@ -428,9 +518,7 @@ def _pack(args: Sequence[Argument], encode: TensorMapEncoder | None = None) -> t
             fmt.append("P")
             values.append(a)
         else:
-            raise TypeError(
-                f"kernel arguments are DeviceBuffers, pointers, numpy scalars or tensor maps, not {type(a)}"
-            )
+            raise TypeError(f"kernel arguments are DeviceBuffers, pointers or numpy scalars, not {type(a)}")
     return "".join(fmt), values
 
 

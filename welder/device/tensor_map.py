@@ -74,6 +74,8 @@ def tensor_map_problem(spec: TensorMapArg, base: int) -> str | None:
             f"a rank-{spec.rank} map needs {spec.rank} box dimensions and {spec.rank - 1} strides, "
             f"got {len(spec.box)} and {len(spec.strides)}"
         )
+    if base == 0:
+        return "the global address is null"
     if base % 16:
         return f"the global address 0x{base:x} must be 16-byte aligned"
     if any(not 1 <= d <= 2**32 for d in spec.dims):

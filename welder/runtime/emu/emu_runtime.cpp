@@ -555,6 +555,11 @@ void tma_load(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& b
   if (static_cast<int>(f.rank) != rank)
     raise_error(format("%s: a %dd load through a rank-%u tensor map (%s)", where.c_str(), rank, f.rank,
                        describe_tensor_map(f).c_str()));
+  const long long start = static_cast<long long>(coords[0]) * f.elem_bytes;
+  if (start % 16 != 0)
+    raise_error(format("%s: the innermost coordinate %d starts the box at byte %lld of a row, not a multiple of 16 "
+                       "bytes (on an H100 such a load is an illegal instruction)",
+                       where.c_str(), coords[0], start));
   Mbarrier& m = used_mbarrier(launch, t, bar, where);
   if (launch.threads[m.init_thread].mbarrier_init_fences <= m.init_fences)
     raise_error(format("%s: it completes on %s, whose init (%s at %s) no fence.mbarrier_init "
