@@ -11,6 +11,7 @@ from functools import cache
 
 import jinja2
 
+from welder.device.tensor_map import TensorMapArg
 from welder.resources import TEMPLATE_DIR
 
 from .cprint import STORAGE_TYPES
@@ -51,6 +52,9 @@ class Kernel:
     # Holds instructions of the planned GPU's arch-specific feature set (sm_90a's wgmma):
     # compiled for that variant, the code runs on that GPU generation only.
     arch_specific: bool = False
+    # CUtensorMap parameters after the pointer ones, each over the param it names by position;
+    # the launcher encodes them (welder/device/tensor_map.py).
+    tensor_maps: list[TensorMapArg] = field(default_factory=list)
 
 
 def sanitize_identifier(text: str, limit: int = 40) -> str:
