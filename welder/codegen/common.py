@@ -11,6 +11,7 @@ from functools import cache
 
 import jinja2
 
+from welder.device.tensor_map import TensorMapArg
 from welder.resources import TEMPLATE_DIR
 
 from .cprint import STORAGE_TYPES
@@ -38,20 +39,13 @@ class KernelParam:
 
 
 @dataclass(frozen=True)
-class TensorMap:
-    """A TMA tensor map the kernel takes by value (``CUtensorMap``), built by whoever launches
-    it from the pointer argument of ``tensor``: the map's origin is ``offset`` elements into
-    that tensor; ``dims`` and ``box`` are innermost first, ``strides`` (bytes) those of
-    ``dims[1:]``; ``swizzle`` is the shared-memory swizzle span in bytes (0 for none)."""
+class TensorMapParam:
+    """A ``CUtensorMap`` parameter of a kernel: its C name, the tensor it maps, and the map
+    (over that tensor's pointer parameter) that whoever launches the kernel encodes."""
 
     name: str
     tensor: str
-    offset: int
-    elem_bytes: int
-    dims: tuple[int, ...]
-    strides: tuple[int, ...]
-    box: tuple[int, ...]
-    swizzle: int
+    map: TensorMapArg
 
     @property
     def decl(self) -> str:
@@ -59,7 +53,8 @@ class TensorMap:
 
     @property
     def comment(self) -> str:
-        return f"TMA map of {sanitize_comment(self.tensor)}: box {list(self.box)} of {list(self.dims)}"
+        m = self.map
+        return f"TMA map of {sanitize_comment(self.tensor)}: box {list(m.box)} of {list(m.dims)}"
 
 
 @dataclass
@@ -76,8 +71,9 @@ class Kernel:
     # Holds instructions of the planned GPU's arch-specific feature set (sm_90a's wgmma):
     # compiled for that variant, the code runs on that GPU generation only.
     arch_specific: bool = False
-    # Parameters after the pointers: tensor maps the launcher encodes from them.
-    tensor_maps: list[TensorMap] = field(default_factory=list)
+    # CUtensorMap parameters after the pointer ones, each over the param it names by position;
+    # the launcher encodes them (welder/device/tensor_map.py).
+    tensor_maps: list[TensorMapArg] = field(default_factory=list)
 
 
 def sanitize_identifier(text: str, limit: int = 40) -> str:

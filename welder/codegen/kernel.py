@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from welder.device.tensor_map import TensorMapArg
 from welder.graph import Graph
 from welder.ir.expr import Expr, Load
 from welder.ir.interpret import np_dtype
@@ -32,7 +33,7 @@ from .common import (
     Kernel,
     KernelParam,
     StageCtx,
-    TensorMap,
+    TensorMapParam,
     environment,
     flat_index,
     read_value,
@@ -78,7 +79,7 @@ class KernelBuilder:
         self.regions = propagate_group(stages, group.root, config.block_tile, self.shape_of)
         self.stage_index = {s: k for k, s in enumerate(group.stages)}
         self.views: list[dict] = []
-        self.tensor_maps: list[TensorMap] = []
+        self.tensor_maps: list[TensorMapParam] = []
         self.tile_views: dict[str, str] = {}
         self.tiles: dict[str, tuple[int, ...]] = {}
         for k, st in enumerate(config.stages):
@@ -109,11 +110,15 @@ class KernelBuilder:
         box: tuple[int, ...],
         swizzle: int,
     ) -> str:
-        """A tensor-map parameter over kernel input ``tensor`` (see :class:`TensorMap`);
-        returns its C name."""
-        name = f"{self.params[tensor].name}_map{len(self.tensor_maps)}"
-        item = np_dtype(self.graph.tensor(tensor).dtype).itemsize
-        self.tensor_maps.append(TensorMap(name, tensor, offset, item, dims, strides, box, swizzle))
+        """A tensor-map parameter over kernel input ``tensor``, from element ``offset`` of it
+        (the other fields as :class:`~welder.device.tensor_map.TensorMapArg`'s); returns its
+        C name."""
+        param = self.params[tensor]
+        position = list(self.params).index(tensor)
+        item = np_dtype(param.dtype).itemsize
+        spec = TensorMapArg(position, item, dims, strides, box, swizzle, offset=offset * item)
+        name = f"{param.name}_map{len(self.tensor_maps)}"
+        self.tensor_maps.append(TensorMapParam(name, tensor, spec))
         return name
 
     def origin_name(self, k: int, d: int) -> str:
@@ -150,7 +155,7 @@ class KernelBuilder:
             self.cfg.smem_bytes,
             self.group.root,
             arch_specific=any(s.arch_specific for s in stage_ctxs),
-            tensor_maps=list(self.tensor_maps),
+            tensor_maps=[t.map for t in self.tensor_maps],
         )
 
     @property

@@ -28,6 +28,7 @@ later call fails with a GpuError saying so.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import itertools
@@ -52,6 +53,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from welder.device.tensor_map import (
+    TENSOR_MAP_ALIGN,
+    TENSOR_MAP_BYTES,
+    EncodedTensorMap,
+    TensorMapArg,
+    TensorMapError,
+    check_tensor_map,
+)
 from welder.errors import WelderError
 from welder.resources import TEMPLATE_DIR
 
@@ -254,7 +263,9 @@ class DeviceBuffer:
         self._alloc.free()
 
 
-Argument = DeviceBuffer | int | np.generic  # buffers and raw pointers, or a numpy scalar
+# Buffers and raw pointers, numpy scalars, and tensor maps over a buffer argument of the same launch
+# (encoded per launch, or once per rotated copy of the buffers: EncodedTensorMap).
+Argument = DeviceBuffer | int | np.generic | TensorMapArg | EncodedTensorMap
 
 
 def _dim3(value: int | Sequence[int]) -> tuple[int, int, int]:
@@ -268,9 +279,12 @@ class GpuModule:
 
     def __init__(self, image: bytes) -> None:
         self._drv = _driver()
+        self._image = image
         self._module = self._drv.module_from_buffer(image)
         self._functions: dict[str, Any] = {}
         self._smem_opt_in: dict[str, int] = {}
+        self._raw_module: ctypes.c_void_p | None = None
+        self._raw_functions: dict[str, ctypes.c_void_p] = {}
 
     def function(self, name: str) -> Any:
         if name not in self._functions:
@@ -290,6 +304,9 @@ class GpuModule:
         stream: Any = None,
     ) -> None:
         """Enqueue one launch (asynchronous: faults surface at the next synchronisation)."""
+        if any(isinstance(a, TensorMapArg | EncodedTensorMap) for a in args):
+            self._launch_with_params(name, grid, block, smem, args, stream)
+            return
         fn = self.function(name)
         if smem > DEFAULT_SMEM_LIMIT and self._smem_opt_in.get(name, 0) < smem:
             fn.set_attribute(self._drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem))
@@ -298,9 +315,197 @@ class GpuModule:
         fn.prepare(fmt)
         fn.prepared_async_call(_dim3(grid), _dim3(block), stream, *values, shared_size=int(smem))
 
+    def _launch_with_params(
+        self,
+        name: str,
+        grid: int | Sequence[int],
+        block: int | Sequence[int],
+        smem: int,
+        args: Sequence[Argument],
+        stream: Any,
+    ) -> None:
+        """A launch with tensor maps, through ``cuLaunchKernel``'s array of parameter pointers.
+
+        pycuda's prepared calls pass one packed parameter buffer (CU_LAUNCH_PARAM_BUFFER_POINTER);
+        on an H100 (driver 580) a ``__grid_constant__`` CUtensorMap passed that way -- correctly
+        laid out at a multiple of 64 -- makes the first TMA load an illegal instruction, while the
+        same bytes passed by pointer work.  pycuda does not expose its function handles, so the
+        module is loaded a second time through ctypes for such kernels."""
+        driver = _driver_library()
+        fn = self._raw_function(name)
+        if smem > DEFAULT_SMEM_LIMIT and self._smem_opt_in.get("raw:" + name, 0) < smem:
+            _check(
+                driver.cuFuncSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem)),
+                name,
+            )
+            self._smem_opt_in["raw:" + name] = smem
+        holders, params = kernel_params(args)
+        stream_handle = ctypes.c_void_p(getattr(stream, "handle", None) or None)
+        gx, gy, gz = _dim3(grid)
+        bx, by, bz = _dim3(block)
+        result = driver.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, int(smem), stream_handle, params, None)
+        del holders  # the driver has copied the parameters
+        _check(result, name)
+
+    def _raw_function(self, name: str) -> ctypes.c_void_p:
+        driver = _driver_library()
+        if self._raw_module is None:
+            module = ctypes.c_void_p()
+            _check(driver.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(self._image)), "the module")
+            self._raw_module = module
+        if name not in self._raw_functions:
+            fn = ctypes.c_void_p()
+            if driver.cuModuleGetFunction(ctypes.byref(fn), self._raw_module, name.encode()) != 0:
+                raise LaunchError(f"no kernel {name!r} in the module")
+            self._raw_functions[name] = fn
+        return self._raw_functions[name]
+
+
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        raise LaunchError(f"the driver failed to launch {what} (CUresult {result})")
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_library() -> ctypes.CDLL:
+    """The process's libcuda (the one pycuda loaded), for what pycuda does not wrap."""
+    _driver()
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise GpuUnavailable(f"cannot open libcuda.so.1: {e}") from None
+
+
+def kernel_params(
+    args: Sequence[Argument], encode: TensorMapEncoder | None = None
+) -> tuple[list[Any], ctypes.Array]:
+    """``cuLaunchKernel``'s parameter array for ``args``: a pointer to each value -- a pointer
+    as 8 bytes, a numpy scalar in its own type, a tensor map as its 128 bytes at a 64-byte
+    aligned address (encoded here over the buffer it names, unless already encoded).  Returns
+    the holders (keep them alive until the launch) and the array."""
+    holders: list[Any] = []
+    addresses: list[int] = []
+    for i, a in enumerate(args):
+        if isinstance(a, TensorMapArg):
+            a = EncodedTensorMap((encode or encode_tensor_map)(a, _address(args, a, i)))
+        if isinstance(a, EncodedTensorMap):
+            holder: Any = (ctypes.c_ubyte * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN))()
+            at = ctypes.addressof(holder) + (-ctypes.addressof(holder) % TENSOR_MAP_ALIGN)
+            ctypes.memmove(at, a.data, TENSOR_MAP_BYTES)
+        elif isinstance(a, DeviceBuffer) or (isinstance(a, int) and not isinstance(a, bool)):
+            holder = ctypes.c_uint64(a.ptr if isinstance(a, DeviceBuffer) else a)
+            at = ctypes.addressof(holder)
+        elif isinstance(a, np.generic):
+            holder = ctypes.create_string_buffer(a.tobytes(), a.nbytes)
+            at = ctypes.addressof(holder)
+        else:
+            raise TypeError(
+                f"kernel arguments are DeviceBuffers, pointers, numpy scalars or tensor maps, not {type(a)}"
+            )
+        holders.append(holder)
+        addresses.append(at)
+    return holders, (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
+
+
+TensorMapEncoder = Callable[[TensorMapArg, int], bytes]
+
+
+def encode_tensor_map(spec: TensorMapArg, base: int) -> bytes:
+    """The 128 bytes of ``spec`` over device address ``base``, from the driver's
+    ``cuTensorMapEncodeTiled`` (called through ctypes on the libcuda pycuda has loaded: pycuda
+    does not wrap it).  FLOAT16 for 2-byte elements, FLOAT32 for 4; interleave none, L2
+    promotion 128B, out-of-bounds elements zero, element strides 1.  Raises
+    :class:`TensorMapError` for a description the driver's rules refuse, and when the driver
+    refuses it anyway."""
+    check_tensor_map(spec, base)
+    encode = _driver_encode()
+    rank = spec.rank
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    holder = (ctypes.c_ubyte * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN))()
+    at = ctypes.addressof(holder) + (-ctypes.addressof(holder) % TENSOR_MAP_ALIGN)
+    result = encode(
+        ctypes.c_void_p(at),
+        _CU_TENSOR_MAP_DATA_TYPE[spec.elem_bytes],
+        rank,
+        ctypes.c_void_p(base),
+        (u64 * rank)(*spec.dims),
+        (u64 * max(rank - 1, 1))(*spec.strides),
+        (u32 * rank)(*spec.box),
+        (u32 * rank)(*([1] * rank)),
+        0,  # CU_TENSOR_MAP_INTERLEAVE_NONE
+        _CU_TENSOR_MAP_SWIZZLE[spec.swizzle],
+        2,  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+        0,  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: zeros
+    )
+    if result != 0:
+        raise TensorMapError(f"cuTensorMapEncodeTiled refused {spec} at 0x{base:x} (CUresult {result})")
+    return ctypes.string_at(at, TENSOR_MAP_BYTES)
+
+
+# The driver's CUtensorMapDataType by element size.  bf16 (CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9)
+# needs a field of its own in TensorMapArg: 2 bytes cannot tell it from fp16.
+_CU_TENSOR_MAP_DATA_TYPE = {2: 6, 4: 7}  # FLOAT16, FLOAT32
+_CU_TENSOR_MAP_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_encode() -> Any:
+    """``cuTensorMapEncodeTiled`` of the process's libcuda (the one pycuda loaded)."""
+    try:
+        encode = _driver_library().cuTensorMapEncodeTiled
+    except AttributeError as e:
+        raise GpuUnavailable(f"the driver has no cuTensorMapEncodeTiled (CUDA 12 or later): {e}") from None
+    encode.restype = ctypes.c_int
+    encode.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_uint32,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint32),
+        ctypes.POINTER(ctypes.c_uint32),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    return encode
+
+
+def _address(args: Sequence[Argument], spec: TensorMapArg, position: int) -> int:
+    """The device address of the map at ``position``: its buffer argument's, plus its offset."""
+    target = args[spec.pointer] if 0 <= spec.pointer < len(args) else None
+    if isinstance(target, DeviceBuffer):
+        if spec.offset + spec.extent > target.nbytes:
+            raise TensorMapError(
+                f"argument {position} (tensor map) covers {spec.extent} bytes from byte {spec.offset}, "
+                f"but its buffer, argument {spec.pointer}, has {target.nbytes}"
+            )
+        return target.ptr + spec.offset
+    if isinstance(target, int) and not isinstance(target, bool):
+        return target + spec.offset
+    raise TensorMapError(
+        f"argument {position} (tensor map) names argument {spec.pointer}, which is not a buffer or pointer"
+    )
+
+
+def bind_tensor_maps(args: Sequence[Argument], encode: TensorMapEncoder | None = None) -> list[Argument]:
+    """``args`` with every :class:`TensorMapArg` encoded over the buffer it names in ``args``:
+    done once per set of buffers a launch rotates through (each copy has its own address)."""
+    encode = encode or encode_tensor_map
+    return [
+        EncodedTensorMap(encode(a, _address(args, a, i))) if isinstance(a, TensorMapArg) else a
+        for i, a in enumerate(args)
+    ]
+
 
 def _pack(args: Sequence[Argument]) -> tuple[str, list[Any]]:
-    """pycuda's argument format string and values: pointers as ``P``, scalars by dtype."""
+    """pycuda's argument format string and values: pointers as ``P``, scalars by dtype (launches
+    with tensor maps go through :func:`kernel_params` instead)."""
     fmt, values = [], []
     for a in args:
         if isinstance(a, DeviceBuffer):
@@ -458,7 +663,8 @@ def time_kernel(
 
 
 def _rotation_sets(args: Sequence[Argument], l2_bytes: int | None, max_copies: int) -> list[list[Argument]]:
-    """The argument list plus copies of its buffers (scalars shared) to rotate through."""
+    """The argument list plus copies of its buffers (scalars shared) to rotate through, each
+    with its tensor maps encoded over its own buffers."""
     buffers = [a for a in args if isinstance(a, DeviceBuffer)]
     total = sum(b.nbytes for b in buffers)
     free, _ = _driver().mem_get_info()
@@ -474,7 +680,7 @@ def _rotation_sets(args: Sequence[Argument], l2_bytes: int | None, max_copies: i
             else:
                 copy.append(a)
         sets.append(copy)
-    return sets
+    return [bind_tensor_maps(s) for s in sets]
 
 
 # -- the executor: whole jobs in one CUDA context ---------------------------------------------------
@@ -482,10 +688,14 @@ def _rotation_sets(args: Sequence[Argument], l2_bytes: int | None, max_copies: i
 
 @dataclass(frozen=True)
 class LaunchSpec:
+    """One kernel's launch; ``tensor_maps`` follow the buffers (inputs, then outputs) as its last
+    parameters, each naming the buffer it covers by position."""
+
     name: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int
+    tensor_maps: tuple[TensorMapArg, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -541,7 +751,7 @@ class GpuExecutor:
         outs = self._outputs(outputs)
         try:
             with self._guard(f"running {launch.name}"):
-                self._launch(module, launch, [*self._data[data], *outs])
+                self._launch(module, launch, [*self._data[data], *outs, *launch.tensor_maps])
                 self._context.synchronize()
                 return [b.to_array(shape, dtype) for b, (shape, dtype) in zip(outs, outputs)]
         finally:
@@ -560,7 +770,7 @@ class GpuExecutor:
                     launch.grid,
                     launch.block,
                     launch.smem,
-                    [*self._data[data], *outs],
+                    [*self._data[data], *outs, *launch.tensor_maps],
                     budget_s=budget_s,
                     l2_bytes=self.info().l2_bytes,
                 )
@@ -600,11 +810,14 @@ class GpuExecutor:
 
     @contextmanager
     def _guard(self, what: str) -> Iterator[None]:
-        """Driver errors become LaunchError, fatal when the context no longer works."""
+        """Driver errors become LaunchError, fatal when the context no longer works; so does a
+        tensor map that cannot be encoded (not fatal: the tuner drops that candidate)."""
         try:
             yield
         except self._drv.Error as e:
             raise LaunchError(f"{what}: {e}", fatal=not self._context_alive()) from None
+        except TensorMapError as e:
+            raise LaunchError(f"{what}: {e}") from None
 
     def _context_alive(self) -> bool:
         try:
@@ -644,7 +857,8 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-_ERRORS: dict[str, type[GpuError]] = {
+_ERRORS: dict[str, type[WelderError]] = {
+    "TensorMapError": TensorMapError,
     "GpuError": GpuError,
     "GpuUnavailable": GpuUnavailable,
     "CompileError": CompileError,
@@ -731,7 +945,7 @@ def _serve(channel: _Channel, executor: Any) -> None:
         try:
             channel.send(("ok", getattr(executor, method)(*args)))
         except BaseException as e:
-            fatal = getattr(e, "fatal", not isinstance(e, GpuError))
+            fatal = getattr(e, "fatal", not isinstance(e, GpuError | TensorMapError))
             channel.send(("err", type(e).__name__, str(e), bool(fatal)))
             if fatal:
                 return
@@ -1005,7 +1219,8 @@ class GpuDevice:
 
 
 def launch_spec(kernel: Any) -> LaunchSpec:
-    return LaunchSpec(kernel.name, _dim3(kernel.grid), _dim3(kernel.threads), int(kernel.smem_bytes))
+    maps = tuple(getattr(kernel, "tensor_maps", ()))
+    return LaunchSpec(kernel.name, _dim3(kernel.grid), _dim3(kernel.threads), int(kernel.smem_bytes), maps)
 
 
 def output_specs(kernel: Any) -> list[OutputSpec]:

@@ -43,5 +43,6 @@ class EmulatedModel:
                     env[p.tensor] = np.zeros(p.shape, dtype=np_dtype(p.dtype))
                 args.append(np.require(env[p.tensor], requirements="C"))
                 env[p.tensor] = args[-1]
+            args.extend(k.tensor_maps)  # encoded by the emulator over the arrays they name
             self.module.launch(k.name, k.grid, k.threads, k.smem_bytes, args, check_races=self.check_races)
         return {o: env[o] for o in self.graph.outputs}

@@ -16,6 +16,7 @@ from typing import ClassVar
 from welder.check import integer_input_bounds
 from welder.codegen import Kernel, sanitize_comment, sanitize_identifier
 from welder.codegen.cprint import STORAGE_TYPES, c_string
+from welder.device.tensor_map import TensorMapArg
 from welder.graph import Graph
 from welder.ir.interpret import np_dtype
 from welder.ir.views import aliased_input
@@ -82,24 +83,6 @@ class ArgSpec:
 
 
 @dataclass(frozen=True)
-class MapSpec:
-    """A TMA tensor map a launch encodes and passes after the pointers: over pointer
-    argument ``arg``, from ``offset_bytes`` into it (see ``welder.codegen.common.TensorMap``)."""
-
-    arg: int
-    offset_bytes: int
-    elem_bytes: int
-    dims: tuple[int, ...]
-    strides: tuple[int, ...]
-    box: tuple[int, ...]
-    swizzle: int
-
-    @property
-    def rank(self) -> int:
-        return len(self.dims)
-
-
-@dataclass(frozen=True)
 class LaunchSpec:
     kind: ClassVar[str] = "kernel"
     name: str
@@ -108,7 +91,7 @@ class LaunchSpec:
     threads: int
     smem_bytes: int
     args: tuple[ArgSpec, ...]
-    maps: tuple[MapSpec, ...] = ()
+    maps: tuple[TensorMapArg, ...] = ()  # CUtensorMap arguments, encoded before the launch
 
     @property
     def needs_smem_opt_in(self) -> bool:
@@ -342,13 +325,6 @@ def _launch(kernel: Kernel, memory: MemoryPlan) -> LaunchSpec:
     for p in kernel.params:
         nbytes = math.prod(p.shape) * np_dtype(p.dtype).itemsize
         args.append(ArgSpec(STORAGE_TYPES[p.dtype], not p.is_output, _address(memory[p.tensor]), nbytes))
-    position = {p.tensor: i for i, p in enumerate(kernel.params)}
-    maps = tuple(
-        MapSpec(
-            position[m.tensor], m.offset * m.elem_bytes, m.elem_bytes, m.dims, m.strides, m.box, m.swizzle
-        )
-        for m in kernel.tensor_maps
-    )
     return LaunchSpec(
         kernel.name,
         sanitize_comment(kernel.root),
@@ -356,7 +332,7 @@ def _launch(kernel: Kernel, memory: MemoryPlan) -> LaunchSpec:
         kernel.threads,
         kernel.smem_bytes,
         tuple(args),
-        maps,
+        tuple(kernel.tensor_maps),
     )
 
 

@@ -16,11 +16,15 @@
 //                   codegen_templates/welder_mma.cuh, not here)
 //   emu_wgmma.h     Hopper wgmma from shared-memory descriptors, its fences and groups (included
 //                   by codegen_templates/welder_wgmma.cuh, not here)
+//   emu_tma.h       Hopper TMA loads, mbarriers and setmaxnreg (included by
+//                   codegen_templates/welder_tma.cuh, not here)
+//   emu_tensor_map.h  CUtensorMap, welder_encode_tensor_map, __grid_constant__
 //   emu_launch.h    launch(), kernel signatures, the C interface
 // and, compiled once rather than into every module:
 //   emu_scheduler.h, emu_runtime.cpp   block scheduler, barriers, collectives, race shadow state
 //   emu_fiber.h                        fibers: an x86-64 stack switch (or ucontext), guarded stacks
 //   emu_launch.cpp                     configuration checks, guarded arguments, fault handling
+//   emu_tensor_map.cpp                 the tensor-map encode and its C entry point
 #pragma once
 
 // Standard headers first: the qualifier macros at the end of this file (notably __noinline__)
@@ -46,6 +50,7 @@
 #include "emu_half.h"
 #include "emu_math.h"
 #include "emu_runtime.h"
+#include "emu_tensor_map.h"
 #include "emu_shared.h"
 #include "emu_device.h"
 #include "emu_wmma.h"

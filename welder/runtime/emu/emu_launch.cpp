@@ -81,6 +81,17 @@ class GuardedBuffer {
 
   void* data() const { return data_; }
 
+  // Whether `address` lies in the caller's buffer this guards; if so, `offset` is its byte offset.
+  bool holds(uint64_t address, uint64_t& offset) const {
+    const auto user = reinterpret_cast<uintptr_t>(user_);
+    if (address < user || address >= user + bytes_) return false;
+    offset = address - user;
+    return true;
+  }
+  size_t bytes() const { return bytes_; }
+  unsigned argument() const { return argument_; }
+  const std::string& type() const { return type_; }
+
   // If `addr` lies in one of the guard pages, says where it is relative to the argument.
   bool explain(const void* addr, std::string& what) const {
     const auto a = reinterpret_cast<uintptr_t>(addr);
@@ -278,10 +289,35 @@ std::string check_configuration(const dim3& grid, const dim3& block, size_t smem
   return "";
 }
 
+// Moves each tensor map whose base lies in a guarded buffer onto that buffer's copy, after checking
+// that everything it covers lies in the buffer; "" or what is wrong.
+std::string relocate_tensor_maps(const std::vector<TensorMapArgument>& maps, const std::vector<GuardedBuffer>& guards) {
+  for (const TensorMapArgument& a : maps) {
+    TensorMapFields f;
+    if (!tensor_map_fields(*a.map, f))
+      return format("argument %u (tensormap) was not encoded by welder_encode_tensor_map", a.index);
+    for (const GuardedBuffer& g : guards) {
+      uint64_t offset = 0;
+      if (!g.holds(f.base, offset)) continue;
+      const uint64_t extent = tensor_map_extent(f);
+      if (offset + extent > g.bytes())
+        return format("argument %u (tensormap: %s) covers bytes [%llu, %llu) of argument %u (%s, %zu bytes), past "
+                      "its end",
+                      a.index, describe_tensor_map(f).c_str(), static_cast<unsigned long long>(offset),
+                      static_cast<unsigned long long>(offset + extent), g.argument(), g.type().c_str(), g.bytes());
+      f.base = reinterpret_cast<uintptr_t>(g.data()) + offset;
+      set_tensor_map_fields(*a.map, f);
+      break;
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 LaunchResult run_launch(const dim3& grid, const dim3& block, size_t dynamic_smem_bytes, const LaunchOptions& options,
-                        KernelInvoker invoke, void* context, const std::vector<PointerArgument>& pointers) {
+                        KernelInvoker invoke, void* context, const std::vector<PointerArgument>& pointers,
+                        const std::vector<TensorMapArgument>& maps) {
   std::string error = check_configuration(grid, block, dynamic_smem_bytes, options);
   if (!error.empty()) return LaunchResult{Status::kInvalidLaunch, error};
   std::lock_guard<std::mutex> lock(g_launch_mutex);
@@ -300,6 +336,9 @@ LaunchResult run_launch(const dim3& grid, const dim3& block, size_t dynamic_smem
     std::memcpy(p.slot, &copy, sizeof(copy));
     guards.push_back(std::move(g));
   }
+
+  error = relocate_tensor_maps(maps, guards);
+  if (!error.empty()) return LaunchResult{Status::kInvalidLaunch, error};
 
   LaunchState state;
   state.grid = grid;

@@ -5,6 +5,8 @@
 // LaunchResult instead of aborting: an error inside the kernel (a failed check, a deadlock, a
 // memory fault, an assertion) stops the launch and is described in the message.  The work is done
 // by run_launch in emu_launch.cpp; see there for guarded argument buffers and fault handling.
+// A CUtensorMap parameter (emu_tensor_map.h) travels by value like any other; its signature name
+// is "tensormap".
 #pragma once
 
 #include <cstddef>
@@ -18,6 +20,7 @@
 
 #include "emu_half.h"
 #include "emu_runtime.h"
+#include "emu_tensor_map.h"
 #include "emu_types.h"
 
 namespace welder_emu {
@@ -67,6 +70,7 @@ constexpr const char* type_name() {
   else if constexpr (std::is_same<U, uint4>::value) return "uint4";
   else if constexpr (std::is_same<U, char4>::value) return "char4";
   else if constexpr (std::is_same<U, uchar4>::value) return "uchar4";
+  else if constexpr (std::is_same<U, CUtensorMap>::value) return "tensormap";
   else return "?";
 }
 
@@ -88,6 +92,24 @@ struct PointerArgument {
   std::string type;
 };
 
+// A CUtensorMap parameter inside the argument tuple; run_launch moves its base onto the guarded
+// copy of the buffer it points into.
+struct TensorMapArgument {
+  CUtensorMap* map;
+  unsigned index;
+};
+
+template <class Tuple, size_t... I>
+std::vector<TensorMapArgument> tensor_map_arguments(Tuple& values, std::index_sequence<I...>) {
+  std::vector<TensorMapArgument> maps;
+  const auto add = [&maps](auto& value, unsigned index) {
+    using P = std::remove_cv_t<std::remove_reference_t<decltype(value)>>;
+    if constexpr (std::is_same<P, CUtensorMap>::value) maps.push_back({const_cast<CUtensorMap*>(&value), index});
+  };
+  (add(std::get<I>(values), static_cast<unsigned>(I)), ...);
+  return maps;
+}
+
 template <class Tuple, size_t... I>
 Tuple read_arguments(void** args, std::index_sequence<I...>) {
   return Tuple(*static_cast<typename std::tuple_element<I, Tuple>::type*>(args[I])...);
@@ -108,7 +130,8 @@ std::vector<PointerArgument> pointer_arguments(Tuple& values, std::index_sequenc
 // Checks the configuration, guards the pointer arguments, runs every block with faults turned
 // into errors, and hands the guarded buffers back (emu_launch.cpp).
 LaunchResult run_launch(const dim3& grid, const dim3& block, size_t dynamic_smem_bytes, const LaunchOptions& options,
-                        KernelInvoker invoke, void* context, const std::vector<PointerArgument>& pointers);
+                        KernelInvoker invoke, void* context, const std::vector<PointerArgument>& pointers,
+                        const std::vector<TensorMapArgument>& maps);
 
 }  // namespace detail
 
@@ -131,7 +154,7 @@ LaunchResult launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t dynamic_
     std::apply(c->kernel, *c->values);
   };
   return detail::run_launch(grid, block, dynamic_smem_bytes, options, invoke, &call,
-                            detail::pointer_arguments(values, Indices{}));
+                            detail::pointer_arguments(values, Indices{}), detail::tensor_map_arguments(values, Indices{}));
 }
 
 // "const float32*,int32,..." for the Python driver.

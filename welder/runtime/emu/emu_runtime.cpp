@@ -199,13 +199,70 @@ size_t first_pending(const LaunchState& launch, size_t begin, size_t n) {
   return n;
 }
 
+// "mbarrier 'full' index 1 (byte 8)"
+std::string describe_mbarrier(const Mbarrier& m) {
+  return format("mbarrier '%s' index %lld (byte %zu)", m.view, m.index, m.offset);
+}
+
+// The TMA load in flight whose destination holds byte `b`, or null.
+const TmaCopy* pending_tma_at(const LaunchState& launch, size_t b) {
+  for (const TmaCopy& c : launch.tma_copies)
+    if (c.dst <= b && b < c.dst + c.data.size()) return &c;
+  return nullptr;
+}
+
+// The mbarrier whose 8 bytes include byte `b`, or null.
+const Mbarrier* mbarrier_at(const LaunchState& launch, size_t b) {
+  auto it = launch.mbarriers.upper_bound(b);
+  if (it == launch.mbarriers.begin()) return nullptr;
+  --it;
+  return b < it->first + 8 ? &it->second : nullptr;
+}
+
+// "the cp.async.bulk.tensor.2d... at kernel.cu:12 that thread 0 (0,0,0) issued, completing on mbarrier ..."
+std::string describe_tma(const LaunchState& launch, const TmaCopy& c) {
+  auto it = launch.mbarriers.find(c.barrier);
+  return format("the %s at %s that %s issued, completing on %s", c.primitive, describe(c.site).c_str(),
+                describe_thread(launch.threads[c.issuer]).c_str(),
+                it == launch.mbarriers.end() ? "an mbarrier" : describe_mbarrier(it->second).c_str());
+}
+
 [[noreturn]] void report_pending_access(const LaunchState& launch, const ViewSpot& spot, size_t byte, bool is_write) {
-  const auto [issuer, copy] = pending_copy_at(launch, byte);
   const auto index = static_cast<long long>((byte - spot.view_begin) / spot.elem_size);
+  const char* what = is_write ? "write" : "read";
+  if (launch.pending[byte] == kPendingTma) {
+    const TmaCopy* c = pending_tma_at(launch, byte);
+    raise_error(format("%s of a TMA destination before the wait on its mbarrier: shared view '%s' index %lld is "
+                       "written by %s, and no thread has waited on that mbarrier since",
+                       what, spot.view, index, c ? describe_tma(launch, *c).c_str() : "a TMA load"));
+  }
+  if (launch.pending[byte] == kMbarrierObject) {
+    const Mbarrier* m = mbarrier_at(launch, byte);
+    raise_error(format("%s of an mbarrier object: shared view '%s' index %lld is part of %s (initialised at %s); "
+                       "only the welder_mbarrier_* calls may use those bytes",
+                       what, spot.view, index, m ? describe_mbarrier(*m).c_str() : "an mbarrier",
+                       m ? describe(m->init_site).c_str() : "?"));
+  }
+  const auto [issuer, copy] = pending_copy_at(launch, byte);
   raise_error(format("%s of cp.async destination before cp.async.wait_group: shared view '%s' index %lld is written "
                      "by the %s at %s that %s issued and has not waited for",
-                     is_write ? "write" : "read", spot.view, index, copy->primitive, describe(copy->site).c_str(),
+                     what, spot.view, index, copy->primitive, describe(copy->site).c_str(),
                      describe_thread(*issuer).c_str()));
+}
+
+// What still owns pending byte `b` (a cp.async, a TMA load, an mbarrier), for messages.
+std::string describe_pending(const LaunchState& launch, size_t b) {
+  if (launch.pending[b] == kPendingTma) {
+    const TmaCopy* c = pending_tma_at(launch, b);
+    return c ? describe_tma(launch, *c) + ", on which no thread has waited yet" : "a TMA load in flight";
+  }
+  if (launch.pending[b] == kMbarrierObject) {
+    const Mbarrier* m = mbarrier_at(launch, b);
+    return m ? describe_mbarrier(*m) + format(" initialised at %s", describe(m->init_site).c_str()) : "an mbarrier";
+  }
+  const auto [issuer, copy] = pending_copy_at(launch, b);
+  return format("the %s at %s that %s issued and has not waited for", copy->primitive, describe(copy->site).c_str(),
+                describe_thread(*issuer).c_str());
 }
 
 // The wgmma in flight that reads 16-byte unit `unit`, and its warpgroup.
@@ -298,6 +355,11 @@ void cp_async_issue(const char* view, size_t view_offset, long long count, size_
   const size_t begin = checked_shared_offset(launch, view, view_offset, count, elem_size, index, nbytes);
   const ViewSpot spot{view, view_offset, elem_size};
   if (const size_t i = first_pending(launch, begin, nbytes); i < nbytes) {
+    if (launch.pending[begin + i] != kPendingCpAsync)
+      raise_error(format("%s: the destination, shared view '%s' index %lld, is %s", where.c_str(), view, index,
+                         launch.pending[begin + i] == kPendingTma
+                             ? ("also the destination of " + describe_pending(launch, begin + i)).c_str()
+                             : ("part of " + describe_pending(launch, begin + i)).c_str()));
     const auto [issuer, copy] = pending_copy_at(launch, begin + i);
     raise_error(format("%s: the destination, shared view '%s' index %lld, is also the destination of the %s at %s that "
                        "%s issued and has not waited for",
@@ -310,7 +372,7 @@ void cp_async_issue(const char* view, size_t view_offset, long long count, size_
   if (src_bytes > 0) std::memcpy(c.data, src, src_bytes);  // a source past its argument faults here
   t.copies.push_back(c);
   if (launch.check_races) {
-    std::memset(launch.pending.data() + begin, 1, nbytes);
+    std::memset(launch.pending.data() + begin, kPendingCpAsync, nbytes);
     launch.pending_bytes += nbytes;
   }
 }
@@ -321,6 +383,248 @@ void cp_async_wait(int pending) {
   ThreadState& t = current_thread("cp.async.wait_group");
   const auto keep = static_cast<uint32_t>(pending < 0 ? 0 : pending);
   perform_copies(*g_launch, t, t.groups_committed > keep ? t.groups_committed - keep : 0);
+}
+
+// ============================================================================ mbarriers and TMA
+
+namespace {
+
+constexpr const char* kMbarrierWait = "mbarrier.try_wait.parity.shared::cta.b64";
+constexpr long long kTxLimit = (1ll << 20) - 1;  // the tx-count's range is +-(2^20 - 1)
+
+// The mbarrier at the view position `bar`, which must have been initialised; checks that the
+// calling thread may use it (a __syncthreads since another thread's init).
+Mbarrier& used_mbarrier(LaunchState& launch, const ThreadState& t, const SharedSpot& bar, const std::string& where) {
+  const size_t offset = checked_shared_offset(launch, bar.view, bar.view_offset, bar.count, bar.elem_size, bar.index, 8);
+  auto it = launch.mbarriers.find(offset);
+  if (it == launch.mbarriers.end())
+    raise_error(format("%s: shared view '%s' index %lld (byte %zu) is not an mbarrier: no welder_mbarrier_init of it "
+                       "in this block",
+                       where.c_str(), bar.view, bar.index, offset));
+  Mbarrier& m = it->second;
+  if (m.init_thread != t.linear && m.init_epoch == launch.epoch)
+    raise_error(format("%s: %s was initialised by %s at %s with no __syncthreads since (the init is not visible to "
+                       "other threads yet)",
+                       where.c_str(), describe_mbarrier(m).c_str(), describe_thread(launch.threads[m.init_thread]).c_str(),
+                       describe(m.init_site).c_str()));
+  return m;
+}
+
+// "phase 3 in progress: 1 of 2 arrivals and 8192 transaction bytes pending"
+std::string describe_phase(const Mbarrier& m) {
+  return format("phase %llu in progress: %u of %u arrivals and %lld transaction bytes pending",
+                static_cast<unsigned long long>(m.phase), m.pending, m.expected, m.tx);
+}
+
+// Completes the current phase when nothing is pending any more.
+void settle_phase(Mbarrier& m) {
+  if (m.pending == 0 && m.tx == 0) {
+    ++m.phase;
+    m.pending = m.expected;
+  }
+}
+
+// Lands every TMA load in flight on the mbarrier at `offset`, in issue order, and completes their
+// bytes on it; "" or what went wrong.
+std::string complete_tma(LaunchState& launch, size_t offset) {
+  auto it = launch.mbarriers.find(offset);
+  if (it == launch.mbarriers.end()) return "";
+  Mbarrier& m = it->second;
+  size_t kept = 0;
+  for (size_t i = 0; i < launch.tma_copies.size(); ++i) {
+    TmaCopy& c = launch.tma_copies[i];
+    if (c.barrier != offset) {
+      if (kept != i) launch.tma_copies[kept] = std::move(c);
+      ++kept;
+      continue;
+    }
+    const unsigned bits = c.swizzle == 128 ? 7u : c.swizzle == 64 ? 3u : c.swizzle == 32 ? 1u : 0u;
+    for (size_t chunk = 0; chunk < c.data.size(); chunk += 16) {
+      const unsigned address = kSharedWindowBase + static_cast<unsigned>(c.dst + chunk);
+      const size_t at = (address ^ (((address >> 7) & bits) << 4)) - kSharedWindowBase;
+      std::memcpy(launch.smem + at, c.data.data() + chunk, 16);
+    }
+    if (launch.check_races) {
+      // An async-proxy write, ordered for every thread by the mbarrier wait that completed it.
+      std::memset(launch.pending.data() + c.dst, kNotPending, c.data.size());
+      launch.pending_bytes -= c.data.size();
+      for (size_t b = c.dst; b < c.dst + c.data.size(); ++b) launch.shadow[b] = ByteShadow{};
+    }
+    m.tx -= static_cast<long long>(c.data.size());
+    if (m.tx < 0) {
+      const std::string what = format(
+          "the %zu bytes of the %s at %s (%s) take the transaction count of %s below zero (%lld): the phase "
+          "expected fewer bytes (welder_mbarrier_arrive_expect_tx) than its TMA loads deliver",
+          c.data.size(), c.primitive, describe(c.site).c_str(), describe_thread(launch.threads[c.issuer]).c_str(),
+          describe_mbarrier(m).c_str(), m.tx);
+      launch.tma_copies.clear();
+      return what;
+    }
+    settle_phase(m);
+  }
+  launch.tma_copies.resize(kept);
+  return "";
+}
+
+}  // namespace
+
+void mbarrier_init(const SharedSpot& bar, unsigned arrivals, const Site& site) {
+  LaunchState& launch = *g_launch;
+  const char* primitive = "mbarrier.init.shared::cta.b64";
+  ThreadState& t = current_thread(primitive);
+  const std::string where = format("%s at %s", primitive, describe(site).c_str());
+  const size_t offset = checked_shared_offset(launch, bar.view, bar.view_offset, bar.count, bar.elem_size, bar.index, 8);
+  if (offset % 8 != 0)
+    raise_error(format("%s: shared view '%s' index %lld (byte %zu) is not 8-byte aligned", where.c_str(), bar.view,
+                       bar.index, offset));
+  if (arrivals == 0 || arrivals > static_cast<unsigned>(kTxLimit))
+    raise_error(format("%s: the arrival count %u is not in [1, 2^20 - 1]", where.c_str(), arrivals));
+  for (const TmaCopy& c : launch.tma_copies)
+    if (c.barrier == offset)
+      raise_error(format("%s: re-initialises %s while %s is still in flight on it", where.c_str(),
+                         describe_mbarrier(launch.mbarriers.at(offset)).c_str(), describe_tma(launch, c).c_str()));
+  if (launch.check_races) {
+    for (size_t b = offset; b < offset + 8; ++b)
+      if (launch.pending[b] != kNotPending && launch.pending[b] != kMbarrierObject)
+        raise_error(format("%s: shared view '%s' index %lld (byte %zu) is the destination of %s", where.c_str(),
+                           bar.view, bar.index, offset, describe_pending(launch, b).c_str()));
+    check_wgmma_in_use(launch, offset, 8, ViewSpot{bar.view, bar.view_offset, bar.elem_size}, where.c_str());
+    for (size_t b = offset; b < offset + 8; ++b) {
+      if (launch.pending[b] == kNotPending) ++launch.pending_bytes;
+      launch.pending[b] = kMbarrierObject;
+    }
+  }
+  // The raw bytes read as garbage if a kernel (wrongly) looks at them without race checks.
+  std::memset(launch.smem + offset, 0xA5, 8);
+  launch.mbarriers[offset] = Mbarrier{offset,  bar.view, bar.index, arrivals,      arrivals,
+                                      0,       0,        site,      t.linear, launch.epoch,
+                                      t.mbarrier_init_fences};
+}
+
+void mbarrier_init_fence() { ++current_thread("fence.mbarrier_init").mbarrier_init_fences; }
+
+void mbarrier_arrive(const SharedSpot& bar, bool expect_tx, unsigned tx_bytes, const char* primitive,
+                     const Site& site) {
+  LaunchState& launch = *g_launch;
+  ThreadState& t = current_thread(primitive);
+  const std::string where = format("%s at %s", primitive, describe(site).c_str());
+  Mbarrier& m = used_mbarrier(launch, t, bar, where);
+  if (expect_tx) {
+    if (static_cast<long long>(tx_bytes) > kTxLimit || m.tx + static_cast<long long>(tx_bytes) > kTxLimit)
+      raise_error(format("%s: expecting %u more transaction bytes on %s (%s) exceeds the tx-count's limit of "
+                         "2^20 - 1",
+                         where.c_str(), tx_bytes, describe_mbarrier(m).c_str(), describe_phase(m).c_str()));
+    m.tx += tx_bytes;
+  }
+  if (m.pending == 0)
+    raise_error(format("%s: arrival beyond the expected count on %s: its %s already has all %u arrivals and waits "
+                       "only for %lld transaction bytes",
+                       where.c_str(), describe_mbarrier(m).c_str(), format("phase %llu",
+                                                                           static_cast<unsigned long long>(m.phase))
+                                                                        .c_str(),
+                       m.expected, m.tx));
+  --m.pending;
+  settle_phase(m);
+}
+
+void mbarrier_wait(const SharedSpot& bar, unsigned parity, const Site& site) {
+  LaunchState& launch = *g_launch;
+  ThreadState& t = current_thread(kMbarrierWait);
+  const std::string where = format("%s at %s", kMbarrierWait, describe(site).c_str());
+  Mbarrier& m = used_mbarrier(launch, t, bar, where);
+  if (parity > 1) raise_error(format("%s: the phase parity %u is not 0 or 1", where.c_str(), parity));
+  if (const std::string problem = complete_tma(launch, m.offset); !problem.empty())
+    raise_error(where + ": " + problem);
+  if ((m.phase & 1) != parity) return;  // the phase of that parity has completed
+  t.wait = WaitKind::kMbarrier;
+  t.site = site;
+  t.primitive = kMbarrierWait;
+  t.wait_barrier = m.offset;
+  t.param = static_cast<int>(parity);
+  suspend(t);
+}
+
+void tma_load(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& bar, const int* coords, int rank,
+              const char* primitive, const Site& site) {
+  LaunchState& launch = *g_launch;
+  ThreadState& t = current_thread(primitive);
+  const std::string where = format("%s at %s", primitive, describe(site).c_str());
+  TensorMapFields f;
+  if (map == nullptr || !tensor_map_fields(*map, f))
+    raise_error(format("%s: the tensor map was not encoded by welder_encode_tensor_map", where.c_str()));
+  if (static_cast<int>(f.rank) != rank)
+    raise_error(format("%s: a %dd load through a rank-%u tensor map (%s)", where.c_str(), rank, f.rank,
+                       describe_tensor_map(f).c_str()));
+  const long long start = static_cast<long long>(coords[0]) * f.elem_bytes;
+  if (start % 16 != 0)
+    raise_error(format("%s: the innermost coordinate %d starts the box at byte %lld of a row, not a multiple of 16 "
+                       "bytes (on an H100 such a load is an illegal instruction)",
+                       where.c_str(), coords[0], start));
+  Mbarrier& m = used_mbarrier(launch, t, bar, where);
+  if (launch.threads[m.init_thread].mbarrier_init_fences <= m.init_fences)
+    raise_error(format("%s: it completes on %s, whose init (%s at %s) no fence.mbarrier_init "
+                       "(welder_mbarrier_init_fence) of that thread has followed, so the copy engine may not see it",
+                       where.c_str(), describe_mbarrier(m).c_str(), describe_thread(launch.threads[m.init_thread]).c_str(),
+                       describe(m.init_site).c_str()));
+
+  // The destination: the whole box inside the view and the launch's buffer, and aligned.
+  size_t elements = 1;
+  for (uint32_t i = 0; i < f.rank; ++i) elements *= f.box[i];
+  const size_t nbytes = elements * f.elem_bytes;
+  const long long first = dst.index * static_cast<long long>(dst.elem_size);
+  if (dst.index < 0 || first + static_cast<long long>(nbytes) > dst.count * static_cast<long long>(dst.elem_size))
+    raise_error(format("%s: the %zu-byte box does not fit shared view '%s' from index %lld (count %lld, %zu-byte "
+                       "elements)",
+                       where.c_str(), nbytes, dst.view, dst.index, dst.count, dst.elem_size));
+  const size_t begin = checked_shared_offset(launch, dst.view, dst.view_offset, dst.count, dst.elem_size, dst.index,
+                                             nbytes);
+  const unsigned address = kSharedWindowBase + static_cast<unsigned>(begin);
+  const unsigned align = f.swizzle == 128 ? 1024 : 128;
+  if (address % align != 0)
+    raise_error(format("%s: the destination, shared view '%s' index %lld (shared address 0x%x), is not %u-byte "
+                       "aligned%s",
+                       where.c_str(), dst.view, dst.index, address, align,
+                       f.swizzle == 128 ? " (the 128B swizzle's pattern spans 1024 bytes)" : ""));
+  if (f.swizzle != 0 && f.box[0] * f.elem_bytes != f.swizzle)
+    raise_error(format("%s: the box's innermost extent is %u bytes, less than the %uB swizzle span; the emulator "
+                       "models swizzled boxes whose rows are exactly one span (%s)",
+                       where.c_str(), f.box[0] * f.elem_bytes, f.swizzle, describe_tensor_map(f).c_str()));
+  if (const size_t i = first_pending(launch, begin, nbytes); i < nbytes)
+    raise_error(format("%s: the destination, shared view '%s' (byte %zu), is %s %s", where.c_str(), dst.view,
+                       begin + i, launch.pending[begin + i] == kMbarrierObject ? "part of" : "also the destination of",
+                       describe_pending(launch, begin + i).c_str()));
+  check_wgmma_in_use(launch, begin, nbytes, ViewSpot{dst.view, dst.view_offset, dst.elem_size},
+                     (std::string(primitive) + " at " + describe(site) + " into").c_str());
+
+  // Read the box now (out-of-bounds elements are zeros), row-major with the innermost fastest.
+  TmaCopy copy{begin, m.offset, f.swizzle, std::vector<unsigned char>(nbytes, 0), dst.view, dst.index, primitive,
+               site, t.linear};
+  uint32_t idx[5] = {0, 0, 0, 0, 0};
+  for (size_t e = 0; e < elements; ++e) {
+    bool inside = true;
+    uint64_t offset = 0;
+    for (uint32_t d = 0; d < f.rank; ++d) {
+      const long long c = static_cast<long long>(coords[d]) + idx[d];
+      inside = inside && c >= 0 && static_cast<uint64_t>(c) < f.dims[d];
+      offset += static_cast<uint64_t>(c) * f.strides[d];
+    }
+    if (inside)
+      std::memcpy(copy.data.data() + e * f.elem_bytes, reinterpret_cast<const void*>(f.base + offset), f.elem_bytes);
+    for (uint32_t d = 0; d < f.rank && ++idx[d] == f.box[d]; ++d) idx[d] = 0;
+  }
+  if (launch.check_races) {
+    std::memset(launch.pending.data() + begin, kPendingTma, nbytes);
+    launch.pending_bytes += nbytes;
+  }
+  launch.tma_copies.push_back(std::move(copy));
+}
+
+void tma_prefetch(const CUtensorMap* map, const char* primitive, const Site& site) {
+  current_thread(primitive);
+  TensorMapFields f;
+  if (map == nullptr || !tensor_map_fields(*map, f))
+    raise_error(format("%s at %s: the tensor map was not encoded by welder_encode_tensor_map", primitive,
+                       describe(site).c_str()));
 }
 
 // ============================================================================ blocking primitives
@@ -448,6 +752,13 @@ void wgmma_check_reads(const std::vector<uint32_t>& chunks, const char* primitiv
   for (uint32_t unit : chunks)
     for (size_t b = 16 * size_t{unit}; b < 16 * size_t{unit} + 16; ++b) {
       const unsigned address = kSharedWindowBase + static_cast<unsigned>(b);
+      if (launch.pending_bytes != 0 && launch.pending[b] == kPendingTma)
+        raise_error(format("%s reads shared address 0x%x (byte %zu of the dynamic buffer), the destination of %s (a "
+                           "wgmma may read TMA data only after an mbarrier wait saw it complete)",
+                           where.c_str(), address, b, describe_pending(launch, b).c_str()));
+      if (launch.pending_bytes != 0 && launch.pending[b] == kMbarrierObject)
+        raise_error(format("%s reads shared address 0x%x (byte %zu of the dynamic buffer), which holds %s",
+                           where.c_str(), address, b, describe_pending(launch, b).c_str()));
       if (launch.pending_bytes != 0 && launch.pending[b]) {
         const auto [issuer, copy] = pending_copy_at(launch, b);
         raise_error(format("%s reads shared address 0x%x (byte %zu of the dynamic buffer), which the %s at %s that %s "
@@ -734,6 +1045,53 @@ bool complete_barrier(LaunchState& launch) {
   return true;
 }
 
+// Releases the threads waiting at an mbarrier whose phase of their parity has completed, after
+// landing the TMA loads in flight on it.
+bool complete_mbarrier_waits(LaunchState& launch) {
+  bool progress = false;
+  for (ThreadState& t : launch.threads) {
+    if (t.wait != WaitKind::kMbarrier) continue;
+    if (const std::string problem = complete_tma(launch, t.wait_barrier); !problem.empty()) {
+      scheduler_error(launch, format("%s at %s (%s): %s", t.primitive, describe(t.site).c_str(),
+                                     describe_thread(t).c_str(), problem.c_str()));
+      return false;
+    }
+    if ((launch.mbarriers.at(t.wait_barrier).phase & 1) != static_cast<unsigned>(t.param)) {
+      t.wait = WaitKind::kRunnable;
+      progress = true;
+    }
+  }
+  return progress;
+}
+
+// What thread `t` is blocked at, for a deadlock report.
+std::string blocked_at(const LaunchState& launch, const ThreadState& t) {
+  if (t.wait == WaitKind::kExited) return "have exited";
+  if (t.wait != WaitKind::kMbarrier) return format("wait at %s (%s)", t.primitive, describe(t.site).c_str());
+  const Mbarrier& m = launch.mbarriers.at(t.wait_barrier);
+  return format("wait at %s (%s) on %s for the phase of parity %d (%s)", t.primitive, describe(t.site).c_str(),
+                describe_mbarrier(m).c_str(), t.param, describe_phase(m).c_str());
+}
+
+// Explains a block in which threads wait at mbarriers and nothing can move; false if none does.
+bool report_stuck_mbarrier(LaunchState& launch) {
+  if (std::none_of(launch.threads.begin(), launch.threads.end(),
+                   [](const ThreadState& t) { return t.wait == WaitKind::kMbarrier; }))
+    return false;
+  std::vector<std::pair<std::string, std::vector<unsigned>>> states;  // threads grouped by what they do
+  for (const ThreadState& t : launch.threads) {
+    const std::string state = blocked_at(launch, t);
+    auto it = std::find_if(states.begin(), states.end(), [&](const auto& s) { return s.first == state; });
+    if (it == states.end()) states.push_back({state, {t.linear}});
+    else it->second.push_back(t.linear);
+  }
+  std::string detail;
+  for (const auto& s : states) detail += (detail.empty() ? "" : "; ") + describe_threads(s.second) + " " + s.first;
+  scheduler_error(launch, "deadlock: every thread is blocked and no mbarrier phase they wait for can complete: " +
+                              detail);
+  return true;
+}
+
 // What lane `u` does instead of joining collective `t`, or "arrived".
 std::string lane_state(const ThreadState& u, const ThreadState& t) {
   if (u.wait == WaitKind::kExited) return "have exited";
@@ -801,6 +1159,7 @@ void reset_thread(LaunchState& launch, ThreadState& t) {
   t.copies_head = 0;
   t.groups_committed = 0;
   t.proxy_fences.clear();
+  t.mbarrier_init_fences = 0;
   context_init(t.context, launch.stacks.stack_lo(t.linear), launch.stacks.stack_bytes(), &thread_main, &t);
 }
 
@@ -818,7 +1177,9 @@ bool run_block(LaunchState& launch, const uint3& block) {
   }
   // Fresh shared memory is garbage on the GPU; here it reads as NaN / -1 so that using it shows.
   if (launch.smem_bytes > 0) std::memset(launch.smem, 0xFF, launch.smem_bytes);
-  if (launch.pending_bytes != 0) {  // only after a failed block; kept for safety
+  launch.mbarriers.clear();
+  launch.tma_copies.clear();
+  if (launch.pending_bytes != 0) {  // after a failed block, or a block that used mbarriers
     std::fill(launch.pending.begin(), launch.pending.end(), 0);
     launch.pending_bytes = 0;
   }
@@ -836,11 +1197,17 @@ bool run_block(LaunchState& launch, const uint3& block) {
       }
       all_exited = all_exited && t.wait == WaitKind::kExited;
     }
-    if (all_exited) return true;
+    if (all_exited) {
+      if (launch.tma_copies.empty()) return true;
+      scheduler_error(launch, format("every thread exited with %s still in flight (no thread waited on that "
+                                     "mbarrier after the load was issued)",
+                                     describe_tma(launch, launch.tma_copies.front()).c_str()));
+      return false;
+    }
     if (complete_warp_collectives(launch) || complete_warpgroups(launch) || complete_active_masks(launch) ||
-        complete_barrier(launch))
+        complete_mbarrier_waits(launch) || complete_barrier(launch))
       continue;
-    if (!launch.failed) report_stuck_collective(launch);
+    if (!launch.failed && !report_stuck_mbarrier(launch)) report_stuck_collective(launch);
     return false;
   }
 }

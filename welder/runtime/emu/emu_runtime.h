@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "emu_tensor_map.h"
 #include "emu_types.h"
 
 namespace welder_emu {
@@ -142,6 +143,31 @@ void wgmma_commit(unsigned warpgroup);
 void wgmma_wait(unsigned warpgroup, int pending);
 // fence.proxy.async.shared::cta by the calling thread.
 void fence_proxy_async();
+
+// ---------------------------------------------------------------------------- mbarriers and TMA
+
+// Where a shared-view position points (a SharedPtr's parts): for checked accesses by the runtime.
+struct SharedSpot {
+  const char* view;
+  size_t view_offset;
+  long long count;
+  size_t elem_size;
+  long long index;
+};
+
+// mbarrier.init / fence.mbarrier_init / arrive (with expect_tx when `expect_tx`) /
+// try_wait.parity in a loop (suspends until the phase of `parity` completed); see emu_scheduler.h.
+void mbarrier_init(const SharedSpot& bar, unsigned arrivals, const Site& site);
+void mbarrier_init_fence();
+void mbarrier_arrive(const SharedSpot& bar, bool expect_tx, unsigned tx_bytes, const char* primitive,
+                     const Site& site);
+void mbarrier_wait(const SharedSpot& bar, unsigned parity, const Site& site);
+// cp.async.bulk.tensor.Nd tile-mode load of the box at `coords` (rank of them) of `map` into the
+// shared view position `dst`, completing its bytes on the mbarrier `bar`.
+void tma_load(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& bar, const int* coords, int rank,
+              const char* primitive, const Site& site);
+// prefetch.tensormap: only checks that `map` was encoded.
+void tma_prefetch(const CUtensorMap* map, const char* primitive, const Site& site);
 
 // __activemask(): the lanes of this warp that wait at the same call site when the block stalls.
 unsigned active_mask(const Site& site);

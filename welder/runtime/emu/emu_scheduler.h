@@ -25,6 +25,15 @@
 // destination bytes are marked pending: any access of them, by any thread, is an error, as is a
 // second copy into them.
 //
+// mbarriers and TMA (emu_tma.h).  An mbarrier lives in a side table keyed by its byte offset (its 8
+// bytes are marked as an mbarrier object: a plain access of them is an error): the expected
+// arrival count, the arrivals and transaction bytes still pending in the current phase, and the
+// number of completed phases.  A TMA load reads its box from global memory when issued and is
+// queued on its mbarrier; it lands in shared memory (swizzled, recorded as an async-proxy write)
+// only when some thread waits on that mbarrier, or when every thread is blocked and one of them
+// waits on it.  Until then its destination bytes are marked pending, like a cp.async's.  A wait
+// suspends the fiber (WaitKind::kMbarrier) until the phase of its parity completed.
+//
 // wgmma (emu_wgmma.h).  Per warpgroup, a queue of operations issued, committed groups, and whether a
 // wgmma.fence came since the last wait.  The 16-byte units an operation reads are counted in
 // wgmma_in_use until the wait that covers it; a write of them is an error.  Each thread records
@@ -34,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,7 +56,10 @@ namespace welder_emu::detail {
 constexpr unsigned kWarpSize = 32;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
-enum class WaitKind : uint8_t { kRunnable, kBarrier, kWarpCollective, kWarpgroup, kActiveMask, kExited };
+enum class WaitKind : uint8_t { kRunnable, kBarrier, kWarpCollective, kWarpgroup, kActiveMask, kMbarrier, kExited };
+
+// What marks a byte of the dynamic buffer in LaunchState::pending.
+enum PendingKind : uint8_t { kNotPending = 0, kPendingCpAsync = 1, kPendingTma = 2, kMbarrierObject = 3 };
 
 // One cp.async in flight: where it goes, what it writes (source bytes then zeros), where it came from.
 struct AsyncCopy {
@@ -89,6 +102,38 @@ struct ThreadState {
   uint32_t groups_committed = 0;
   // The epoch of each fence.proxy.async this thread executed, in order.
   std::vector<uint32_t> proxy_fences;
+  // fence.mbarrier_init executed so far; and, while waiting at an mbarrier, its byte offset.
+  uint32_t mbarrier_init_fences = 0;
+  size_t wait_barrier = 0;
+};
+
+// One mbarrier of the block (see the model above).
+struct Mbarrier {
+  size_t offset;  // byte offset in the dynamic buffer
+  const char* view;
+  long long index;
+  unsigned expected;  // arrivals per phase
+  unsigned pending;   // arrivals the current phase still needs
+  long long tx;       // transaction bytes the current phase still needs (expected minus completed)
+  uint64_t phase;     // phases completed
+  Site init_site;
+  unsigned init_thread;
+  uint32_t init_epoch;
+  uint32_t init_fences;  // the initialising thread's fence.mbarrier_init count at the init
+};
+
+// One TMA load in flight: the box as read from global memory (row-major, innermost first), where
+// it goes, and the mbarrier it completes on.
+struct TmaCopy {
+  size_t dst;  // byte offset of the box in the dynamic buffer
+  size_t barrier;
+  uint32_t swizzle;
+  std::vector<unsigned char> data;
+  const char* view;
+  long long index;
+  const char* primitive;
+  Site site;
+  unsigned issuer;
 };
 
 // One access in the shadow state; epoch 0 means "none".
@@ -126,14 +171,17 @@ struct LaunchState {
   std::vector<unsigned char> smem_storage;
   unsigned char* smem = nullptr;  // 128-byte aligned start of the dynamic buffer
   std::vector<ByteShadow> shadow;
-  // Bytes of the dynamic buffer that a cp.async will still write (1) or not (0), with race checks
-  // on; pending_bytes counts the ones, so that accesses need not look while there are none.
+  // Per byte of the dynamic buffer, with race checks on: a PendingKind (a cp.async or TMA will
+  // still write it, or it holds an mbarrier); pending_bytes counts the marked ones, so that
+  // accesses need not look while there are none.
   std::vector<uint8_t> pending;
   size_t pending_bytes = 0;
   // Per 16-byte unit of the dynamic buffer: how many wgmma in flight read it (race checks on).
   std::vector<uint16_t> wgmma_in_use;
   size_t wgmma_in_use_units = 0;
   std::vector<WarpgroupState> warpgroups;  // nthreads / 128 of them (none for a partial one)
+  std::map<size_t, Mbarrier> mbarriers;      // by byte offset, this block's
+  std::vector<TmaCopy> tma_copies;           // in flight, in issue order
   uint32_t block_epoch = 0;                // the epoch the current block started in
 
   uint3 block_index{0, 0, 0};

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from welder.device.tensor_map import TENSOR_MAP_ALIGN, TENSOR_MAP_BYTES, TensorMapArg, TensorMapError
 from welder.errors import WelderError
 from welder.resources import EMU_DIR, PRELUDE, TEMPLATE_DIR
 
@@ -92,15 +93,18 @@ def available() -> bool:
 class _Param:
     """One kernel parameter as the emulator describes it (see ``signature_of`` in emu_launch.h)."""
 
-    text: str  # e.g. "const float32*", "int32", "half2*"
+    text: str  # e.g. "const float32*", "int32", "half2*", "tensormap"
     pointer: bool
     dtype: np.dtype | None  # scalar dtype, pointee dtype, or vector component dtype; None if unknown
     vector_width: int  # > 1 when the pointee is a vector type
+    tensor_map: bool = False  # a CUtensorMap passed by value
 
     @classmethod
     def parse(cls, text: str) -> _Param:
         pointer = text.endswith("*")
         base = text.removesuffix("*").removeprefix("const ").strip()
+        if base == "tensormap" and not pointer:
+            return cls(text, False, None, 1, tensor_map=True)
         if base == "?":  # a type the emulator does not name (note: numpy reads "?" as bool)
             return cls(text, pointer, None, 1)
         if base in _VECTOR_TYPES:
@@ -129,7 +133,7 @@ class _LaunchParams(ctypes.Structure):
 
 
 Dim = int | Sequence[int]
-Argument = np.ndarray | int | float | np.generic | None
+Argument = np.ndarray | int | float | np.generic | TensorMapArg | None
 
 
 def _dim3(value: Dim, what: str) -> tuple[int, int, int]:
@@ -147,6 +151,7 @@ class _Kernel:
     def __init__(self, library: ctypes.CDLL, name: str) -> None:
         symbol = _symbol(name)
         self.name = name
+        self._library = library
         self._launch = getattr(library, f"welder_emu_launch__{symbol}")
         self._launch.restype = ctypes.c_int
         self._launch.argtypes = [ctypes.POINTER(_LaunchParams), ctypes.c_char_p, ctypes.c_ulonglong]
@@ -175,6 +180,33 @@ class _Kernel:
         elif param.dtype is not None and value.dtype != param.dtype:
             raise self._fail(index, param, f"got an array of {value.dtype}")
         return ctypes.c_void_p(value.ctypes.data), value.nbytes, not value.flags.writeable
+
+    def _tensor_map(
+        self, index: int, param: _Param, value: Argument, args: Sequence[Argument]
+    ) -> tuple[ctypes.Array, int]:
+        """A 64-byte-aligned buffer holding ``value`` encoded by the emulator over the array it
+        names (the caller's array: the launch moves the map onto the guarded copy)."""
+        if not isinstance(value, TensorMapArg):
+            raise self._fail(index, param, f"needs a TensorMapArg, got {type(value).__name__}")
+        target = args[value.pointer] if 0 <= value.pointer < len(args) else None
+        is_pointer = 0 <= value.pointer < len(self.params) and self.params[value.pointer].pointer
+        if not is_pointer or not isinstance(target, np.ndarray):
+            raise self._fail(index, param, f"its pointer argument {value.pointer} is not an array argument")
+        if value.offset + value.extent > target.nbytes:
+            raise self._fail(
+                index,
+                param,
+                f"the map covers {value.extent} bytes from byte {value.offset} but argument {value.pointer} "
+                f"has {target.nbytes}",
+            )
+        try:
+            data = encode_tensor_map(self._library, value, target.ctypes.data + value.offset)
+        except TensorMapError as e:
+            raise self._fail(index, param, str(e)) from None
+        holder = (ctypes.c_ubyte * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN))()
+        offset = -ctypes.addressof(holder) % TENSOR_MAP_ALIGN
+        ctypes.memmove(ctypes.addressof(holder) + offset, data, TENSOR_MAP_BYTES)
+        return holder, offset
 
     def _scalar(self, index: int, param: _Param, value: Argument) -> ctypes.Array:
         """A buffer holding a scalar argument in the parameter's C type."""
@@ -216,12 +248,15 @@ class _Kernel:
         readonly = (ctypes.c_ubyte * max(n, 1))()
         for i, (param, value) in enumerate(zip(self.params, args)):
             guard_bytes[i] = _NO_GUARD
+            offset = 0
             if param.pointer:
                 holder, guard_bytes[i], readonly[i] = self._pointer(i, param, value)
+            elif param.tensor_map:
+                holder, offset = self._tensor_map(i, param, value, args)
             else:
                 holder = self._scalar(i, param, value)
             keep_alive.append(holder)
-            addresses[i] = ctypes.addressof(holder)
+            addresses[i] = ctypes.addressof(holder) + offset
         params = _LaunchParams(
             grid=(ctypes.c_uint * 3)(*_dim3(grid, "grid")),
             block=(ctypes.c_uint * 3)(*_dim3(block, "block")),
@@ -278,9 +313,17 @@ class EmulatedModule:
         Arrays (C-contiguous, of the parameter's dtype) are passed by pointer and written in
         place; the kernel works on guarded copies, so an access past either end is reported
         instead of touching other memory.  Read-only arrays must come back unchanged.  Scalars
-        are converted to the parameter's type; ``None`` passes a null pointer.
+        are converted to the parameter's type; ``None`` passes a null pointer.  A
+        ``CUtensorMap`` parameter takes a :class:`TensorMapArg` naming an array argument of the
+        same launch; the emulator encodes it over that array (over its guarded copy, which the
+        map's extent must fit).
         """
         self._kernel(name).launch(grid, block, smem_bytes, args, stack_bytes, check_races)
+
+    def encode_tensor_map(self, spec: TensorMapArg, base: int) -> bytes:
+        """The emulator's encode of ``spec`` over global address ``base`` (what a launch does for
+        a tensor-map argument); raises :class:`TensorMapError` saying what the encode refused."""
+        return encode_tensor_map(self._library, spec, base)
 
     def _kernel(self, name: str) -> _Kernel:
         try:
@@ -289,6 +332,46 @@ class EmulatedModule:
             raise EmulationError(
                 f"no kernel {name!r} in this module (it has {', '.join(self._kernels)})"
             ) from None
+
+
+def encode_tensor_map(library: ctypes.CDLL, spec: TensorMapArg, base: int) -> bytes:
+    """128 bytes of ``spec`` encoded over ``base`` by the emulator's welder_encode_tensor_map (its
+    own checks, not Python's: they are what a kernel meets)."""
+    encode = library.welder_emu_encode_tensor_map
+    encode.restype = ctypes.c_int
+    rank = len(spec.dims)
+    u64, u32 = ctypes.c_ulonglong, ctypes.c_uint
+    dims = (u64 * max(rank, 1))(*spec.dims)
+    strides = (u64 * max(len(spec.strides), 1))(*spec.strides)
+    box = (u32 * max(len(spec.box), 1))(*spec.box)
+    if (
+        len(spec.box) != rank
+        or len(spec.strides) != max(rank - 1, 0)
+        or not all(0 <= v < 2**64 for v in (*spec.dims, *spec.strides, base))
+        or not all(0 <= b < 2**32 for b in spec.box)
+    ):
+        raise TensorMapError(
+            f"tensor map {spec}: dims, strides and box must have rank, rank - 1 and rank "
+            "non-negative entries that fit the encode's integer types"
+        )
+    holder = (ctypes.c_ubyte * (TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN))()
+    at = ctypes.addressof(holder) + (-ctypes.addressof(holder) % TENSOR_MAP_ALIGN)
+    message = ctypes.create_string_buffer(256)
+    status = encode(
+        ctypes.c_void_p(at),
+        ctypes.c_int(spec.elem_bytes),
+        ctypes.c_int(rank),
+        u64(base),
+        dims,
+        strides,
+        box,
+        ctypes.c_int(spec.swizzle),
+        message,
+        u64(len(message)),
+    )
+    if status != 0:
+        raise TensorMapError(f"tensor map {spec}: {message.value.decode()} (status {status})")
+    return ctypes.string_at(at, TENSOR_MAP_BYTES)
 
 
 def _symbol(kernel_name: str) -> str:

@@ -1,0 +1,129 @@
+"""welder_tma.cuh on a Hopper GPU: the kernels of tests/kernels/tma_units.cu and tma_ring.cu,
+compiled by nvcc for sm_90a and launched through pycuda with tensor-map arguments encoded by the
+driver (welder.device.gpu), must meet the same numpy expectations (tests/tma_reference.py) as on
+the CPU emulator (test_emulator_tma.py) -- which is what shows that the emulator lands boxes,
+swizzles and zero-fills the way the copy engine does.  Skipped without pycuda and a GPU of compute
+capability 9.0 (``scripts/gpu_suite.sh`` runs them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from tma_reference import (
+    BOX_CASES,
+    RING,
+    RING_SMEM_BYTES,
+    RING_THREADS,
+    UNITS,
+    BoxCase,
+    assert_gemm_close,
+    ring_case,
+    wgmma_case,
+)
+from wgmma_reference import unpack_d
+
+from welder.device.gpu import (
+    DeviceBuffer,
+    GpuModule,
+    compile_cubin,
+    compute_capability,
+    encode_tensor_map,
+    gpu_available,
+    sm_arch,
+)
+from welder.device.tensor_map import TensorMapArg, TensorMapError
+
+
+def _hopper() -> bool:
+    return gpu_available() and compute_capability() == (9, 0)
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _hopper(), reason="needs pycuda and a GPU of compute capability 9.0 (sm_90a)"),
+]
+
+
+@pytest.fixture(scope="module")
+def module():
+    """The unit kernels and the ring, compiled for sm_90a, in a context of this process."""
+    import pycuda.driver as drv
+
+    drv.init()
+    ctx = drv.Device(0).make_context()
+    try:
+        arch = sm_arch(compute_capability(), arch_specific=True)
+        yield GpuModule(compile_cubin([UNITS.read_text(), RING.read_text()], arch))
+    finally:
+        ctx.pop()
+        ctx.detach()
+
+
+@pytest.fixture()
+def rng() -> np.random.Generator:
+    return np.random.default_rng(20250701)
+
+
+def launch(module: GpuModule, name: str, grid, block, smem: int, args: Sequence) -> None:
+    """Runs a kernel on numpy arrays (copied in, and back out in place), numpy scalars and tensor
+    maps (encoded by the driver over the device copy of the array they name)."""
+    import pycuda.driver as drv
+
+    buffers = [(DeviceBuffer.from_array(a), a) if isinstance(a, np.ndarray) else (None, a) for a in args]
+    try:
+        module.launch(name, grid, block, smem, [b if b is not None else a for b, a in buffers])
+        drv.Context.synchronize()
+        for b, a in buffers:
+            if b is not None:
+                a[...] = b.to_array(a.shape, a.dtype)
+    finally:
+        for b, _ in buffers:
+            if b is not None:
+                b.free()
+
+
+@pytest.mark.parametrize("case", BOX_CASES, ids=lambda c: c.name)
+def test_tma_boxes_land_swizzled_with_zero_filled_edges(module, rng, case: BoxCase):
+    data, spec = case.tensor(rng)
+    out = np.full(case.box_bytes, 0xEE, np.uint8)
+    launch(module, "tma_box", 1, 128, case.smem_bytes, case.args(data, spec, out))
+    np.testing.assert_array_equal(out, case.expected(data, spec))
+
+
+def test_a_wgmma_reads_tma_operands_without_a_proxy_fence(module, rng):
+    head, expected = wgmma_case(rng)
+    out = np.full((128, 4), np.nan, np.float32)
+    launch(module, "tma_wgmma", 1, 128, 4096, [*head, out])
+    np.testing.assert_allclose(unpack_d(out), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_generated_kernel_shape_copies_through_boxes(module, rng):
+    x = rng.standard_normal((20, 44)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    spec = TensorMapArg(0, 4, (44, 20), (176,), (32, 8), 0)
+    launch(module, "tma_tile_copy", (2, 3), 64, 2048, [x, y, spec])
+    np.testing.assert_array_equal(y, x)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [(128, 64, 64), (128, 64, 512), (200, 100, 520), (64, 200, 1040), (1000, 520, 776), (777, 1032, 1000)],
+)
+def test_the_producer_consumer_ring_matches_numpy(module, rng, m, n, k):
+    grid, args, c, a, b = ring_case(m, n, k, rng)
+    launch(module, "tma_ring_gemm", grid, RING_THREADS, RING_SMEM_BYTES, args)
+    assert_gemm_close(c, a, b)
+
+
+def test_the_driver_refuses_what_the_rules_refuse(module):
+    # The Python rules stand in front of the driver; the driver itself agrees on a map they pass.
+    buffer = DeviceBuffer(1 << 16)
+    try:
+        assert len(encode_tensor_map(TensorMapArg(0, 2, (64, 100), (128,), (64, 32), 128), buffer.ptr)) == 128
+        with pytest.raises(TensorMapError, match="swizzle span"):
+            encode_tensor_map(TensorMapArg(0, 2, (64, 100), (128,), (64, 32), 64), buffer.ptr)
+    finally:
+        buffer.free()
