@@ -228,6 +228,7 @@ def emulate_configs(
                     args.append(outputs[p.tensor])
                 else:
                     args.append(np.require(env[p.tensor], requirements="C"))
+            args += kernel.tensor_maps  # encoded by the emulator over the arrays they name
             module.launch(kernel.name, kernel.grid, kernel.threads, kernel.smem_bytes, args)
             per_launch.append(outputs)
         results.append(per_launch)

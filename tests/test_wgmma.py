@@ -148,7 +148,7 @@ def test_producer_maps_follow_the_copy_engine_rules() -> None:
     """Every tensor map a producer config asks for is one the driver encodes (16-byte
     strides, boxes of at most 256 and 128 bytes along the swizzled axis), its boxes fill a
     slot exactly, and the variant is neither split nor proposed where a map cannot reach."""
-    from welder.device.tensor_map import TensorMapArg, tensor_map_problem
+    from welder.device.tensor_map import tensor_map_problem
 
     for trans_a, trans_b in ((False, False), (True, True)):
         graph, group, _, configs = _configs(_matmul(200, 136, 328, trans_a=trans_a, trans_b=trans_b))
@@ -158,11 +158,10 @@ def test_producer_maps_follow_the_copy_engine_rules() -> None:
             st = cfg.stages[0]
             kernel = generate_kernel(graph, group, cfg, "probe")
             boxes = 0
-            for m in kernel.tensor_maps:
-                spec = TensorMapArg(0, m.elem_bytes, m.dims, m.strides, m.box, m.swizzle)
-                assert tensor_map_problem(spec, m.offset * m.elem_bytes) is None, m
-                loads = kernel.source.count(f"&{m.name}, ")
-                boxes += loads * spec.box_bytes
+            for i, m in enumerate(kernel.tensor_maps):
+                assert tensor_map_problem(m, 1 << 20 | m.offset) is None, m  # any 16-byte-aligned buffer
+                loads = kernel.source.count(f"&p{m.pointer}_map{i}, ")
+                boxes += loads * m.box_bytes
             assert boxes == (st.block_m + st.block_n) * st.block_k * 2
     # 4-byte-aligned strides only: no 16-byte copies, so no wgmma at all, and no maps.
     graph, group, _, configs = _configs(_matmul(40, 36, 44))

@@ -143,15 +143,16 @@ def _tma(
     axes = {a.name: a.extent for a in (*con.compute.axes, *con.compute.reduce_axes)}
     item = con.fmt.elem_bytes
     dims = tuple(axes[n] for n in names)
-    strides = tuple(op.strides[n] * item for n in names[1:])
+    # A stride of 0 (an axis of extent 1) would be refused; any multiple of 16 bytes will do.
+    strides = tuple(op.strides.get(n, 0) * item or 16 for n in names[1:])
     batch = [origins[d] for d in con.batch_axes if con.compute.axes[d].name in names[2:]]
     own0 = out.fixed_origin
     if out.k_rows:  # [k][own]: panels of 64 columns
-        box = (64, BLOCK_K)
+        box = (64, BLOCK_K, *(1 for _ in batch))
         panels = (st.block_m if out.name == "a" else st.block_n) // 64
         loads = [_TmaLoad(p * 64 * BLOCK_K, [f"{own0} + {64 * p}", "k0", *batch]) for p in range(panels)]
     else:
-        box = (BLOCK_K, out.rows)
+        box = (BLOCK_K, out.rows, *(1 for _ in batch))
         loads = [_TmaLoad(0, ["k0", own0, *batch])]
     out.map = kb.add_tensor_map(op.tensor, op.offset, dims, strides, box, 128)
     out.loads = loads

@@ -482,8 +482,9 @@ def _address(args: Sequence[Argument], spec: TensorMapArg, position: int) -> int
     if isinstance(target, DeviceBuffer):
         if spec.offset + spec.extent > target.nbytes:
             raise TensorMapError(
-                f"argument {position} (tensor map) covers {spec.extent} bytes from byte {spec.offset}, "
-                f"but its buffer, argument {spec.pointer}, has {target.nbytes}"
+                f"argument {position} (tensor map) covers {spec.extent} bytes"
+                + (f" from byte {spec.offset}" if spec.offset else "")
+                + f", but its buffer, argument {spec.pointer}, has {target.nbytes}"
             )
         return target.ptr + spec.offset
     if isinstance(target, int) and not isinstance(target, bool):

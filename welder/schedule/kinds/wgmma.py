@@ -192,7 +192,11 @@ def tma_dims(con: Contraction, operand: Operand) -> list[str] | None:
     inner, outer = (own, "k") if operand.contiguous == own else ("k", own)
     names = [con.axis_name(inner), con.axis_name(outer)]
     batch = [n for d in con.batch_axes if operand.strides.get(n := con.compute.axes[d].name, 0)]
-    if len(names) + len(batch) > TMA_MAX_RANK or any(operand.strides.get(n, 0) <= 0 for n in names + batch):
+    extent = {a.name: a.extent for a in (*con.compute.axes, *con.compute.reduce_axes)}
+    # An axis of extent 1 may have no stride (the map then never steps along it).
+    if len(names) + len(batch) > TMA_MAX_RANK or any(
+        operand.strides.get(n, 0) <= 0 and extent[n] > 1 for n in names + batch
+    ):
         return None
     return names + batch
 
