@@ -19,6 +19,7 @@ Needs a GPU with torch and cupy (the GPU machine has both).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import re
@@ -38,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from welder.arch import match_gpu_name  # noqa: E402
 from welder.codegen import generate_kernel, model_source  # noqa: E402
-from welder.device.gpu import compile_cubin, nvcc_path, sm_arch  # noqa: E402
+from welder.device.gpu import compile_cubin, kernel_params, nvcc_path, sm_arch  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.resources import TEMPLATE_DIR  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
@@ -201,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         configs = []
         for rule in kinds:
             proposed = rule.propose(group, ctx) or []
-            configs += [c for c in proposed if c.stages[0].splits == 1][: args.candidates]
+            configs += [c for c in proposed if c.stages[0].family == c.stages[0].kind][: args.candidates]
+            configs += [c for c in proposed if c.stages[0].family.endswith("/tma")][: args.candidates]
             configs += [c for c in proposed if c.stages[0].splits > 1][: args.candidates]
         if args.simt:  # the SIMT kind's best too: the cross-kind ranking is the cost model's weakest
             simt_ctx = ScheduleContext(
@@ -267,6 +269,23 @@ def main(argv: list[str] | None = None) -> int:
 
             def launch(fn=fn, kernel=kernel, params=params, operands=operands, turn=turn, copies=copies):
                 i = turn[0] = (turn[0] + 1) % copies
+                if kernel.tensor_maps:  # by parameter pointers (see welder.device.gpu.kernel_params)
+                    pointers = [operands[t][i].data_ptr() for t in params]
+                    _holders, packed = kernel_params([*pointers, *kernel.tensor_maps])
+                    cupy.cuda.driver.launchKernel(
+                        fn.ptr,
+                        kernel.grid,
+                        1,
+                        1,
+                        kernel.threads,
+                        1,
+                        1,
+                        kernel.smem_bytes,
+                        cupy.cuda.get_current_stream().ptr,
+                        ctypes.addressof(packed),
+                        0,
+                    )
+                    return
                 ptrs = tuple(cupy.uint64(operands[t][i].data_ptr()) for t in params)
                 fn(
                     (kernel.grid,),
@@ -291,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 label = (
                     f"{st.block_m}x{st.block_n}x{st.block_k} w{st.warps[0]}x{st.warps[1]} "
                     f"p{st.pipeline} s{st.splits} cp{st.copy_bytes}"
+                    + (" tma" if getattr(st, "producer", False) else "")
                 )
             else:
                 label = f"simt tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads}"
