@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import math
 import re
@@ -115,6 +116,36 @@ def error_of_one_launch(launch, out, reference, turn: list[int], copies: int) ->
     launch()
     torch.cuda.synchronize()
     return max_error(out, reference)
+
+
+@functools.cache
+def _raw_function(cubin: bytes, name: str, smem: int) -> ctypes.c_void_p:
+    """``name`` of ``cubin`` loaded into the current context (torch's) through the driver API:
+    kernels with tensor maps take their parameters by pointer, which cupy's calls do not offer."""
+    driver = ctypes.CDLL("libcuda.so.1")
+    module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    if driver.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(cubin)) != 0:
+        raise RuntimeError("cuModuleLoadData failed")
+    if driver.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()) != 0:
+        raise RuntimeError(f"no kernel {name}")
+    driver.cuFuncSetAttribute(fn, 8, smem)  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    return fn
+
+
+def raw_launch(cubin: bytes, kernel, args: list) -> None:
+    """One launch of ``kernel`` with ``args`` (pointers, then tensor maps, encoded here) on the
+    current stream."""
+    import cupy
+
+    fn = _raw_function(cubin, kernel.name, kernel.smem_bytes)
+    _holders, packed = kernel_params(args)
+    stream = ctypes.c_void_p(cupy.cuda.get_current_stream().ptr or None)
+    driver = ctypes.CDLL("libcuda.so.1")
+    result = driver.cuLaunchKernel(
+        fn, kernel.grid, 1, 1, kernel.threads, 1, 1, kernel.smem_bytes, stream, packed, None
+    )
+    if result != 0:
+        raise RuntimeError(f"cuLaunchKernel failed for {kernel.name}: CUresult {result}")
 
 
 def time_us(launch, count: int = 200, repeats: int = 7) -> float:
@@ -267,24 +298,13 @@ def main(argv: list[str] | None = None) -> int:
                 fn.max_dynamic_shared_size_bytes = kernel.smem_bytes
             params = [p.tensor for p in kernel.params]
 
-            def launch(fn=fn, kernel=kernel, params=params, operands=operands, turn=turn, copies=copies):
+            def launch(
+                fn=fn, kernel=kernel, params=params, operands=operands, turn=turn, copies=copies, cubin=cubin
+            ):
                 i = turn[0] = (turn[0] + 1) % copies
                 if kernel.tensor_maps:  # by parameter pointers (see welder.device.gpu.kernel_params)
                     pointers = [operands[t][i].data_ptr() for t in params]
-                    _holders, packed = kernel_params([*pointers, *kernel.tensor_maps])
-                    cupy.cuda.driver.launchKernel(
-                        fn.ptr,
-                        kernel.grid,
-                        1,
-                        1,
-                        kernel.threads,
-                        1,
-                        1,
-                        kernel.smem_bytes,
-                        cupy.cuda.get_current_stream().ptr,
-                        ctypes.addressof(packed),
-                        0,
-                    )
+                    raw_launch(cubin, kernel, [*pointers, *kernel.tensor_maps])
                     return
                 ptrs = tuple(cupy.uint64(operands[t][i].data_ptr()) for t in params)
                 fn(
