@@ -27,6 +27,7 @@ from welder.schedule.kinds.mma import (
 )
 
 from .common import STORAGE_TYPES, StageCtx, sanitize_comment
+from .cprint import HALF_FORMATS
 
 if TYPE_CHECKING:
     from .kernel import KernelBuilder
@@ -130,8 +131,8 @@ def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contractio
         origins=[{"name": o[d], "expr": kb.index_c(iv.lo_expr())} for d, iv in enumerate(region.dims)],
         storage_t=STORAGE_TYPES[dtype],
         elem_bytes=con.fmt.elem_bytes,
-        pack2="__floats2half2_rn" if dtype == "float16" else "make_float2",
-        pack1="__float2half" if dtype == "float16" else "",
+        pack2=HALF_FORMATS[dtype].pack2 if dtype in HALF_FORMATS else "make_float2",
+        pack1=HALF_FORMATS[dtype].from_float if dtype in HALF_FORMATS else "",
         block_k=st.block_k,
         tile_m=st.tile[-2],
         tile_n=st.tile[-1],

@@ -1,4 +1,5 @@
-"""The ``wgmma`` kind: fp16 contractions on Hopper's warpgroup tensor-core instructions.
+"""The ``wgmma`` kind: fp16 and bf16 contractions on Hopper's warpgroup tensor-core
+instructions.
 
 ``mma.sync`` is Ampere's instruction: on an H100 the ``mma`` kind's kernels reach about a
 third of what cuBLAS reaches on large products, because a warp-level instruction must be
@@ -20,7 +21,7 @@ recognition, root tile, later stages, split-K and estimate) with other data:
   the ``wgmma`` group that read it has completed (``wgmma.wait_group 1`` keeps one in flight);
 - an operand may be K-major (rows along M or N, A as ``[m][k]``, B as ``[n][k]``) or
   MN-major (rows along K: a ``[k][n]`` weight), the latter through the instruction's
-  transpose flag, which fp16 has.
+  transpose flag, which fp16 and bf16 have (TF32 has not).
 
 The instructions exist on compute capability 9.0 only (``sm_90a``: not on later GPUs), so
 the rule proposes nothing elsewhere; kernels holding them are compiled for ``sm_90a``.
@@ -33,7 +34,7 @@ from typing import ClassVar
 
 from welder.schedule.group import Group
 from welder.schedule.kinds.base import ScheduleContext
-from welder.schedule.kinds.mma import FP16, Contraction, MmaConfig, MmaKind
+from welder.schedule.kinds.mma import BF16, FP16, Contraction, MmaConfig, MmaKind
 
 #: The GPU generation with wgmma (sm_90a code runs on 9.0 alone).
 COMPUTE_CAPABILITY = (9, 0)
@@ -59,7 +60,7 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
 #: chains of slices (latency): on the H100 a 64 x 64 tile of 128 x 768 x 2304 took 6.9 us
 #: at depth 4 and 5.9 us at depth 5, so deeper rings are tried where they fit.
 PIPELINES = (4, 5, 6, 8)
-#: Share of the dense fp16 peak the kernels are expected to reach (cp.async-fed, one
+#: Share of the dense fp16/bf16 peak the kernels are expected to reach (cp.async-fed, one
 #: warpgroup role; TMA and producer warpgroups would add to it).
 WGMMA_EFFICIENCY = 0.65
 #: A slice's step in a block's chain (copy issued to barrier passed), measured on the H100:
@@ -137,4 +138,4 @@ class WgmmaKind(MmaKind):
         return BASE_REGISTERS + cfg.wg_m * cfg.block_n // 128
 
 
-KIND = WgmmaKind(FP16, WgmmaConfig)
+KIND = WgmmaKind((FP16, BF16), WgmmaConfig)
