@@ -12,8 +12,9 @@ the fp16 limit for an output computed from fp16 values, the bf16 one for bf16 va
 fp32 outputs at the precision the runtime was tuned for, which ``tuned.json`` records:
 TF32's 2e-3 after ``welder tune --tf32``, else 1e-4) and PASS/FAIL; the exit code is 0
 when every output passes, 1 when one fails and 2 when the check cannot run.  A bf16 model
-is compared with onnxruntime running it in fp32 with every bf16 value it makes rounded to
-bf16 (onnxruntime's CPU provider has no bf16 arithmetic); the report's header says so
+is compared with onnxruntime running the model converted to fp32, its bf16 weights and
+inputs upcast exactly (onnxruntime's CPU provider has no bf16 arithmetic;
+``welder.check.bfloat16_as_float``), at the bf16 limit; the report's header says so
 (``reference=``).  ``--json`` also writes the
 report for programs (scripts/benchmark.py), so they need not parse the table.
 """

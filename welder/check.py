@@ -25,14 +25,16 @@ from welder.ir.interpret import np_dtype
 # Thresholds by arithmetic: fp32 SIMT kernels, TF32 tensor cores, fp16, bf16.
 #
 # bf16 keeps 8 significant bits: its unit roundoff is u = 2^-8 = 3.9e-3 (fp16's: 2^-11).
-# A K-long product of bf16 operands that were rounded from other values, accumulated in
+# One K-long product of bf16 operands that were rounded from other values, accumulated in
 # fp32 and stored as bf16, is off by at most 2u (the operands) + K * 2^-24 (the fp32 sum)
 # + u (the stored result) relative to sum |a_i b_i|: 3u + K * 2^-24 = 1.2e-2 at K = 4096.
-# The limit, 5e-2 (13u), allows about four such roundings in a row -- a product, the
-# normalisation after it and the next product -- while one wrong term of a sum of a few
-# dozen, or an element off by one unit of its leading digit, still fails.  1e-1 would
-# accept an error of a tenth of a normalised value, a large share of a sum's terms.
-THRESHOLDS = {"fp32": 1e-4, "tf32": 2e-3, "fp16": 2e-2, "bf16": 5e-2}
+# A model stacks such steps: on bf16 BERT-base (12 layers, batch 1, seq 128) torch's own
+# bf16 inference and welder's interpreter both end 5.7e-2 from the exact result for the
+# same bf16 weights and inputs (and 6.6e-2 from each other).  The limit, 1e-1 (26u), keeps
+# over that about the 2x margin fp16's 2e-2 keeps over fp16 BERT's error on the H100 (9.5e-3);
+# 5e-2 would fail torch itself there, and a wrong value (a lost or doubled term of a sum, a
+# misplaced element) is still off by far more.
+THRESHOLDS = {"fp32": 1e-4, "tf32": 2e-3, "fp16": 2e-2, "bf16": 1e-1}
 #: The precision name of each 16-bit float dtype: its outputs' limit whatever the kernels.
 HALF_PRECISIONS = {"float16": "fp16", "bfloat16": "bf16"}
 
@@ -234,7 +236,7 @@ def _is_copy_of(body: Expr, tensors: set[str]) -> bool:
 
 
 #: How a bfloat16 model is checked where onnxruntime cannot run it (:func:`bfloat16_as_float`).
-BF16_AS_FP32 = "onnxruntime on the model in fp32, rounded to bf16 where it makes bf16 values"
+BF16_AS_FP32 = "onnxruntime on the model in fp32 (bf16 weights and inputs upcast exactly)"
 
 
 def onnxruntime_outputs(
@@ -255,8 +257,7 @@ def onnxruntime_outputs(
             return native
         wide = {k: v.astype(np.float32) if v.dtype == BFLOAT16 else v for k, v in feeds.items()}
         outputs = _run_ort(bfloat16_as_float(proto).SerializeToString(), wide, output_names)
-        narrow = _bfloat16_values(proto)
-        # Exact: the converted model rounds its bf16 outputs to bf16.
+        narrow = _bfloat16_outputs(proto)
         return {k: v.astype(BFLOAT16) if k in narrow else v for k, v in outputs.items()}
     src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model_file(model))
     return _run_ort(src, feeds, output_names)
@@ -360,25 +361,28 @@ def _run_bfloat16(
     return out
 
 
-def _bfloat16_values(model: onnx.ModelProto) -> set[str]:
-    """The values of ``model``'s nodes that are bfloat16, as onnx's shape inference types them."""
+def _bfloat16_outputs(model: onnx.ModelProto) -> set[str]:
+    """The graph outputs of ``model`` that are bfloat16, as onnx's shape inference types them."""
     try:
         typed = onnx.shape_inference.infer_shapes(model)
     except Exception:
         typed = model
-    infos = (*typed.graph.value_info, *typed.graph.output)
-    return {i.name for i in infos if i.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
+    return {o.name for o in typed.graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
 
 
 def bfloat16_as_float(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` computed in float32, each value the original makes in bfloat16 rounded to
-    bfloat16 (a Cast there and back) -- the bf16 model as a back end computing every node
-    in fp32 would run it.  Initializers, constants, inputs and casts to bf16 become fp32
-    (exactly: every bf16 value is a float32); the value types come from onnx's shape
-    inference, and a value it cannot type is left unrounded.  Graph inputs take float32
-    data: :func:`onnxruntime_outputs` widens bf16 feeds, and narrows bf16 outputs back."""
+    """``model`` computed in float32: initializers, constants, inputs and outputs become
+    fp32 exactly (every bf16 value is a float32), so its results are the exact ones for the
+    bf16 weights and inputs, up to fp32 rounding.  Only an explicit Cast to bfloat16 still
+    rounds (a Cast there and back): that rounding is the model's own, not its storage
+    type's.  Graph inputs take float32 data: :func:`onnxruntime_outputs` widens bf16 feeds
+    and rounds the outputs that are bf16 to bf16.
+
+    Checking against the exact result rather than against another bf16 computation (the
+    fp32 model rounded to bf16 at every node's output) measures welder's own rounding only:
+    on bf16 BERT-base two such computations differ by more than either differs from the
+    exact result."""
     bf16, f32 = onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT
-    narrow = _bfloat16_values(model)
     wide = onnx.ModelProto()
     wide.CopyFrom(model)
     graph = wide.graph
@@ -392,25 +396,21 @@ def bfloat16_as_float(model: onnx.ModelProto) -> onnx.ModelProto:
         widen(tensor)
     nodes = []
     for node in graph.node:
+        nodes.append(node)
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR:
                 widen(attr.t)
-            elif attr.type == onnx.AttributeProto.INT and attr.name in ("to", "dtype") and attr.i == bf16:
+            elif node.op_type == "Cast" and attr.name == "to" and attr.i == bf16:
+                out = node.output[0]
+                node.output[0] = f"{out}__bf16"
+                nodes.append(onnx.helper.make_node("Cast", [node.output[0]], [out], to=f32))
+            elif attr.type == onnx.AttributeProto.INT and attr.name == "dtype" and attr.i == bf16:
                 attr.i = f32
-        nodes.append(node)
-        for k, out in enumerate(node.output):
-            if out in narrow:
-                inner = f"{out}__wide"
-                node.output[k] = inner
-                nodes.append(onnx.helper.make_node("Cast", [inner], [f"{out}__bf16"], to=bf16))
-                nodes.append(onnx.helper.make_node("Cast", [f"{out}__bf16"], [out], to=f32))
     del graph.node[:]
     graph.node.extend(nodes)
     for info in (*graph.input, *graph.output, *graph.value_info):
         if info.type.tensor_type.elem_type == bf16:
             info.type.tensor_type.elem_type = f32
-    if any(o.domain in ("", "ai.onnx") and o.version < 13 for o in wide.opset_import):
-        raise ModelError("a bfloat16 model needs opset 13 or later (Cast to bfloat16)")
     return wide
 
 
