@@ -417,7 +417,8 @@ def check_half_graph(path: Path, dtype: str = "float16") -> None:
         for t in model.graph.initializer
         if t.data_type == onnx.TensorProto.FLOAT and math.prod(t.dims) > 1
     ]
-    problem = f"float32 weights beside {label} ones ({', '.join(singles[:4])})" if singles else ""
+    kind = "half" if dtype == "float16" else "bf16"
+    problem = f"float32 weights beside {kind} ones ({', '.join(singles[:4])})" if singles else ""
     if not problem and dtype == "bfloat16":
         try:
             onnx.checker.check_model(model)
