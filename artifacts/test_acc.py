@@ -8,10 +8,14 @@ nnfusion_rt/cuda_codegen/build/libnnfusion_naive_rt.so.  Inputs come from
 imported with the shapes the runtime was built for; integer inputs that feed indices are
 checked against the dimensions they index before the run (``welder.index_check``).  Prints
 per output ``max(|a - b| / max(|b|, 1))`` with its limit (``welder.check.output_threshold``:
-the fp16 limit for an output computed from fp16 values; fp32 outputs at the precision the
-runtime was tuned for, which ``tuned.json`` records: TF32's 2e-3 after ``welder tune
---tf32``, else 1e-4) and PASS/FAIL; the exit code is 0
-when every output passes, 1 when one fails and 2 when the check cannot run.  ``--json`` also writes the
+the fp16 limit for an output computed from fp16 values, the bf16 one for bf16 values;
+fp32 outputs at the precision the runtime was tuned for, which ``tuned.json`` records:
+TF32's 2e-3 after ``welder tune --tf32``, else 1e-4) and PASS/FAIL; the exit code is 0
+when every output passes, 1 when one fails and 2 when the check cannot run.  A bf16 model
+is compared with onnxruntime running the model converted to fp32, its bf16 weights and
+inputs upcast exactly (onnxruntime's CPU provider has no bf16 arithmetic;
+``welder.check.bfloat16_as_float``), at the bf16 limit; the report's header says so
+(``reference=``).  ``--json`` also writes the
 report for programs (scripts/benchmark.py), so they need not parse the table.
 """
 
@@ -32,6 +36,7 @@ from welder.check import (
     output_thresholds,
     random_inputs,
     recorded_precision,
+    reference_name,
 )
 from welder.errors import WelderError
 from welder.frontend.onnx import import_onnx
@@ -55,7 +60,8 @@ def check_runtime(prefix: Path, seed: int = 0, precision: str | None = None) -> 
         ours = lib.run(feeds)
     reference = onnxruntime_outputs(model, feeds, list(graph.outputs))
     limits = output_thresholds(graph, list(graph.outputs), precision=precision)
-    return CheckReport(str(prefix), "welder runtime", seed, compare(ours, reference, precision, limits))
+    results = compare(ours, reference, precision, limits)
+    return CheckReport(str(prefix), "welder runtime", seed, results, reference_name(model))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,6 +93,7 @@ def write_report(report: CheckReport, path: Path) -> None:
     outputs = [{**asdict(o), "passed": o.passed} for o in report.outputs]
     worst = max((o.metric for o in report.outputs), default=0.0)
     doc = {"prefix": report.model, "seed": report.seed, "passed": report.passed, "max_error": worst}
+    doc["reference"] = report.reference
     path.write_text(json.dumps({**doc, "outputs": outputs}, indent=1) + "\n")
 
 

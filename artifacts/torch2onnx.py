@@ -1,6 +1,6 @@
 """Export a model of the benchmark to ONNX, as ``welder export`` does.
 
-    python artifacts/torch2onnx.py --model bert --prefix runs/bert_b1 --bs 1 [--fp16]
+    python artifacts/torch2onnx.py --model bert --prefix runs/bert_b1 --bs 1 [--fp16 | --bf16]
 
 Writes PREFIX/model.onnx and PREFIX/export.json (what run_torch.py needs to rebuild the
 same module).  Models are built with random weights from a fixed seed: nothing is
@@ -24,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=sorted(MODELS), help="model to export (see --list)")
     p.add_argument("--prefix", help="output folder for model.onnx and export.json")
     p.add_argument("--bs", type=int, default=1, help="batch size (default: 1)")
-    p.add_argument("--fp16", action="store_true", help="export in half precision (on a GPU if any)")
+    precision = p.add_mutually_exclusive_group()
+    precision.add_argument("--fp16", action="store_true", help="export in half precision (on a GPU if any)")
+    precision.add_argument("--bf16", action="store_true", help="export in bfloat16 (on a GPU if any)")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default: {DEFAULT_OPSET})")
     p.add_argument("--seed", type=int, default=SEED, help=f"seed of weights and inputs (default: {SEED})")
     p.add_argument(
@@ -50,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.bs,
             args.fp16,
             args.opset,
+            bf16=args.bf16,
             options=dict(args.option),
             seed=args.seed,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -16,6 +17,7 @@ from welder.frontend.onnx import import_onnx
 NP_TO_ONNX = {
     np.dtype(np.float32): TensorProto.FLOAT,
     np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16,
     np.dtype(np.float64): TensorProto.DOUBLE,
     np.dtype(np.int64): TensorProto.INT64,
     np.dtype(np.int32): TensorProto.INT32,
@@ -127,3 +129,31 @@ def to_half(model: onnx.ModelProto) -> onnx.ModelProto:
         if info.type.tensor_type.elem_type == TensorProto.FLOAT:
             info.type.tensor_type.elem_type = TensorProto.FLOAT16
     return half
+
+
+def to_bfloat16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every float32 and float16 tensor in bfloat16, as :func:`to_half` does
+    it for float16 (what exporters produce from a module converted with
+    ``.to(torch.bfloat16)``)."""
+    narrow = onnx.ModelProto()
+    narrow.CopyFrom(model)
+    graph = narrow.graph
+    wide = (TensorProto.FLOAT, TensorProto.FLOAT16)
+
+    def convert(tensor: onnx.TensorProto) -> None:
+        if tensor.data_type in wide:
+            values = numpy_helper.to_array(tensor).astype(np.float32).astype(ml_dtypes.bfloat16)
+            tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+
+    for tensor in graph.initializer:
+        convert(tensor)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                convert(attr.t)
+            if node.op_type == "Cast" and attr.name == "to" and attr.i in wide:
+                attr.i = TensorProto.BFLOAT16
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        if info.type.tensor_type.elem_type in wide:
+            info.type.tensor_type.elem_type = TensorProto.BFLOAT16
+    return narrow

@@ -262,6 +262,40 @@ def test_fp16_bert_exports_as_a_half_graph_that_onnxruntime_runs(tmp_path: Path)
 
 
 @pytest.mark.slow
+def test_bf16_bert_exports_as_a_bf16_graph_checked_against_fp32(tmp_path: Path) -> None:
+    """``--bf16``: the bfloat16 BertModel, traced on the CPU, is a bf16 graph (no float32
+    weights); onnxruntime has no bf16 arithmetic, so the reference is the model in fp32 with
+    its bf16 weights and inputs upcast, which the bf16 module and welder's interpreter both
+    meet within the bf16 threshold."""
+    need(*get_spec("bert").packages)
+    import ml_dtypes
+    import onnx
+    import torch
+
+    from welder.check import BF16_AS_FP32
+
+    path = export_onnx("bert", tmp_path, batch=2, bf16=True, options=SMALL["bert"], device="cpu")
+    model = onnx.load(str(path))
+    assert _float32_weights(model) == []
+    assert {t.data_type for t in model.graph.initializer} >= {onnx.TensorProto.BFLOAT16}
+    module, inputs, info = rebuild(tmp_path)
+    assert info.dtype == "bfloat16"
+    with torch.no_grad():
+        out = module(*inputs.values())
+    feeds = to_numpy(inputs)
+    assert any(v.dtype == ml_dtypes.bfloat16 for v in feeds.values()) or all(
+        v.dtype == np.int64 for v in feeds.values()
+    )
+    reference = onnxruntime_outputs(tmp_path, feeds)
+    assert [r.dtype for r in reference.values()] == [ml_dtypes.bfloat16] * 2
+    for got, ref in zip(out, reference.values()):
+        assert error_metric(got.float().numpy(), ref.astype(np.float32)) <= threshold_for("bfloat16")
+    report = check_model(tmp_path)
+    assert report.passed and report.reference == BF16_AS_FP32, report.format()
+    assert {o.threshold for o in report.outputs} == {threshold_for("bfloat16")}
+
+
+@pytest.mark.slow
 def test_fp16_export_that_promotes_to_float32_is_refused_and_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

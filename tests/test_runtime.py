@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
 from models import Feeds, bert_encoder_layer, mobilenetv2_block
 from onnx import helper
-from onnx_util import make_model
+from onnx_util import make_model, to_bfloat16
 
 from welder.arch import get_arch
 from welder.check import compare, error_metric, onnxruntime_outputs, random_inputs, threshold_for
@@ -132,6 +133,13 @@ def fp16_model() -> tuple[onnx.ModelProto, Feeds]:
     return make_model(nodes, {"x": x}, ["out"], weights), {"x": x}
 
 
+def bf16_model() -> tuple[onnx.ModelProto, Feeds]:
+    """The same in bfloat16 (its bits cross the C interface); onnxruntime checks it on the
+    model in fp32."""
+    model, feeds = fp16_model()
+    return to_bfloat16(model), {k: v.astype(np.float32).astype(ml_dtypes.bfloat16) for k, v in feeds.items()}
+
+
 @dataclass(frozen=True)
 class Case:
     build: Callable[[], tuple[onnx.ModelProto, Feeds]]
@@ -144,6 +152,7 @@ CASES = {
     "views": Case(views_model),
     "views_unfused": Case(views_model, nofusion=True),
     "fp16": Case(fp16_model),
+    "bf16": Case(bf16_model),
     "bert_embeddings_unfused": Case(partial(bert_encoder_layer, seq=8, embeddings=True), nofusion=True),
 }
 
@@ -543,7 +552,7 @@ def test_main_test_prints_outputs_and_summary(builds: Builds, tmp_path: Path) ->
 
 
 @needs_emulated_build
-@pytest.mark.parametrize("name", ["bert_layer", "views", "fp16"])
+@pytest.mark.parametrize("name", ["bert_layer", "views", "fp16", "bf16"])
 def test_main_test_reads_inputs_from_files(builds: Builds, tmp_path: Path, name: str) -> None:
     emitted = builds(name)
     feeds = random_inputs(emitted.graph, seed=7)

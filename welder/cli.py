@@ -111,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="model name (see --list)")
     p.add_argument("--prefix", help="output folder for model.onnx and export.json")
     p.add_argument("--bs", type=int, default=1, help="batch size (default: 1)")
-    p.add_argument("--fp16", action="store_true", help="export in half precision (on a GPU if any)")
+    precision = p.add_mutually_exclusive_group()
+    precision.add_argument("--fp16", action="store_true", help="export in half precision (on a GPU if any)")
+    precision.add_argument("--bf16", action="store_true", help="export in bfloat16 (on a GPU if any)")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset (default: 17)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
     p.add_argument(
@@ -242,7 +244,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise WelderError("export needs a model name and --prefix (see welder export --list)")
     options = dict(args.option)
     path = export_onnx(
-        args.name, args.prefix, args.bs, args.fp16, args.opset, options=options, seed=args.seed
+        args.name,
+        args.prefix,
+        args.bs,
+        args.fp16,
+        args.opset,
+        bf16=args.bf16,
+        options=options,
+        seed=args.seed,
     )
     print(f"wrote {path} and {Path(path).parent / 'export.json'}")
     return 0

@@ -336,25 +336,30 @@ def build_model(
     batch: int = 1,
     fp16: bool = False,
     *,
+    bf16: bool = False,
     options: Mapping[str, Any] | None = None,
     seed: int = SEED,
 ) -> Built:
     """``(module, inputs)`` for a registry model: eval mode, weights from ``seed``, inputs
     from a generator derived from the same seed.  With ``fp16`` the module is ``.half()``
-    and the float inputs are half; integer inputs (token ids) stay int64.  Both stay on the
-    CPU: the caller moves them, so the weights never depend on the device."""
+    and the float inputs are half (``bf16``: bfloat16 likewise); integer inputs (token ids)
+    stay int64.  Both stay on the CPU: the caller moves them, so the weights never depend on
+    the device."""
     spec = get_spec(name)
     if batch < 1:
         raise WelderError(f"batch must be at least 1, got {batch}")
+    if fp16 and bf16:
+        raise WelderError("choose one of fp16 and bf16")
     torch = require_packages(name)
     # fork_rng: seeding must not change the caller's random stream.
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         torch.manual_seed(seed)
         warnings.simplefilter("ignore")
         module, inputs = spec.build(batch, dict(options or {}), seed)
-    if fp16:
-        module = module.half()
-        inputs = {k: v.half() if v.is_floating_point() else v for k, v in inputs.items()}
+    if fp16 or bf16:
+        dtype = torch.float16 if fp16 else torch.bfloat16
+        module = module.to(dtype)
+        inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
     return module.eval(), inputs
 
 
@@ -396,21 +401,30 @@ def _pick_device(fp16: bool, device: str | None) -> str:
     return device or ("cuda" if fp16 and torch.cuda.is_available() else "cpu")
 
 
-def check_half_graph(path: Path) -> None:
+def check_half_graph(path: Path, dtype: str = "float16") -> None:
     """Raise a WelderError unless the fp16 model at ``path`` keeps its weights in half
     (a float32 scalar or two, such as mask fill values, may stay) and onnxruntime loads it.
     A half module whose trace promoted some of its ops to float32 exports a graph of mixed
-    types: not the model that was asked for, and one onnxruntime refuses."""
+    types: not the model that was asked for, and one onnxruntime refuses.  A bf16 model
+    (``dtype`` bfloat16) passes onnx's checker instead: onnxruntime's CPU provider has no
+    bf16 arithmetic, so it refuses every such model."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
+    label = "fp16" if dtype == "float16" else "bf16"
     singles = [
         f"{t.name} {list(t.dims)}"
         for t in model.graph.initializer
         if t.data_type == onnx.TensorProto.FLOAT and math.prod(t.dims) > 1
     ]
-    problem = f"float32 weights beside half ones ({', '.join(singles[:4])})" if singles else ""
-    if not problem:
+    kind = "half" if dtype == "float16" else "bf16"
+    problem = f"float32 weights beside {kind} ones ({', '.join(singles[:4])})" if singles else ""
+    if not problem and dtype == "bfloat16":
+        try:
+            onnx.checker.check_model(model)
+        except onnx.checker.ValidationError as e:
+            problem = f"a graph onnx's checker refuses ({str(e).strip().splitlines()[0][:300]})"
+    elif not problem:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -420,7 +434,7 @@ def check_half_graph(path: Path) -> None:
         except Exception as e:
             problem = f"a graph onnxruntime refuses ({str(e).strip().splitlines()[0][:300]})"
     if problem:
-        raise WelderError(f"the fp16 export traced to {problem}; {path} was not kept")
+        raise WelderError(f"the {label} export traced to {problem}; {path} was not kept")
 
 
 # -- half precision attention ---------------------------------------------------------------
@@ -510,6 +524,7 @@ def export_onnx(
     fp16: bool = False,
     opset: int = DEFAULT_OPSET,
     *,
+    bf16: bool = False,
     options: Mapping[str, Any] | None = None,
     seed: int = SEED,
     device: str | None = None,
@@ -520,15 +535,15 @@ def export_onnx(
     The fixed shapes are deliberate: welder tunes for one shape, and symbolic dimensions
     would only have to be fixed again with --input-shape."""
     torch = require_packages(name)
-    dev = _pick_device(fp16, device)
-    module, inputs = build_model(name, batch, fp16, options=options, seed=seed)
+    dev = _pick_device(fp16 or bf16, device)
+    module, inputs = build_model(name, batch, fp16, bf16=bf16, options=options, seed=seed)
     out = Path(prefix)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     onnx_path = out / MODEL_ONNX
     module = module.to(dev)
     args = tuple(v.to(dev) for v in inputs.values())
-    half = half_attention(opset) if fp16 else contextlib.nullcontext()
+    half = half_attention(opset) if fp16 or bf16 else contextlib.nullcontext()
     with warnings.catch_warnings(), torch.no_grad(), half:
         warnings.simplefilter("ignore")
         torch.onnx.export(
@@ -541,9 +556,10 @@ def export_onnx(
             do_constant_folding=True,
             dynamo=False,
         )
-    if fp16:
+    dtype = "float16" if fp16 else "bfloat16" if bf16 else "float32"
+    if fp16 or bf16:
         try:
-            check_half_graph(onnx_path)
+            check_half_graph(onnx_path, dtype)
         except WelderError:
             onnx_path.unlink()
             if created and not any(out.iterdir()):
@@ -552,7 +568,7 @@ def export_onnx(
     info = ExportInfo(
         model=name,
         batch=batch,
-        dtype="float16" if fp16 else "float32",
+        dtype=dtype,
         seed=seed,
         opset=opset,
         options=dict(options or {}),
@@ -594,7 +610,12 @@ def rebuild(prefix: str | os.PathLike[str]) -> tuple[torch.nn.Module, Inputs, Ex
     rather than showing up as a mysterious timing or accuracy difference."""
     info = read_export(prefix)
     module, inputs = build_model(
-        info.model, info.batch, info.dtype == "float16", options=info.options, seed=info.seed
+        info.model,
+        info.batch,
+        info.dtype == "float16",
+        bf16=info.dtype == "bfloat16",
+        options=info.options,
+        seed=info.seed,
     )
     got = {k: list(v.shape) for k, v in inputs.items()}
     want = {k: list(v["shape"]) for k, v in info.inputs.items()}
@@ -604,8 +625,18 @@ def rebuild(prefix: str | os.PathLike[str]) -> tuple[torch.nn.Module, Inputs, Ex
 
 
 def to_numpy(inputs: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """The inputs as numpy arrays, keyed by ONNX input name (for onnxruntime and welder)."""
-    return {k: v.detach().cpu().numpy() for k, v in inputs.items()}
+    """The inputs as numpy arrays, keyed by ONNX input name (for onnxruntime and welder);
+    bfloat16 ones as ``ml_dtypes.bfloat16`` arrays (numpy itself has no such type)."""
+    import ml_dtypes
+
+    torch = _torch()
+    out = {}
+    for k, v in inputs.items():
+        v = v.detach().cpu()
+        out[k] = (
+            v.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if v.dtype == torch.bfloat16 else v.numpy()
+        )
+    return out
 
 
 def parse_option(text: str) -> tuple[str, Any]:

@@ -31,6 +31,7 @@ from welder.check import (
     output_thresholds,
     random_inputs,
     recorded_precision,
+    reference_name,
 )
 from welder.errors import ModelError, WelderError
 from welder.frontend.onnx import import_onnx
@@ -195,4 +196,5 @@ def check_model(
     ours = dict(zip(names, sess.run(names, feeds)))
     reference = onnxruntime_outputs(model_file(model), feeds, names)
     limits = output_thresholds(sess.graph, names, precision=precision)
-    return CheckReport(str(model), backend, seed, compare(ours, reference, precision, limits))
+    results = compare(ours, reference, precision, limits)
+    return CheckReport(str(model), backend, seed, results, reference_name(model_file(model)))

@@ -14,7 +14,7 @@ import jinja2
 from welder.device.tensor_map import TensorMapArg
 from welder.resources import TEMPLATE_DIR
 
-from .cprint import STORAGE_TYPES
+from .cprint import HALF_FORMATS, STORAGE_TYPES
 
 
 @dataclass
@@ -122,8 +122,9 @@ def render_prelude(headers: Sequence[str] = ()) -> str:
 
 
 def read_value(access: str, dtype: str) -> str:
-    """A stored element as its compute type (halves widen to float)."""
-    return f"__half2float({access})" if dtype == "float16" else access
+    """A stored element as its compute type (16-bit floats widen to float)."""
+    half = HALF_FORMATS.get(dtype)
+    return f"{half.to_float}({access})" if half is not None else access
 
 
 def flat_index(idx: Sequence[str], shape: Sequence[int]) -> str:

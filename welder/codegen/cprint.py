@@ -1,24 +1,55 @@
 """Printing IR expressions as C expressions.
 
-Value arithmetic on ``float16`` data is carried out in ``float`` (loads widen, stores
-narrow, an explicit Cast to float16 rounds), so fp16 kernels accumulate and evaluate
-activations in fp32.  Index arithmetic is ``int``; floor division and modulo print as
-plain ``/`` and ``%`` only where both operands are provably non-negative.  A data value
-used as an index prints as ``welder_index(value, extent, "node")`` (welder_math.cuh), which
-clamps on the GPU and reports under the emulator.
+Value arithmetic on ``float16`` and ``bfloat16`` data is carried out in ``float`` (loads
+widen, stores narrow, an explicit Cast to a 16-bit float rounds to nearest even), so
+fp16 and bf16 kernels accumulate and evaluate activations in fp32.  Index arithmetic is
+``int``; floor division and modulo print as plain ``/`` and ``%`` only where both operands
+are provably non-negative.  A data value used as an index prints as
+``welder_index(value, extent, "node")`` (welder_math.cuh), which clamps on the GPU and
+reports under the emulator.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from welder.ir.expr import INDEX, Binary, Call, Cast, Const, DataIndex, Expr, Load, Select, Var
+from welder.ir.expr import INDEX, Binary, Call, Cast, Const, DataIndex, Expr, Load, Select, Var, is_float
+
+
+@dataclass(frozen=True)
+class HalfFormat:
+    """The CUDA names of a 16-bit float type (``cuda_fp16.h``, ``cuda_bf16.h``): kernels
+    only ever convert it to and from float, so these are all the code needs."""
+
+    storage: str  # the element type
+    pair: str  # two elements in one 32-bit word
+    to_float: str  # one element to float (exact)
+    from_float: str  # float to one element, rounded to nearest even
+    pair_from_float: str  # float to both elements of a pair
+    pack2: str  # two floats to a pair (low, high), rounded to nearest even
+
+
+HALF_FORMATS = {
+    "float16": HalfFormat(
+        "__half", "__half2", "__half2float", "__float2half", "__float2half2_rn", "__floats2half2_rn"
+    ),
+    "bfloat16": HalfFormat(
+        "__nv_bfloat16",
+        "__nv_bfloat162",
+        "__bfloat162float",
+        "__float2bfloat16",
+        "__float2bfloat162_rn",
+        "__floats2bfloat162_rn",
+    ),
+}
 
 # Storage type in memory, and the type arithmetic on the value happens in.
 STORAGE_TYPES = {
     "float32": "float",
     "float16": "__half",
+    "bfloat16": "__nv_bfloat16",
     "float64": "double",
     "int64": "long long",
     "int32": "int",
@@ -31,7 +62,7 @@ STORAGE_TYPES = {
     "bool": "bool",
     INDEX: "int",
 }
-COMPUTE_TYPES = {**STORAGE_TYPES, "float16": "float"}
+COMPUTE_TYPES = {**STORAGE_TYPES, **{dtype: "float" for dtype in HALF_FORMATS}}
 
 _INFIX = {
     "add": "+",
@@ -86,7 +117,7 @@ def literal(value: int | float | bool, dtype: str) -> str:
     """A C literal of the compute type of ``dtype``."""
     if dtype == "bool":
         return "true" if value else "false"
-    if dtype in ("float32", "float16", "float64"):
+    if is_float(dtype):
         v = float(value)
         suffix = "" if dtype == "float64" else "f"
         if math.isinf(v):
@@ -161,10 +192,9 @@ class CPrinter:
 
     def _cast(self, e: Cast) -> str:
         inner = self.expr(e.x)
-        if e.dtype == "float16":
-            return f"__half2float(__float2half((float)({inner})))"
-        if e.x.dtype == "float16" and e.dtype != "float32":
-            return f"(({COMPUTE_TYPES[e.dtype]})({inner}))"
+        half = HALF_FORMATS.get(e.dtype)
+        if half is not None:
+            return f"{half.to_float}({half.from_float}((float)({inner})))"
         return f"(({COMPUTE_TYPES[e.dtype]})({inner}))"
 
     def _binary(self, e: Binary) -> str:
@@ -175,7 +205,7 @@ class CPrinter:
         if e.op == "div":
             return f"({a} / {b})"
         if e.op in ("floordiv", "mod"):
-            if dt in ("float32", "float16", "float64"):
+            if is_float(dt):
                 return f"floorf({a} / {b})" if e.op == "floordiv" else f"welder_fmod_floor({a}, {b})"
             if nonnegative(e.a, self.nonneg) and nonnegative(e.b, self.nonneg):
                 return f"({a} {'/' if e.op == 'floordiv' else '%'} {b})"
@@ -185,7 +215,7 @@ class CPrinter:
         if e.op == "pow":
             if dt == "float64":
                 return f"pow({a}, {b})"
-            if dt in ("float32", "float16"):
+            if is_float(dt):
                 return f"powf({a}, {b})"
             return f"welder_ipow({a}, {b})"
         raise ValueError(f"unknown binary op {e.op}")
@@ -199,7 +229,7 @@ class CPrinter:
         if e.fn == "not":
             return f"(!{x})"
         if e.fn in ("isnan", "isinf"):
-            return f"{e.fn}({x})" if e.args[0].dtype in ("float32", "float16", "float64") else "false"
+            return f"{e.fn}({x})" if is_float(e.args[0].dtype) else "false"
         if e.fn == "sigmoid":
             one = "1.0" if double else "1.0f"
             return f"({one} / ({one} + {'exp' if double else 'expf'}(-{x})))"

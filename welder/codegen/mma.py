@@ -28,7 +28,7 @@ from welder.schedule.kinds.mma import (
 )
 
 from .common import STORAGE_TYPES, StageCtx, flat_index, sanitize_comment
-from .cprint import CPrinter
+from .cprint import HALF_FORMATS, CPrinter
 
 if TYPE_CHECKING:
     from .kernel import KernelBuilder
@@ -138,8 +138,8 @@ def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contractio
         origins=[{"name": o[d], "expr": kb.index_c(iv.lo_expr())} for d, iv in enumerate(region.dims)],
         storage_t=STORAGE_TYPES[dtype],
         elem_bytes=con.fmt.elem_bytes,
-        pack2="__floats2half2_rn" if dtype == "float16" else "make_float2",
-        pack1="__float2half" if dtype == "float16" else "",
+        pack2=HALF_FORMATS[dtype].pack2 if dtype in HALF_FORMATS else "make_float2",
+        pack1=HALF_FORMATS[dtype].from_float if dtype in HALF_FORMATS else "",
         block_k=st.block_k,
         tile_m=st.tile[-2],
         tile_n=st.tile[-1],
@@ -187,7 +187,8 @@ def gather_value(kb: KernelBuilder, con: Contraction, op: Operand, origins: list
 
     printer = CPrinter(load, names)
     if isinstance(op.gather, Select):
-        zero = "__float2half(0.0f)" if con.fmt.elem_bytes == 2 else "0.0f"
+        half = HALF_FORMATS.get(c.dtype)
+        zero = f"{half.from_float}(0.0f)" if half is not None else "0.0f"
         return f"({printer(op.gather.cond)} ? {printer(op.load)} : {zero})"
     return printer(op.load)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from welder.ir.compute import Compute, reduce_identity
-from welder.ir.expr import Load
+from welder.ir.expr import Load, is_half
 from welder.ir.interpret import np_dtype
 from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.kinds.simt import SimtConfig, StagedInput, vector_aligned
@@ -24,7 +24,7 @@ from welder.tile.propagate import Region, read_regions
 from welder.tile.region import Affine, Interval
 
 from .common import StageCtx, flat_index, read_value, sanitize_comment
-from .cprint import COMPUTE_TYPES, STORAGE_TYPES, CPrinter, literal
+from .cprint import COMPUTE_TYPES, HALF_FORMATS, STORAGE_TYPES, CPrinter, literal
 
 if TYPE_CHECKING:
     from .kernel import KernelBuilder
@@ -32,14 +32,21 @@ if TYPE_CHECKING:
 TEMPLATE = "stages/simt.cu.j2"
 #: Vector types for staged loads, by (storage dtype, elements): the type one load moves and
 #: its all-zero value (the fill of out-of-bounds elements; zero bits are +0.0 in both
-#: formats).  Half data moves as __half2 or as raw 8- and 16-byte words: the bits land in
-#: shared memory unchanged and are read back one __half at a time.
+#: formats).  16-bit floats move as pairs (__half2, __nv_bfloat162) or as raw 8- and
+#: 16-byte words: the bits land in shared memory unchanged and are read back one element at
+#: a time.
 VECTOR_TYPES: dict[tuple[str, int], tuple[str, str]] = {
     ("float32", 2): ("float2", "make_float2(0.0f, 0.0f)"),
     ("float32", 4): ("float4", "make_float4(0.0f, 0.0f, 0.0f, 0.0f)"),
-    ("float16", 2): ("__half2", "__float2half2_rn(0.0f)"),
-    ("float16", 4): ("uint2", "make_uint2(0u, 0u)"),
-    ("float16", 8): ("uint4", "make_uint4(0u, 0u, 0u, 0u)"),
+    **{
+        (dtype, n): vector
+        for dtype, half in HALF_FORMATS.items()
+        for n, vector in (
+            (2, (half.pair, f"{half.pair_from_float}(0.0f)")),
+            (4, ("uint2", "make_uint2(0u, 0u)")),
+            (8, ("uint4", "make_uint4(0u, 0u, 0u, 0u)")),
+        )
+    },
 }
 #: The widest load a thread issues (LDG.128).
 MAX_VECTOR_BYTES = 16
@@ -137,8 +144,9 @@ class SimtStageCtx(StageCtx):
         return f"welder_{op}({a}, {b})"
 
     def to_storage(self, v: str) -> str:
-        if self.out_dtype == "float16":
-            return f"__float2half({v})"
+        half = HALF_FORMATS.get(self.out_dtype)
+        if half is not None:
+            return f"{half.from_float}({v})"
         return f"({STORAGE_TYPES[self.out_dtype]})({v})"
 
 
@@ -264,7 +272,7 @@ def _reduction(
             base = _reduce_buffer_offset(st)
             slots = ctx.active * ctx.warps_per_output * ctx.nreg
             ctx.red_view = f"red{k}"
-            kb.add_view(ctx.red_view, body_dtype if body_dtype != "float16" else "float32", base, slots)
+            kb.add_view(ctx.red_view, "float32" if is_half(body_dtype) else body_dtype, base, slots)
             if is_arg:
                 ctx.redi_view = f"redi{k}"
                 kb.add_view(ctx.redi_view, "int32", base + 8 * slots, slots)
@@ -291,7 +299,8 @@ def _staged(kb: KernelBuilder, k: int, st: SimtConfig, c: Compute, sd: StagedInp
     for d, x, size in zip(dims, xs, info.shape):
         hi = size - vector + 1 if d.axis == len(dims) - 1 else size
         bounds.append(f"{x} >= 0 && {x} < {hi}")
-    zero = "__float2half(0.0f)" if info.dtype == "float16" else literal(0, info.dtype)
+    half = HALF_FORMATS.get(info.dtype)
+    zero = f"{half.from_float}(0.0f)" if half is not None else literal(0, info.dtype)
     staged = _Staged(
         view,
         kb.params[sd.tensor].name,

@@ -33,8 +33,10 @@ TEMPLATE = "stages/wgmma.cu.j2"
 HEADERS = ("welder_mma.cuh", "welder_wgmma.cuh")
 #: What the producer variant adds: mbarriers and TMA copies.
 TMA_HEADERS = ("welder_tma.cuh",)
-#: Bytes of one swizzled row (64 fp16 elements).
+#: Bytes of one swizzled row (64 16-bit elements).
 ROW_BYTES = 128
+#: The welder_wgmma.cuh function of one m64nNk16 product, by the contraction's dtype.
+INSTRUCTIONS = {"float16": "welder_wgmma_m64k16_f16f32", "bfloat16": "welder_wgmma_m64k16_bf16f32"}
 
 
 @dataclass
@@ -83,6 +85,7 @@ class _Operand:
 
 @dataclass(kw_only=True)
 class WgmmaStageCtx(ContractionStageCtx):
+    wgmma: str  # the welder_wgmma.cuh function of one product (:data:`INSTRUCTIONS`)
     block_n: int
     wg_m: int  # rows of the block tile per warpgroup
     mi: int  # m64 pieces per warpgroup
@@ -119,6 +122,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
         headers=(*HEADERS, *TMA_HEADERS) if st.producer else HEADERS,
         arch_specific=True,
         **contraction_fields(kb, k, st, con, "wgmma"),
+        wgmma=INSTRUCTIONS[dtype],
         block_n=st.block_n,
         wg_m=st.wg_m,
         mi=st.wg_m // 64,

@@ -15,7 +15,8 @@
 //                                               the address must be aligned to V
 //   welder_vstore(p, i, v)                      writes v at the address of p[i]
 //
-// Also available in both modes: __half/__half2 (cuda_fp16), nvcuda::wmma (mma.h) and device
+// Also available in both modes: __half/__half2 (cuda_fp16), __nv_bfloat16/__nv_bfloat162
+// (cuda_bf16), nvcuda::wmma (mma.h) and device
 // assert (do not include <cassert> again after this file: under the emulator that would bring back
 // the host assert, which aborts instead of reporting).
 //
@@ -37,6 +38,7 @@
 
 #else  // nvcc
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
 

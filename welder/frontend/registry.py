@@ -29,6 +29,7 @@ from welder.ir.expr import INDEX, Const, Expr, ExprLike, Load, as_expr
 _ONNX_DTYPES = {
     onnx.TensorProto.FLOAT: "float32",
     onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.BFLOAT16: "bfloat16",
     onnx.TensorProto.DOUBLE: "float64",
     onnx.TensorProto.INT8: "int8",
     onnx.TensorProto.INT16: "int16",

@@ -23,7 +23,10 @@ from typing import ClassVar
 
 INDEX = "index"
 BOOL = "bool"
-FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+#: The 16-bit floats: stored narrow, computed in float32 by every back end (loads widen,
+#: stores and explicit casts round to nearest even).
+HALF_DTYPES = frozenset({"float16", "bfloat16"})
 INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
 DTYPES = FLOAT_DTYPES | INT_DTYPES | {BOOL, INDEX}
 
@@ -60,6 +63,11 @@ PREDICATE_CALLS = frozenset({"not", "isnan", "isinf"})
 
 def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES
+
+
+def is_half(dtype: str) -> bool:
+    """Whether ``dtype`` is a 16-bit float (:data:`HALF_DTYPES`)."""
+    return dtype in HALF_DTYPES
 
 
 def is_integer(dtype: str) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import ml_dtypes
 import numpy as np
 
 from welder.errors import IndexRangeError
@@ -37,6 +38,7 @@ from welder.ir.expr import (
     Select,
     Var,
     is_float,
+    is_half,
 )
 
 # Chunk the outermost spatial axis when the iteration space exceeds this many points.
@@ -45,6 +47,7 @@ _EINSUM_LIMIT = 1 << 28
 
 _NP_DTYPES = {
     "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
     "float32": np.float32,
     "float64": np.float64,
     "int8": np.int8,
@@ -61,7 +64,15 @@ _NP_DTYPES = {
 
 
 def np_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype a tensor of ``dtype`` is stored in (bfloat16: ml_dtypes')."""
     return np.dtype(_NP_DTYPES[dtype])
+
+
+def value_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype values of ``dtype`` are computed in: bfloat16 in float32, as the
+    generated code computes it (loads widen, and only stores and explicit casts round to
+    bfloat16), everything else in its own type."""
+    return np.dtype(np.float32) if dtype == "bfloat16" else np_dtype(dtype)
 
 
 def evaluate(c: Compute, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -111,7 +122,7 @@ def _evaluate_range(
 
     if c.reduce_op is None:
         value = ev(c.body)
-        return np.broadcast_to(_as_array(value, c.dtype), out_shape).copy()
+        return np.broadcast_to(_as_array(value, c.dtype), out_shape).astype(np_dtype(c.dtype))
 
     red = tuple(range(nsp, ndim))
     factors = _factors(c)
@@ -136,8 +147,8 @@ def _evaluate_range(
 
 
 def _accumulator(dtype: str) -> np.dtype:
-    """fp16 sums accumulate in fp32, as every serious back end does."""
-    return np.dtype(np.float32) if dtype == "float16" else np_dtype(dtype)
+    """16-bit float sums accumulate in fp32, as every serious back end does."""
+    return np.dtype(np.float32) if is_half(dtype) else np_dtype(dtype)
 
 
 def _factors(c: Compute) -> list[Expr] | None:
@@ -185,7 +196,8 @@ def _einsum(
 
 
 def _as_array(v: np.ndarray | np.generic, dtype: str) -> np.ndarray:
-    return np.asarray(v, dtype=np_dtype(dtype))
+    """A value of ``dtype`` as an array of its compute type (:func:`value_dtype`)."""
+    return np.asarray(v, dtype=value_dtype(dtype))
 
 
 class _Evaluator:
@@ -208,13 +220,13 @@ class _Evaluator:
         if isinstance(e, Var):
             return self.domain[e.name]
         if isinstance(e, Const):
-            return np.asarray(e.value, dtype=np_dtype(e.dtype))
+            return np.asarray(e.value, dtype=value_dtype(e.dtype))
         if isinstance(e, Load):
             return self._load(e)
         if isinstance(e, Cast):
             return _cast(self(e.x), e.x.dtype, e.dtype)
         if isinstance(e, Select):
-            return np.where(self(e.cond), self(e.a), self(e.b)).astype(np_dtype(e.dtype), copy=False)
+            return np.where(self(e.cond), self(e.a), self(e.b)).astype(value_dtype(e.dtype), copy=False)
         if isinstance(e, Binary):
             return _binary(e.op, self(e.a), self(e.b), e.a.dtype)
         if isinstance(e, Call):
@@ -228,9 +240,9 @@ class _Evaluator:
         if t.ndim != len(e.indices):
             raise ValueError(f"load of {e.tensor!r} with {len(e.indices)} indices, tensor has rank {t.ndim}")
         if t.ndim == 0:
-            return t.astype(np_dtype(e.dtype), copy=False)
+            return t.astype(value_dtype(e.dtype), copy=False)
         idx = [np.clip(self(i), 0, n - 1) if n > 0 else self(i) for i, n in zip(e.indices, t.shape)]
-        return t[tuple(np.asarray(i, dtype=np.int64) for i in idx)].astype(np_dtype(e.dtype), copy=False)
+        return t[tuple(np.asarray(i, dtype=np.int64) for i in idx)].astype(value_dtype(e.dtype), copy=False)
 
 
 def data_index(values: np.ndarray, extent: int, origin: str) -> np.ndarray:
@@ -256,11 +268,12 @@ def _cast(x: np.ndarray, src: str, dst: str) -> np.ndarray:
         # C semantics: truncate towards zero; NaN/inf have no defined result, use 0.
         x = np.trunc(np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
     with np.errstate(invalid="ignore", over="ignore"):
-        return x.astype(np_dtype(dst))
+        # To bfloat16: rounded to it, then carried on in its compute type.
+        return x.astype(np_dtype(dst)).astype(value_dtype(dst), copy=False)
 
 
 def _binary(op: str, a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
-    npd = np_dtype(dtype)
+    npd = value_dtype(dtype)
     with np.errstate(all="ignore"):
         if op == "add":
             return np.add(a, b, dtype=npd)
@@ -314,7 +327,7 @@ def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _call(fn: str, args: list[np.ndarray], dtype: str) -> np.ndarray:
     x = args[0]
-    npd = np_dtype(dtype)
+    npd = value_dtype(dtype)
     with np.errstate(all="ignore"):
         if fn == "exp":
             return np.exp(x).astype(npd)

@@ -26,11 +26,12 @@ from welder.schedule.group import Group, execution_order
 from welder.schedule.kinds.library import GemmSpec, library_call
 
 #: C types of tensors in nnfusion_rt.h: fixed-width and CUDA-free, so the header is plain C
-#: (fp16 data travels as its IEEE binary16 bits).
+#: (fp16 data travels as its IEEE binary16 bits, bf16 as its bfloat16 bits).
 PUBLIC_TYPES = {
     "float32": "float",
     "float64": "double",
     "float16": "uint16_t",
+    "bfloat16": "uint16_t",
     "int64": "int64_t",
     "int32": "int32_t",
     "int16": "int16_t",
@@ -46,7 +47,7 @@ PUBLIC_TYPES = {
 DEFAULT_SMEM_LIMIT = 48 * 1024
 
 #: cuBLAS's element types for ours.
-CUDA_DATA_TYPES = {"float32": "CUDA_R_32F", "float16": "CUDA_R_16F"}
+CUDA_DATA_TYPES = {"float32": "CUDA_R_32F", "float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF"}
 #: cuBLAS's compute types for the accumulation dtype (32F: exact fp32, no TF32).
 CUBLAS_COMPUTE_TYPES = {"float32": "CUBLAS_COMPUTE_32F"}
 #: The workspace every cuBLAS call uses: what cuBLAS recommends for Hopper (4 MiB suffices

@@ -15,8 +15,8 @@ For one group (:func:`tune_group`):
 4. time every compiled candidate on seeded random inputs (weights: the model's own);
 5. run the candidates fastest first and compare their outputs with the reference
    interpreter (``max(|a-b| / max(|b|, 1))`` within 1e-4 for fp32, 2e-3 for fp32 that a
-   candidate computes on TF32 tensor cores (``--tf32``), 2e-2 for fp16 -- and for an fp32
-   output computed from fp16 values inside the group, see
+   candidate computes on TF32 tensor cores (``--tf32``), 2e-2 for fp16, 1e-1 for bf16 --
+   and for an fp32 output computed from fp16 or bf16 values inside the group, see
    :func:`welder.check.output_threshold`); the first that matches wins;
 6. store the winner (or a negative entry) in the cache.
 

@@ -29,7 +29,7 @@ from welder.ir.expr import Expr, ExprLike, cast, eq, ge, is_float, logical_and, 
 AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 #: Dtypes whose convolutions are lowered as flat products (:func:`_pointwise_conv`,
 #: :func:`_conv_as_product`), the form the tensor-core kinds compute.
-POINTWISE_AS_PRODUCT = frozenset({"float16"})
+POINTWISE_AS_PRODUCT = frozenset({"float16", "bfloat16"})
 #: Narrowest group lowered as a product: output channels per group (M) and input channels
 #: per group times kernel taps (K) of at least one m16n8k16 instruction's M and K.  Narrower
 #: groups (depthwise, ShuffleNet's) would be mostly padding on tensor cores.
@@ -349,8 +349,8 @@ def _pointwise_conv(ctx: LowerContext, x: Tensor, w: Tensor) -> Tensor:
     The flat form is what the tensor-core kind recognizes (the output's last axis N, the
     one before it M = c, one reduce axis K = ci); the reshape in front of the consumers is
     injective, and the tensor-core kind tiles through it in whole rows of the image.  Only
-    float16 takes this form (:data:`POINTWISE_AS_PRODUCT`), where that kind is on by
-    default.  The CUDA-core kind tiles the image form better: a tile of a few partial
+    the 16-bit floats take this form (:data:`POINTWISE_AS_PRODUCT`), where that kind is on
+    by default.  The CUDA-core kind tiles the image form better: a tile of a few partial
     rows, which a fused 3x3 or depthwise consumer wants, covers a long run of the flat
     axis.  Lowered flat, fp32 MobileNetV2's cost-model plans were estimated faster (H100
     189.8 -> 165.4 us, V100 312.3 -> 284.3 us) but grew from 27 to 34 kernels and from 38.8

@@ -5,8 +5,8 @@ scheduler sees (and can fuse) the individual stages:
     inv_std = rsqrt(sq / n + eps);  y = (x - mean) * inv_std * scale + bias
 
 Only ``total`` and ``sq`` are reductions; everything else is injective and is inlined by
-the scheduler.  Statistics of float16 tensors are kept in float32: a float16 sum of
-squares overflows long before the variance itself does.
+the scheduler.  Statistics of 16-bit float tensors are kept in float32: a float16 sum of
+squares overflows long before the variance itself does, and a bfloat16 one keeps 8 bits.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from welder.errors import ModelError
 from welder.frontend.registry import LowerContext, Tensor, dtype_from_onnx, register
 from welder.ir.compute import reduce, reduce_axis
-from welder.ir.expr import Expr, call, cast, is_float
+from welder.ir.expr import Expr, call, cast, is_float, is_half
 
 
 def _same(v: Expr) -> Expr:
@@ -66,7 +66,7 @@ def kept(idx: Sequence[Expr], axes: Sequence[int], keepdims: bool = False) -> tu
 
 def stats_dtype(dtype: str) -> str:
     """The float type statistics of a ``dtype`` tensor are computed in."""
-    return "float32" if dtype == "float16" else dtype
+    return "float32" if is_half(dtype) else dtype
 
 
 def moments(

@@ -16,7 +16,7 @@ from welder.errors import ModelError
 from welder.frontend.ops.norm import kept, reduce_over, reduced_shape
 from welder.frontend.registry import LowerContext, Tensor, register
 from welder.ir.compute import reduce_identity
-from welder.ir.expr import Expr, call, cast, const, is_float, lt, select
+from welder.ir.expr import Expr, call, cast, const, is_float, is_half, lt, select
 
 
 def _square(v: Expr) -> Expr:
@@ -78,10 +78,11 @@ def reduce_axes(ctx: LowerContext, x: Tensor) -> list[int]:
 def _work_dtype(dtype: str, float_on_integers: bool, has_post: bool) -> str:
     """The dtype a reduction accumulates and post-processes in.
 
-    float16 goes through float32 when a step follows the reduction: the sum of a mean or
-    of L2 can overflow float16 although the final result would not.
+    float16 and bfloat16 go through float32 when a step follows the reduction: the sum of
+    a mean or of L2 can overflow float16 although the final result would not, and a
+    bfloat16 intermediate would drop all but 8 bits of it.
     """
-    if dtype == "float16" and has_post:
+    if is_half(dtype) and has_post:
         return "float32"
     if not is_float(dtype) and float_on_integers:
         return "float64"

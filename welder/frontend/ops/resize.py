@@ -33,6 +33,7 @@ from welder.ir.expr import (
     ge,
     gt,
     is_float,
+    is_half,
     logical_or,
     lt,
     maximum,
@@ -92,7 +93,7 @@ def resize(ctx: LowerContext) -> Tensor:
             return guard(i, value) if guard else value
 
     else:
-        acc = F32 if x.dtype == "float16" else x.dtype
+        acc = F32 if is_half(x.dtype) else x.dtype
 
         def body(*i: Expr) -> Expr:
             taps = [

@@ -7,6 +7,7 @@
 //
 //   emu_types.h     vector types (float4, ...), dim3, threadIdx/blockIdx/blockDim/gridDim, warpSize
 //   emu_half.h      __half / __half2 with round-to-nearest-even conversions and cuda_fp16 intrinsics
+//   emu_bf16.h      __nv_bfloat16 / __nv_bfloat162 likewise, with the cuda_bf16 intrinsics kernels use
 //   emu_math.h      device math: rsqrtf, __expf, __float2int_rn, __popc, global min/max, ...
 //   emu_runtime.h   call sites, errors, and the blocking primitives the intrinsics are built on
 //   emu_shared.h    checked shared-memory views (WELDER_SHARED) and welder_vload / welder_vstore
@@ -48,6 +49,7 @@
 
 #include "emu_types.h"
 #include "emu_half.h"
+#include "emu_bf16.h"
 #include "emu_math.h"
 #include "emu_runtime.h"
 #include "emu_tensor_map.h"

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "emu_half.h"
+#include "emu_bf16.h"
 #include "emu_host.h"
 
 // ============================================================================ types and codes
@@ -40,7 +41,7 @@ enum cublasStatus_t {
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 };
 
 // library_types.h's names and values.
-enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
 typedef cudaDataType_t cudaDataType;
 
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
@@ -101,12 +102,15 @@ inline bool overlaps(const Matrix& a, const Matrix& b, int64_t batch) {
 
 inline float load(const void* p, cudaDataType type, int64_t i) {
   if (type == CUDA_R_16F) return welder_emu::detail::half_bits_to_float(static_cast<const uint16_t*>(p)[i]);
+  if (type == CUDA_R_16BF) return welder_emu::detail::bf16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
   return static_cast<const float*>(p)[i];
 }
 
 inline void store(void* p, cudaDataType type, int64_t i, float v) {
   if (type == CUDA_R_16F)
     static_cast<uint16_t*>(p)[i] = welder_emu::detail::float_to_half_bits(v);
+  else if (type == CUDA_R_16BF)
+    static_cast<uint16_t*>(p)[i] = welder_emu::detail::float_to_bf16_bits(v);
   else
     static_cast<float*>(p)[i] = v;
 }
@@ -127,7 +131,7 @@ struct Gemm {
   cudaDataType type;
 
   void run() const {
-    const size_t bytes = type == CUDA_R_16F ? 2 : 4;
+    const size_t bytes = type == CUDA_R_32F ? 4 : 2;
     for (int64_t p = 0; p < batch; ++p) {
       const auto* ap = static_cast<const unsigned char*>(a) + p * stride_a * bytes;
       const auto* bp = static_cast<const unsigned char*>(b) + p * stride_b * bytes;
@@ -158,14 +162,14 @@ inline cublasStatus_t check_arguments(const Gemm& g, cudaDataType btype, cudaDat
     return fail(CUBLAS_STATUS_INVALID_VALUE, "ldb " + std::to_string(g.ldb) + " is less than the rows of B");
   if (g.ldc < std::max<int64_t>(1, g.m))
     return fail(CUBLAS_STATUS_INVALID_VALUE, "ldc " + std::to_string(g.ldc) + " is less than m");
-  if (g.type != btype || g.type != ctype || (g.type != CUDA_R_32F && g.type != CUDA_R_16F))
-    return fail(CUBLAS_STATUS_NOT_SUPPORTED, "A, B and C must all be CUDA_R_32F or all CUDA_R_16F");
+  if (g.type != btype || g.type != ctype || (g.type != CUDA_R_32F && g.type != CUDA_R_16F && g.type != CUDA_R_16BF))
+    return fail(CUBLAS_STATUS_NOT_SUPPORTED, "A, B and C must all be CUDA_R_32F, all CUDA_R_16F or all CUDA_R_16BF");
   if (compute != CUBLAS_COMPUTE_32F) return fail(CUBLAS_STATUS_NOT_SUPPORTED, "compute type must be CUBLAS_COMPUTE_32F");
   return CUBLAS_STATUS_SUCCESS;
 }
 
 inline cublasStatus_t check_operands(const Gemm& g) {
-  const size_t bytes = g.type == CUDA_R_16F ? 2 : 4;
+  const size_t bytes = g.type == CUDA_R_32F ? 4 : 2;
   const Matrix a{"A", g.a, bytes, g.transa == CUBLAS_OP_N ? g.m : g.k, g.transa == CUBLAS_OP_N ? g.k : g.m, g.lda,
                  g.stride_a};
   const Matrix b{"B", g.b, bytes, g.transb == CUBLAS_OP_N ? g.k : g.n, g.transb == CUBLAS_OP_N ? g.n : g.k, g.ldb,

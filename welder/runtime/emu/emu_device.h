@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "emu_half.h"
+#include "emu_bf16.h"
 #include "emu_runtime.h"
 #include "emu_shared.h"
 
@@ -124,6 +125,8 @@ WELDER_EMU_SHUFFLES(float)
 WELDER_EMU_SHUFFLES(double)
 WELDER_EMU_SHUFFLES(__half)
 WELDER_EMU_SHUFFLES(__half2)
+WELDER_EMU_SHUFFLES(__nv_bfloat16)
+WELDER_EMU_SHUFFLES(__nv_bfloat162)
 #undef WELDER_EMU_SHUFFLES
 
 // sm_80 warp reductions.
@@ -183,6 +186,8 @@ WELDER_EMU_ATOMIC(atomicAdd, float, old + v)
 WELDER_EMU_ATOMIC(atomicAdd, double, old + v)
 WELDER_EMU_ATOMIC(atomicAdd, __half, __hadd(old, v))
 WELDER_EMU_ATOMIC(atomicAdd, __half2, __hadd2(old, v))
+WELDER_EMU_ATOMIC(atomicAdd, __nv_bfloat16, __hadd(old, v))
+WELDER_EMU_ATOMIC(atomicAdd, __nv_bfloat162, __hadd2(old, v))
 WELDER_EMU_ATOMIC(atomicSub, int, old - v)
 WELDER_EMU_ATOMIC(atomicSub, unsigned int, old - v)
 WELDER_EMU_ATOMIC(atomicExch, int, v)

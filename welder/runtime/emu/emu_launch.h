@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "emu_half.h"
+#include "emu_bf16.h"
 #include "emu_runtime.h"
 #include "emu_tensor_map.h"
 #include "emu_types.h"
@@ -55,12 +56,14 @@ constexpr const char* type_name() {
   if constexpr (std::is_same<U, float>::value) return "float32";
   else if constexpr (std::is_same<U, double>::value) return "float64";
   else if constexpr (std::is_same<U, __half>::value) return "float16";
+  else if constexpr (std::is_same<U, __nv_bfloat16>::value) return "bfloat16";
   else if constexpr (std::is_same<U, bool>::value) return "bool";
   else if constexpr (std::is_integral<U>::value && sizeof(U) == 1) return std::is_signed<U>::value ? "int8" : "uint8";
   else if constexpr (std::is_integral<U>::value && sizeof(U) == 2) return std::is_signed<U>::value ? "int16" : "uint16";
   else if constexpr (std::is_integral<U>::value && sizeof(U) == 4) return std::is_signed<U>::value ? "int32" : "uint32";
   else if constexpr (std::is_integral<U>::value && sizeof(U) == 8) return std::is_signed<U>::value ? "int64" : "uint64";
   else if constexpr (std::is_same<U, __half2>::value) return "half2";
+  else if constexpr (std::is_same<U, __nv_bfloat162>::value) return "bfloat162";
   else if constexpr (std::is_same<U, float2>::value) return "float2";
   else if constexpr (std::is_same<U, float4>::value) return "float4";
   else if constexpr (std::is_same<U, double2>::value) return "double2";

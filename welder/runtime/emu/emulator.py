@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from welder.device.tensor_map import TENSOR_MAP_ALIGN, TENSOR_MAP_BYTES, TensorMapArg, TensorMapError
@@ -57,6 +58,7 @@ _KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_:]*(<[A-Za-z0-9_:<>, .*&+-]*>)?"
 # Element types behind pointer parameters whose pointee is a vector: (component dtype, width).
 _VECTOR_TYPES = {
     "half2": (np.float16, 2),
+    "bfloat162": (ml_dtypes.bfloat16, 2),
     "float2": (np.float32, 2),
     "float4": (np.float32, 4),
     "double2": (np.float64, 2),

@@ -3,7 +3,7 @@ generated kernel (``--skip-dot``).  Its stage config is :class:`LibraryConfig`; 
 "template" is the call the runtime makes (``codegen_templates/runtime/cublas.j2``), so
 codegen renders no kernel for it.
 
-A product is recognised in the IR, not by operator name: a ``sum`` reduction of fp32 or fp16
+A product is recognised in the IR, not by operator name: a ``sum`` reduction of fp32, fp16 or bf16
 whose body is the product of two loads, ``C[...] = sum_r A[...] * B[...]``, where the flat
 row-major offset of every operand is affine in the axes -- so MatMul (batched, broadcast,
 1-D), Gemm with transposes and Einsum contractions like ``bhid,bhjd->bhij`` all qualify.
@@ -51,7 +51,7 @@ from welder.schedule.group import Group, make_group
 from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, ScheduleContext
 
 #: Element types the library computes (inputs and output alike; products accumulate in fp32).
-GEMM_DTYPES = frozenset({"float32", "float16"})
+GEMM_DTYPES = frozenset({"float32", "float16", "bfloat16"})
 #: Most library calls one product may take when its batch is two axes no single stride spans
 #: (windows x heads): one strided batched call per index of the outer axis.
 MAX_OUTER_CALLS = 16
@@ -571,7 +571,7 @@ def gemm_estimate(gemm: GemmSpec, arch: Arch) -> Estimate:
     )
     write = size * gemm.outer * gemm.batch * gemm.m * gemm.n
     flops = 2 * gemm.outer * gemm.batch * gemm.m * gemm.n * gemm.k
-    peak_tflops = arch.fp16_tc_tflops if gemm.dtype == "float16" else arch.fp32_tflops
+    peak_tflops = arch.fp16_tc_tflops if gemm.dtype in ("float16", "bfloat16") else arch.fp32_tflops
     compute_us = flops / (peak_tflops * 1e6)
     memory_us = (read + write) / (arch.global_bw_gbs * 1e3)
     return Estimate(

@@ -1,4 +1,5 @@
-"""The ``mma`` kind: a contraction on tensor cores, fp16 always and fp32 as TF32 on request.
+"""The ``mma`` kind: a contraction on tensor cores, fp16 and bf16 always and fp32 as TF32 on
+request.
 
 A group qualifies when its first tile-owning stage is a contraction
 ``C[..., m, n] = sum_k A[..] * B[..]`` of two loads of the product's dtype (an
@@ -103,6 +104,11 @@ class MmaFormat:
 FP16 = MmaFormat(
     "mma", "fp16", "float16", 2, 16, "welder_mma_m16n8k16_f16f32", None, "fp16_tc_tflops", (32, 64, 128)
 )
+#: bf16 runs as fp16 does (same shapes, fragments and layouts; only the instruction's types
+#: differ), at the same dense rate on Ampere and Hopper.
+BF16 = MmaFormat(
+    "mma", "bf16", "bfloat16", 2, 16, "welder_mma_m16n8k16_bf16f32", None, "fp16_tc_tflops", (32, 64, 128)
+)
 TF32 = MmaFormat(
     "mma_tf32",
     "tf32",
@@ -114,8 +120,8 @@ TF32 = MmaFormat(
     "tf32_tc_tflops",
     (16, 32, 64),
 )
-#: The formats by the IR dtype of a contraction they compute (bf16 would add a row).
-FORMATS = {f.dtype: f for f in (FP16, TF32)}
+#: The formats by the IR dtype of a contraction they compute.
+FORMATS = {f.dtype: f for f in (FP16, BF16, TF32)}
 #: Block tiles (block_m, block_n, warps along m, warps along n), largest first.  Each warp's
 #: piece is a multiple of 16 x 16 (``ldmatrix.x4`` feeds two n8 products at a time).
 BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
@@ -461,9 +467,10 @@ def gather_fits(cfg: MmaConfig, con: Contraction) -> str | None:
 
 
 class MmaKind:
-    """Tensor-core contractions of one operand format (see the module docstring).  One rule,
-    one instance per format: ``mma`` (fp16, on by default) and ``mma_tf32`` (fp32 as TF32,
-    listed in the kinds only on request), whose stages one emitter and one template render.
+    """Tensor-core contractions of some operand formats (see the module docstring).  One
+    rule, one instance per kind: ``mma`` (fp16 and bf16, on by default) and ``mma_tf32``
+    (fp32 as TF32, listed in the kinds only on request), whose stages one emitter and one
+    template render; a stage's format follows from its contraction's dtype.
 
     The search (block tiles, slice and ring depths, split-K, the root tile, later stages,
     the estimate) is the same for every tensor-core kind; what differs is data and a few
@@ -485,9 +492,9 @@ class MmaKind:
     #: ``mma.sync`` and ``ldmatrix`` (the ``mma`` kind: they add up).
     gather_overlaps: bool = False
 
-    def __init__(self, fmt: MmaFormat, config_type: type[MmaConfig] | None = None) -> None:
-        self.fmt = fmt
-        self.config_type = config_type or CONFIG_TYPES[fmt.kind]
+    def __init__(self, formats: tuple[MmaFormat, ...], config_type: type[MmaConfig] | None = None) -> None:
+        self.formats = formats
+        self.config_type = config_type or CONFIG_TYPES[formats[0].kind]
         self.name = self.config_type.kind
 
     def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
@@ -507,7 +514,7 @@ class MmaKind:
 
     def _contraction(self, group: Group, ctx: ScheduleContext) -> Contraction | None:
         con = contraction(group.computes[group.stages[0]], ctx.shape_of)
-        if con is None or con.fmt is not self.fmt or not self.runs_on(ctx.arch.compute_capability):
+        if con is None or con.fmt not in self.formats or not self.runs_on(ctx.arch.compute_capability):
             return None
         return con
 
@@ -590,8 +597,8 @@ def _padding(con: Contraction, bm: int, bn: int, m_granule: int) -> str | None:
     return None
 
 
-KIND = MmaKind(FP16)
-TF32_KIND = MmaKind(TF32)
+KIND = MmaKind((FP16, BF16))
+TF32_KIND = MmaKind((TF32,))
 
 
 def config_precision(cfg: GroupConfig) -> str:

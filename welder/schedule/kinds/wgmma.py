@@ -1,4 +1,5 @@
-"""The ``wgmma`` kind: fp16 contractions on Hopper's warpgroup tensor-core instructions.
+"""The ``wgmma`` kind: fp16 and bf16 contractions on Hopper's warpgroup tensor-core
+instructions.
 
 ``mma.sync`` is Ampere's instruction: on an H100 the ``mma`` kind's kernels reach about a
 third of what cuBLAS reaches on large products, because a warp-level instruction must be
@@ -20,7 +21,7 @@ recognition, root tile, later stages, split-K and estimate) with other data:
   the ``wgmma`` group that read it has completed (``wgmma.wait_group 1`` keeps one in flight);
 - an operand may be K-major (rows along M or N, A as ``[m][k]``, B as ``[n][k]``) or
   MN-major (rows along K: a ``[k][n]`` weight), the latter through the instruction's
-  transpose flag, which fp16 has.
+  transpose flag, which fp16 and bf16 have (TF32 has not).
 
 The instructions exist on compute capability 9.0 only (``sm_90a``: not on later GPUs), so
 the rule proposes nothing elsewhere; kernels holding them are compiled for ``sm_90a``.
@@ -33,7 +34,7 @@ from typing import ClassVar
 
 from welder.schedule.group import Group
 from welder.schedule.kinds.base import ScheduleContext
-from welder.schedule.kinds.mma import FP16, Contraction, MmaConfig, MmaKind, Operand
+from welder.schedule.kinds.mma import BF16, FP16, Contraction, MmaConfig, MmaKind, Operand
 
 #: The GPU generation with wgmma (sm_90a code runs on 9.0 alone).
 COMPUTE_CAPABILITY = (9, 0)
@@ -59,7 +60,7 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
 #: chains of slices (latency): on the H100 a 64 x 64 tile of 128 x 768 x 2304 took 6.9 us
 #: at depth 4 and 5.9 us at depth 5, so deeper rings are tried where they fit.
 PIPELINES = (4, 5, 6, 8)
-#: Share of the dense fp16 peak the kernels are expected to reach (cp.async-fed, one
+#: Share of the dense fp16/bf16 peak the kernels are expected to reach (cp.async-fed, one
 #: warpgroup role; TMA and producer warpgroups would add to it).
 WGMMA_EFFICIENCY = 0.65
 #: A slice's step in a block's chain (copy issued to barrier passed), measured on the H100:
@@ -184,30 +185,4 @@ class WgmmaKind(MmaKind):
         return BASE_REGISTERS + cfg.wg_m * cfg.block_n // 128
 
 
-def tma_dims(con: Contraction, operand: Operand) -> list[str] | None:
-    """The axes of ``operand``'s tensor map, innermost first: its contiguous axis, the other
-    one of its slice (K, or its own M or N), then every batch axis it moves along; None
-    where a map cannot describe it (more than :data:`TMA_MAX_RANK` axes)."""
-    own = "m" if operand is con.a else "n"
-    inner, outer = (own, "k") if operand.contiguous == own else ("k", own)
-    names = [con.axis_name(inner), con.axis_name(outer)]
-    batch = [n for d in con.batch_axes if operand.strides.get(n := con.compute.axes[d].name, 0)]
-    extent = {a.name: a.extent for a in (*con.compute.axes, *con.compute.reduce_axes)}
-    # An axis of extent 1 may have no stride (the map then never steps along it).
-    if len(names) + len(batch) > TMA_MAX_RANK or any(
-        operand.strides.get(n, 0) <= 0 and extent[n] > 1 for n in names + batch
-    ):
-        return None
-    return names + batch
-
-
-def tma_maps_fit(con: Contraction) -> bool:
-    """Whether both operands can be read through TMA tensor maps: 16-byte aligned starts and
-    strides (the 16-byte copies the kind requires already prove both) and few enough axes."""
-    operands = (con.a, con.b)
-    if con.copy_bytes() != 16 or any(op.gathered for op in operands):
-        return False  # a gathered operand (an image read through a window) has no map
-    return all(tma_dims(con, op) is not None for op in operands)
-
-
-KIND = WgmmaKind(FP16, WgmmaConfig)
+KIND = WgmmaKind((FP16, BF16), WgmmaConfig)
