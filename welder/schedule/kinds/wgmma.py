@@ -185,4 +185,30 @@ class WgmmaKind(MmaKind):
         return BASE_REGISTERS + cfg.wg_m * cfg.block_n // 128
 
 
+def tma_dims(con: Contraction, operand: Operand) -> list[str] | None:
+    """The axes of ``operand``'s tensor map, innermost first: its contiguous axis, the other
+    one of its slice (K, or its own M or N), then every batch axis it moves along; None
+    where a map cannot describe it (more than :data:`TMA_MAX_RANK` axes)."""
+    own = "m" if operand is con.a else "n"
+    inner, outer = (own, "k") if operand.contiguous == own else ("k", own)
+    names = [con.axis_name(inner), con.axis_name(outer)]
+    batch = [n for d in con.batch_axes if operand.strides.get(n := con.compute.axes[d].name, 0)]
+    extent = {a.name: a.extent for a in (*con.compute.axes, *con.compute.reduce_axes)}
+    # An axis of extent 1 may have no stride (the map then never steps along it).
+    if len(names) + len(batch) > TMA_MAX_RANK or any(
+        operand.strides.get(n, 0) <= 0 and extent[n] > 1 for n in names + batch
+    ):
+        return None
+    return names + batch
+
+
+def tma_maps_fit(con: Contraction) -> bool:
+    """Whether both operands can be read through TMA tensor maps: 16-byte aligned starts and
+    strides (the 16-byte copies the kind requires already prove both) and few enough axes."""
+    operands = (con.a, con.b)
+    if con.copy_bytes() != 16 or any(op.gathered for op in operands):
+        return False  # a gathered operand (an image read through a window) has no map
+    return all(tma_dims(con, op) is not None for op in operands)
+
+
 KIND = WgmmaKind((FP16, BF16), WgmmaConfig)
