@@ -87,6 +87,7 @@ def run_native(graph: Graph, kernels: list[Kernel], module, feeds: dict) -> dict
                 elif p.tensor not in bufs:
                     bufs[p.tensor] = DeviceBuffer.from_array(np.asarray(env[p.tensor], np_dtype(p.dtype)))
                 args.append(bufs[p.tensor])
+            args += k.tensor_maps  # encoded over the buffers they name
             module.launch(k.name, k.grid, k.threads, k.smem_bytes, args)
         drv.Context.synchronize()
         return {

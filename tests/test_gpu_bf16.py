@@ -55,7 +55,7 @@ def context():
 
 def _check(graph, kernels, arch_specific: bool, feeds: dict) -> list[str]:
     module = GpuModule(
-        compile_cubin([k.source for k in kernels], sm_arch(compute_capability(), arch_specific))
+        compile_cubin([k.source for k in kernels], sm_arch(compute_capability(), arch_specific=arch_specific))
     )
     ours = run_native(graph, kernels, module, feeds)
     reference = graph.run(feeds)

@@ -12,6 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from test_gpu import run_native
+from test_wgmma import PRODUCER_CASES, _best_per_tile
+from test_wgmma import _configs as _wgmma_configs
 from tma_reference import (
     BOX_CASES,
     RING,
@@ -25,6 +28,8 @@ from tma_reference import (
 )
 from wgmma_reference import unpack_d
 
+from welder.check import error_metric, threshold_for
+from welder.codegen import generate_kernel
 from welder.device.gpu import (
     DeviceBuffer,
     GpuModule,
@@ -127,3 +132,23 @@ def test_the_driver_refuses_what_the_rules_refuse(module):
             encode_tensor_map(TensorMapArg(0, 2, (64, 100), (128,), (64, 32), 64), buffer.ptr)
     finally:
         buffer.free()
+
+
+# -- generated kernels: the wgmma kind's producer variant --------------------------------------
+
+
+@pytest.mark.parametrize("label", PRODUCER_CASES)
+def test_producer_variant_matches_the_interpreter_on_the_gpu(module, label: str) -> None:
+    """The producer variant's generated kernels (a TMA producer warpgroup, full/empty
+    mbarriers) for the emulated cases of tests/test_wgmma.py, on the GPU, twice each (the
+    ``module`` fixture's context is current)."""
+    graph, group, feeds, configs = _wgmma_configs(label)
+    chosen = _best_per_tile(configs, producer=True)[:3]
+    kernels = [generate_kernel(graph, group, cfg, f"tma_case_{j}") for j, cfg in enumerate(chosen)]
+    generated = GpuModule(compile_cubin([k.source for k in kernels], sm_arch((9, 0), arch_specific=True)))
+    reference = graph.run(feeds)
+    for cfg, kernel in zip(chosen, kernels):
+        for _ in range(2):
+            for name, value in run_native(graph, [kernel], generated, feeds).items():
+                err = error_metric(value, reference[name])
+                assert np.isfinite(err) and err <= threshold_for("float16"), f"{cfg.stages[0]}: {err:.3e}"

@@ -59,7 +59,11 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
 #: of the previous slice stays busy until its wgmma group completes.  Few-row products are
 #: chains of slices (latency): on the H100 a 64 x 64 tile of 128 x 768 x 2304 took 6.9 us
 #: at depth 4 and 5.9 us at depth 5, so deeper rings are tried where they fit.
-PIPELINES = (4, 5, 6, 8)
+PIPELINES = (3, 4, 5, 6, 8)
+#: Shallowest ring the cp.async variant takes (at depth 3 one slice would be in flight); the
+#: producer variant keeps ``depth - 1`` in flight, so 3 slots leave room for two 128 x 128
+#: blocks per SM, each block's fill and epilogue overlapping the other's products.
+MIN_CP_ASYNC_PIPELINE = 4
 #: Share of the dense fp16/bf16 peak the kernels are expected to reach (cp.async-fed, one
 #: warpgroup role; TMA and producer warpgroups would add to it).
 WGMMA_EFFICIENCY = 0.65
@@ -168,9 +172,10 @@ class WgmmaKind(MmaKind):
         return cfg.pipeline - 1 if getattr(cfg, "producer", False) else cfg.pipeline - 2
 
     def variants(self, stage: MmaConfig, con: Contraction) -> list[MmaConfig]:
+        found = [stage] if stage.pipeline >= MIN_CP_ASYNC_PIPELINE else []
         if tma_maps_fit(con):
-            return [stage, replace(stage, producer=True)]
-        return [stage]
+            found.append(replace(stage, producer=True))
+        return found
 
     def splittable(self, cfg: MmaConfig) -> bool:
         return not getattr(cfg, "producer", False)
