@@ -341,3 +341,34 @@ def test_mma_why_explains_the_wgmma_kind(tmp_path) -> None:
     # 256 x 128 is a wgmma tile only (two warpgroups of two m64 pieces); its deepest rings
     # exceed the shared memory
     assert re.search(r"256 x 128 smem: \d+ bytes > \d+", done.stdout), done.stdout
+
+
+@needs_emulator
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_runtime_with_producer_kernels_runs_on_the_emulator(tmp_path) -> None:
+    """A runtime whose kernel takes TMA maps encodes them at each launch (and inside the CUDA
+    graph it captures), here built for the emulator: twice through the graph, on new inputs
+    the second time, against the interpreter."""
+    import numpy as np
+
+    from welder.check import error_metric, threshold_for
+    from welder.runtime.build import build_runtime
+    from welder.runtime.emit import emit_runtime
+    from welder.runtime.library import RuntimeLibrary
+
+    graph, group, feeds, configs = _configs("A transposed (Gemm)")
+    cfg = _best_per_tile(configs, producer=True)[0]
+    kernel = generate_kernel(graph, group, cfg, "welder_k0_y")
+    assert kernel.tensor_maps
+    out = emit_runtime(tmp_path / "rt", graph, [(group, cfg)], [kernel], "90")
+    assert "welder_encode_tensor_map" in (out / "nnfusion_rt.cu").read_text()
+    build_runtime(out, emulate=True)
+    rng = np.random.default_rng(3)
+    with RuntimeLibrary(out) as lib:
+        for run in range(2):
+            if run:
+                feeds = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in feeds.items()}
+            ours = lib.run(feeds)
+            reference = graph.run(feeds)
+            for name, value in ours.items():
+                assert error_metric(value, reference[name]) <= threshold_for("float16"), name
