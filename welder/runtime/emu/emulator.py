@@ -198,8 +198,9 @@ class _Kernel:
             raise self._fail(
                 index,
                 param,
-                f"the map covers {value.extent} bytes from byte {value.offset} but argument {value.pointer} "
-                f"has {target.nbytes}",
+                f"the map covers {value.extent} bytes"
+                + (f" from byte {value.offset}" if value.offset else "")
+                + f" but argument {value.pointer} has {target.nbytes}",
             )
         try:
             data = encode_tensor_map(self._library, value, target.ctypes.data + value.offset)
