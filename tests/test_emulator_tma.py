@@ -37,7 +37,7 @@ from tma_reference import (
 )
 from wgmma_reference import swizzled, unpack_d
 
-from welder.device.tensor_map import TensorMapArg, TensorMapError, tensor_map_problem
+from welder.codegen.tensor_map import TensorMapArg, TensorMapError, tensor_map_problem
 from welder.runtime import emu
 from welder.runtime.emu import EmulationError, compile_kernels
 

@@ -30,6 +30,7 @@ from wgmma_reference import unpack_d
 
 from welder.check import error_metric, threshold_for
 from welder.codegen import generate_kernel
+from welder.codegen.tensor_map import TensorMapArg, TensorMapError
 from welder.device.gpu import (
     DeviceBuffer,
     GpuModule,
@@ -39,7 +40,6 @@ from welder.device.gpu import (
     gpu_available,
     sm_arch,
 )
-from welder.device.tensor_map import TensorMapArg, TensorMapError
 
 
 def _hopper() -> bool:

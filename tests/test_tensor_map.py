@@ -1,4 +1,4 @@
-"""The tensor-map kernel argument (welder/device/tensor_map.py) and how the device layers carry
+"""The tensor-map kernel argument (welder/codegen/tensor_map.py) and how the device layers carry
 it, without a GPU: the rules a map must meet, how a launch passes it (128 bytes at a 64-byte
 aligned address, by pointer), encoding once per rotated set of buffers, the errors, and a
 generated-kernel-shaped launch on the emulator through EmulatedModel (the path the tuner's checks
@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from welder.codegen.common import Kernel, KernelParam
-from welder.device import gpu
-from welder.device.tensor_map import (
+from welder.codegen.tensor_map import (
     EncodedTensorMap,
     TensorMapArg,
     TensorMapError,
     check_tensor_map,
     tensor_map_problem,
 )
+from welder.device import gpu
 from welder.runtime import emu
 
 MAP = TensorMapArg(pointer=0, elem_bytes=2, dims=(64, 100), strides=(160,), box=(64, 32), swizzle=128)

@@ -149,7 +149,7 @@ def test_producer_maps_follow_the_copy_engine_rules() -> None:
     """Every tensor map a producer config asks for is one the driver encodes (16-byte
     strides, boxes of at most 256 and 128 bytes along the swizzled axis), its boxes fill a
     slot exactly, and the variant is neither split nor proposed where a map cannot reach."""
-    from welder.device.tensor_map import tensor_map_problem
+    from welder.codegen.tensor_map import tensor_map_problem
 
     for trans_a, trans_b in ((False, False), (True, True)):
         graph, group, _, configs = _configs(_matmul(200, 136, 328, trans_a=trans_a, trans_b=trans_b))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from welder.device.tensor_map import TensorMapArg
+from welder.codegen.tensor_map import TensorMapArg
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 UNITS, BUGS, RING = (KERNEL_DIR / f"tma_{n}.cu" for n in ("units", "bugs", "ring"))

@@ -11,7 +11,7 @@ from functools import cache
 
 import jinja2
 
-from welder.device.tensor_map import TensorMapArg
+from welder.codegen.tensor_map import TensorMapArg
 from welder.resources import TEMPLATE_DIR
 
 from .cprint import HALF_FORMATS, STORAGE_TYPES
@@ -72,7 +72,7 @@ class Kernel:
     # compiled for that variant, the code runs on that GPU generation only.
     arch_specific: bool = False
     # CUtensorMap parameters after the pointer ones, each over the param it names by position;
-    # the launcher encodes them (welder/device/tensor_map.py).
+    # the launcher encodes them (welder/codegen/tensor_map.py).
     tensor_maps: list[TensorMapArg] = field(default_factory=list)
 
 

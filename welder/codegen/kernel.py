@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from welder.device.tensor_map import TensorMapArg
+from welder.codegen.tensor_map import TensorMapArg
 from welder.graph import Graph
 from welder.ir.expr import Expr, Load
 from welder.ir.interpret import np_dtype
@@ -111,7 +111,7 @@ class KernelBuilder:
         swizzle: int,
     ) -> str:
         """A tensor-map parameter over kernel input ``tensor``, from element ``offset`` of it
-        (the other fields as :class:`~welder.device.tensor_map.TensorMapArg`'s); returns its
+        (the other fields as :class:`~welder.codegen.tensor_map.TensorMapArg`'s); returns its
         C name."""
         param = self.params[tensor]
         position = list(self.params).index(tensor)

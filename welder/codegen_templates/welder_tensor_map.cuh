@@ -2,7 +2,7 @@
 // shared by the GPU encode (welder_tma.cuh, through the driver's cuTensorMapEncodeTiled) and the
 // CPU emulator's own encode (welder/runtime/emu/emu_tensor_map.cpp), so that both refuse the same
 // arguments.  The rules are those the CUDA driver documents for cuTensorMapEncodeTiled with
-// interleave none and element strides 1; welder/device/tensor_map.py checks the same ones in
+// interleave none and element strides 1; welder/codegen/tensor_map.py checks the same ones in
 // Python before it calls the driver.
 //
 //   welder_tensor_map_check(elem_bytes, rank, base, dims, strides_bytes, box, swizzle_bytes)

@@ -53,7 +53,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from welder.device.tensor_map import (
+from welder.codegen.tensor_map import (
     TENSOR_MAP_ALIGN,
     TENSOR_MAP_BYTES,
     EncodedTensorMap,

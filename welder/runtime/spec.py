@@ -16,7 +16,7 @@ from typing import ClassVar
 from welder.check import integer_input_bounds
 from welder.codegen import Kernel, sanitize_comment, sanitize_identifier
 from welder.codegen.cprint import STORAGE_TYPES, c_string
-from welder.device.tensor_map import TensorMapArg
+from welder.codegen.tensor_map import TensorMapArg
 from welder.graph import Graph
 from welder.ir.interpret import np_dtype
 from welder.ir.views import aliased_input

@@ -26,7 +26,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from welder.device.tensor_map import TENSOR_MAP_ALIGN, TENSOR_MAP_BYTES, TensorMapArg, TensorMapError
+from welder.codegen.tensor_map import TENSOR_MAP_ALIGN, TENSOR_MAP_BYTES, TensorMapArg, TensorMapError
 from welder.errors import WelderError
 from welder.resources import EMU_DIR, PRELUDE, TEMPLATE_DIR
 
