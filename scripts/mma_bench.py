@@ -19,8 +19,6 @@ Needs a GPU with torch and cupy (the GPU machine has both).
 from __future__ import annotations
 
 import argparse
-import ctypes
-import functools
 import json
 import math
 import re
@@ -40,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from welder.arch import match_gpu_name  # noqa: E402
 from welder.codegen import generate_kernel, model_source  # noqa: E402
-from welder.device.gpu import compile_cubin, kernel_params, nvcc_path, sm_arch  # noqa: E402
+from welder.device.gpu import RawModule, compile_cubin, nvcc_path, sm_arch  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.resources import TEMPLATE_DIR  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
@@ -116,36 +114,6 @@ def error_of_one_launch(launch, out, reference, turn: list[int], copies: int) ->
     launch()
     torch.cuda.synchronize()
     return max_error(out, reference)
-
-
-@functools.cache
-def _raw_function(cubin: bytes, name: str, smem: int) -> ctypes.c_void_p:
-    """``name`` of ``cubin`` loaded into the current context (torch's) through the driver API:
-    kernels with tensor maps take their parameters by pointer, which cupy's calls do not offer."""
-    driver = ctypes.CDLL("libcuda.so.1")
-    module, fn = ctypes.c_void_p(), ctypes.c_void_p()
-    if driver.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(cubin)) != 0:
-        raise RuntimeError("cuModuleLoadData failed")
-    if driver.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()) != 0:
-        raise RuntimeError(f"no kernel {name}")
-    driver.cuFuncSetAttribute(fn, 8, smem)  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    return fn
-
-
-def raw_launch(cubin: bytes, kernel, args: list) -> None:
-    """One launch of ``kernel`` with ``args`` (pointers, then tensor maps, encoded here) on the
-    current stream."""
-    import cupy
-
-    fn = _raw_function(cubin, kernel.name, kernel.smem_bytes)
-    _holders, packed = kernel_params(args)
-    stream = ctypes.c_void_p(cupy.cuda.get_current_stream().ptr or None)
-    driver = ctypes.CDLL("libcuda.so.1")
-    result = driver.cuLaunchKernel(
-        fn, kernel.grid, 1, 1, kernel.threads, 1, 1, kernel.smem_bytes, stream, packed, None
-    )
-    if result != 0:
-        raise RuntimeError(f"cuLaunchKernel failed for {kernel.name}: CUresult {result}")
 
 
 def time_us(launch, count: int = 200, repeats: int = 7) -> float:
@@ -245,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         source = model_source(kernels)
         target = sm_arch(capability, arch_specific=any(kn.arch_specific for kn in kernels))
         cubin = compile_cubin(source, target)
+        raw = RawModule(cubin)  # kernels with tensor maps, launched from torch's context
         if args.ptxas:
             with tempfile.TemporaryDirectory() as work:
                 src = Path(work) / "k.cu"
@@ -299,12 +268,14 @@ def main(argv: list[str] | None = None) -> int:
             params = [p.tensor for p in kernel.params]
 
             def launch(
-                fn=fn, kernel=kernel, params=params, operands=operands, turn=turn, copies=copies, cubin=cubin
+                fn=fn, kernel=kernel, params=params, operands=operands, turn=turn, copies=copies, raw=raw
             ):
                 i = turn[0] = (turn[0] + 1) % copies
-                if kernel.tensor_maps:  # by parameter pointers (see welder.device.gpu.kernel_params)
+                if kernel.tensor_maps:  # parameters by pointer (see welder.device.gpu.RawModule)
                     pointers = [operands[t][i].data_ptr() for t in params]
-                    raw_launch(cubin, kernel, [*pointers, *kernel.tensor_maps])
+                    args = [*pointers, *kernel.tensor_maps]
+                    stream = cupy.cuda.get_current_stream().ptr
+                    raw.launch(kernel.name, kernel.grid, kernel.threads, kernel.smem_bytes, args, stream)
                     return
                 ptrs = tuple(cupy.uint64(operands[t][i].data_ptr()) for t in params)
                 fn(

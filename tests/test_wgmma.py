@@ -148,7 +148,8 @@ def test_producer_variant_matches_the_interpreter(label: str) -> None:
 def test_producer_maps_follow_the_copy_engine_rules() -> None:
     """Every tensor map a producer config asks for is one the driver encodes (16-byte
     strides, boxes of at most 256 and 128 bytes along the swizzled axis), its boxes fill a
-    slot exactly, and the variant is neither split nor proposed where a map cannot reach."""
+    slot exactly, and the variant is neither split nor proposed where a map cannot describe an
+    operand."""
     from welder.codegen.tensor_map import tensor_map_problem
 
     for trans_a, trans_b in ((False, False), (True, True)):
@@ -164,9 +165,13 @@ def test_producer_maps_follow_the_copy_engine_rules() -> None:
                 loads = kernel.source.count(f"&p{m.pointer}_map{i}, ")
                 boxes += loads * m.box_bytes
             assert boxes == (st.block_m + st.block_n) * st.block_k * 2
-    # 4-byte-aligned strides only: no 16-byte copies, so no wgmma at all, and no maps.
-    graph, group, _, configs = _configs(_matmul(40, 36, 44))
-    assert not configs
+    # A convolution's image is gathered (no map describes a window): cp.async variants only,
+    # none shallower than the cp.async ring's minimum.
+    from test_mma_conv import _implicit
+
+    graph, group, _, configs = _configs(_implicit("3x3 s1 p1"))
+    assert configs and not any(c.stages[0].producer for c in configs)
+    assert min(c.stages[0].pipeline for c in configs) == wgmma.MIN_CP_ASYNC_PIPELINE
 
 
 #: The mma kind's split-K cases that wgmma takes (16-byte copies, N of 64 or more), and a

@@ -11,10 +11,10 @@ from functools import cache
 
 import jinja2
 
-from welder.codegen.tensor_map import TensorMapArg
 from welder.resources import TEMPLATE_DIR
 
 from .cprint import HALF_FORMATS, STORAGE_TYPES
+from .tensor_map import TensorMapArg
 
 
 @dataclass

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from welder.codegen.tensor_map import TensorMapArg
 from welder.graph import Graph
 from welder.ir.expr import Expr, Load
 from welder.ir.interpret import np_dtype
@@ -41,6 +40,7 @@ from .common import (
     sanitize_comment,
 )
 from .cprint import CPrinter
+from .tensor_map import TensorMapArg
 
 #: How codegen renders a stage of each kernel kind: ``emit(builder, k, config)`` returns the
 #: stage's context for its template.  A kind computed outside the kernel (``library``) has

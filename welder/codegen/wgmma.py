@@ -115,8 +115,8 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
     if st.producer:
         barriers = f"wgmma{k}_barriers"
         kb.add_view(barriers, dtype, st.barrier_offset, 2 * st.pipeline, ctype="uint64_t")
-        for operand, view in ((a, con.a), (b, con.b)):
-            _tma(kb, con, view, operand, st, o)
+        for out, op in ((a, con.a), (b, con.b)):
+            _tma(kb, con, op, out, st, o)
     return WgmmaStageCtx(
         template=TEMPLATE,
         headers=(*HEADERS, *TMA_HEADERS) if st.producer else HEADERS,

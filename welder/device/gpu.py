@@ -279,12 +279,11 @@ class GpuModule:
 
     def __init__(self, image: bytes) -> None:
         self._drv = _driver()
-        self._image = image
+        # Launches with tensor maps go through the driver API (see RawModule).
+        self._raw = RawModule(image)
         self._module = self._drv.module_from_buffer(image)
         self._functions: dict[str, Any] = {}
         self._smem_opt_in: dict[str, int] = {}
-        self._raw_module: ctypes.c_void_p | None = None
-        self._raw_functions: dict[str, ctypes.c_void_p] = {}
 
     def function(self, name: str) -> Any:
         if name not in self._functions:
@@ -305,7 +304,7 @@ class GpuModule:
     ) -> None:
         """Enqueue one launch (asynchronous: faults surface at the next synchronisation)."""
         if any(isinstance(a, TensorMapArg | EncodedTensorMap) for a in args):
-            self._launch_with_params(name, grid, block, smem, args, stream)
+            self._raw.launch(name, grid, block, smem, args, getattr(stream, "handle", None))
             return
         fn = self.function(name)
         if smem > DEFAULT_SMEM_LIMIT and self._smem_opt_in.get(name, 0) < smem:
@@ -315,50 +314,64 @@ class GpuModule:
         fn.prepare(fmt)
         fn.prepared_async_call(_dim3(grid), _dim3(block), stream, *values, shared_size=int(smem))
 
-    def _launch_with_params(
+
+class RawModule:
+    """A module loaded through the driver API (ctypes on libcuda) into the context current at
+    its first launch, for launches pycuda cannot make: parameters passed by pointer, through
+    ``cuLaunchKernel``'s array, which tensor maps need.
+
+    pycuda's prepared calls pass one packed parameter buffer (CU_LAUNCH_PARAM_BUFFER_POINTER);
+    on an H100 (driver 580) a ``__grid_constant__`` CUtensorMap passed that way -- correctly
+    laid out at a multiple of 64 -- makes the first TMA load an illegal instruction, while the
+    same bytes passed by pointer work.  pycuda does not expose its function handles, so a
+    :class:`GpuModule` loads its image a second time this way for such kernels; a script that
+    launches from another library's context (torch's) uses this class directly."""
+
+    def __init__(self, image: bytes) -> None:
+        self._image = image
+        self._module: ctypes.c_void_p | None = None
+        self._functions: dict[str, ctypes.c_void_p] = {}
+        self._smem_opt_in: dict[str, int] = {}
+
+    def launch(
         self,
         name: str,
         grid: int | Sequence[int],
         block: int | Sequence[int],
         smem: int,
         args: Sequence[Argument],
-        stream: Any,
+        stream_handle: int | None = None,
     ) -> None:
-        """A launch with tensor maps, through ``cuLaunchKernel``'s array of parameter pointers.
-
-        pycuda's prepared calls pass one packed parameter buffer (CU_LAUNCH_PARAM_BUFFER_POINTER);
-        on an H100 (driver 580) a ``__grid_constant__`` CUtensorMap passed that way -- correctly
-        laid out at a multiple of 64 -- makes the first TMA load an illegal instruction, while the
-        same bytes passed by pointer work.  pycuda does not expose its function handles, so the
-        module is loaded a second time through ctypes for such kernels."""
+        """Enqueue one launch of ``name`` with ``args`` (see :func:`kernel_params`) on the
+        stream of handle ``stream_handle`` (the default stream when None)."""
         driver = _driver_library()
-        fn = self._raw_function(name)
-        if smem > DEFAULT_SMEM_LIMIT and self._smem_opt_in.get("raw:" + name, 0) < smem:
+        fn = self._function(name)
+        if smem > DEFAULT_SMEM_LIMIT and self._smem_opt_in.get(name, 0) < smem:
             _check(
                 driver.cuFuncSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem)),
                 name,
             )
-            self._smem_opt_in["raw:" + name] = smem
+            self._smem_opt_in[name] = smem
         holders, params = kernel_params(args)
-        stream_handle = ctypes.c_void_p(getattr(stream, "handle", None) or None)
         gx, gy, gz = _dim3(grid)
         bx, by, bz = _dim3(block)
-        result = driver.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, int(smem), stream_handle, params, None)
+        stream = ctypes.c_void_p(stream_handle or None)
+        result = driver.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, int(smem), stream, params, None)
         del holders  # the driver has copied the parameters
         _check(result, name)
 
-    def _raw_function(self, name: str) -> ctypes.c_void_p:
+    def _function(self, name: str) -> ctypes.c_void_p:
         driver = _driver_library()
-        if self._raw_module is None:
+        if self._module is None:
             module = ctypes.c_void_p()
             _check(driver.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(self._image)), "the module")
-            self._raw_module = module
-        if name not in self._raw_functions:
+            self._module = module
+        if name not in self._functions:
             fn = ctypes.c_void_p()
-            if driver.cuModuleGetFunction(ctypes.byref(fn), self._raw_module, name.encode()) != 0:
+            if driver.cuModuleGetFunction(ctypes.byref(fn), self._module, name.encode()) != 0:
                 raise LaunchError(f"no kernel {name!r} in the module")
-            self._raw_functions[name] = fn
-        return self._raw_functions[name]
+            self._functions[name] = fn
+        return self._functions[name]
 
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8

@@ -745,17 +745,18 @@ def _configs(
         copy_bytes=copy_bytes,
         pipeline_offset=0,
     )
+    variants = rule.variants(base, con)
+    if not variants:
+        return f"ring depth {depth}: no way of feeding the {rule.name} kind takes it here"
     found: list[GroupConfig] = []
     reasons = []
-    for stage in rule.variants(base, con):
+    for stage in variants:
         placed_configs = _placed(rule, group, con, stage, tile, regions, grid, ctx)
         if isinstance(placed_configs, str):
             reasons.append(placed_configs)
         else:
             found += placed_configs
-    if found or not reasons:
-        return found if found else "estimate: no block fits an SM"
-    return reasons[0]
+    return found or reasons[0]
 
 
 def _placed(

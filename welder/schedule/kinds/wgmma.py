@@ -55,10 +55,11 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
     (64, 128, 4, 1),
     (64, 64, 4, 1),
 )
-#: Ring depths: ``depth - 2`` slices are in flight ahead of the one multiplied, as the slot
-#: of the previous slice stays busy until its wgmma group completes.  Few-row products are
-#: chains of slices (latency): on the H100 a 64 x 64 tile of 128 x 768 x 2304 took 6.9 us
-#: at depth 4 and 5.9 us at depth 5, so deeper rings are tried where they fit.
+#: Ring depths.  The cp.async variant keeps ``depth - 2`` slices in flight ahead of the one
+#: multiplied, as the slot of the previous slice stays busy until its wgmma group completes;
+#: the producer variant ``depth - 1``.  Few-row products are chains of slices (latency): on
+#: the H100 a 64 x 64 tile of 128 x 768 x 2304 took 6.9 us at depth 4 and 5.9 us at depth 5,
+#: so deeper rings are tried where they fit.
 PIPELINES = (3, 4, 5, 6, 8)
 #: Shallowest ring the cp.async variant takes (at depth 3 one slice would be in flight); the
 #: producer variant keeps ``depth - 1`` in flight, so 3 slots leave room for two 128 x 128
@@ -73,6 +74,9 @@ WGMMA_EFFICIENCY = 0.65
 SLICE_LATENCY_US = 0.75
 #: Registers besides the accumulators: descriptors, copy addresses, loop state, epilogue.
 BASE_REGISTERS = 40
+#: Bytes of an operand element (the kind's formats are 16-bit) and of one mbarrier.
+ELEM_BYTES = 2
+MBARRIER_BYTES = 8
 #: The producer variant (TMA copies issued by a warpgroup of their own): the consumers only
 #: wait and multiply, so more of the peak and a shorter step per slice are expected (first
 #: guesses, to be fitted on the H100 like the cp.async variant's).
@@ -118,10 +122,20 @@ class WgmmaConfig(MmaConfig):
         return "wgmma/split-k" if self.splits > 1 else "wgmma"
 
     @property
+    def slots_bytes(self) -> int:
+        """Bytes of the ring's slots: ``pipeline`` slices of A and of B (16-bit elements)."""
+        return self.pipeline * (self.block_m + self.block_n) * self.block_k * ELEM_BYTES
+
+    @property
     def barrier_offset(self) -> int:
         """Byte offset of the producer variant's mbarriers in the shared pool: after the ring's
         slots, ``pipeline`` full ones then ``pipeline`` empty ones."""
-        return self.pipeline_offset + self.pipeline * (self.block_m + self.block_n) * self.block_k * 2
+        return self.pipeline_offset + self.slots_bytes
+
+
+def _producer(cfg: MmaConfig) -> bool:
+    """Whether ``cfg`` is the producer variant (the rule's hooks take any tensor-core config)."""
+    return isinstance(cfg, WgmmaConfig) and cfg.producer
 
 
 class WgmmaKind(MmaKind):
@@ -157,9 +171,8 @@ class WgmmaKind(MmaKind):
         return (16,)
 
     def ring_bytes(self, cfg: MmaConfig, con: Contraction) -> int:
-        slots = cfg.pipeline * (cfg.block_m + cfg.block_n) * cfg.block_k * con.fmt.elem_bytes
-        barriers = 2 * cfg.pipeline * 8 if getattr(cfg, "producer", False) else 0
-        return slots + barriers
+        assert isinstance(cfg, WgmmaConfig) and con.fmt.elem_bytes == ELEM_BYTES
+        return cfg.slots_bytes + (2 * cfg.pipeline * MBARRIER_BYTES if cfg.producer else 0)
 
     def ring_fits(self, offset: int) -> str | None:
         if offset % ATOM_BYTES:
@@ -169,7 +182,7 @@ class WgmmaKind(MmaKind):
     def in_flight(self, cfg: MmaConfig) -> int:
         # The producer refills a slot as soon as its consumers release it; cp.async copies
         # wait a slice longer (the slot is reissued before the previous wgmma group is done).
-        return cfg.pipeline - 1 if getattr(cfg, "producer", False) else cfg.pipeline - 2
+        return cfg.pipeline - 1 if _producer(cfg) else cfg.pipeline - 2
 
     def variants(self, stage: MmaConfig, con: Contraction) -> list[MmaConfig]:
         found = [stage] if stage.pipeline >= MIN_CP_ASYNC_PIPELINE else []
@@ -178,10 +191,10 @@ class WgmmaKind(MmaKind):
         return found
 
     def splittable(self, cfg: MmaConfig) -> bool:
-        return not getattr(cfg, "producer", False)
+        return not _producer(cfg)
 
     def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
-        if getattr(cfg, "producer", False):
+        if _producer(cfg):
             return TMA_EFFICIENCY, TMA_SLICE_LATENCY_US
         return self.efficiency, self.slice_latency_us
 
@@ -208,12 +221,11 @@ def tma_dims(con: Contraction, operand: Operand) -> list[str] | None:
 
 
 def tma_maps_fit(con: Contraction) -> bool:
-    """Whether both operands can be read through TMA tensor maps: 16-byte aligned starts and
-    strides (the 16-byte copies the kind requires already prove both) and few enough axes."""
-    operands = (con.a, con.b)
-    if con.copy_bytes() != 16 or any(op.gathered for op in operands):
-        return False  # a gathered operand (an image read through a window) has no map
-    return all(tma_dims(con, op) is not None for op in operands)
+    """Whether both operands of one of the kind's contractions can be read through TMA tensor
+    maps: 16-byte aligned starts and strides (the 16-byte copies the kind requires already
+    prove both), no gathered operand (an image read through a window has no map), and few
+    enough axes."""
+    return all(not op.gathered and tma_dims(con, op) is not None for op in (con.a, con.b))
 
 
 KIND = WgmmaKind((FP16, BF16), WgmmaConfig)
