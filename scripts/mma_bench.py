@@ -197,12 +197,15 @@ def main(argv: list[str] | None = None) -> int:
             arch,
             Options(topk=100_000),
         )
-        # Per kind, the cost model's best unsplit and best split-K configs, --candidates of each.
+        # Per kind, the cost model's best configs of each family, --candidates of each (the
+        # TMA family's persistent and launch-per-tile ones apart).
         configs = []
         for rule in kinds:
             proposed = rule.propose(group, ctx) or []
             configs += [c for c in proposed if c.stages[0].family == c.stages[0].kind][: args.candidates]
-            configs += [c for c in proposed if c.stages[0].family.endswith("/tma")][: args.candidates]
+            tma = [c for c in proposed if c.stages[0].family.endswith("/tma")]
+            configs += [c for c in tma if not c.stages[0].persistent][: args.candidates]
+            configs += [c for c in tma if c.stages[0].persistent][: args.candidates]
             configs += [c for c in proposed if c.stages[0].splits > 1][: args.candidates]
         if args.simt:  # the SIMT kind's best too: the cross-kind ranking is the cost model's weakest
             simt_ctx = ScheduleContext(
@@ -302,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{st.block_m}x{st.block_n}x{st.block_k} w{st.warps[0]}x{st.warps[1]} "
                     f"p{st.pipeline} s{st.splits} cp{st.copy_bytes}"
                     + (" tma" if getattr(st, "producer", False) else "")
+                    + (f" persistent {st.persistent}" if st.persistent else "")
                 )
             else:
                 label = f"simt tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads}"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from test_gpu import run_native
-from test_wgmma import PRODUCER_CASES, _best_per_tile
+from test_wgmma import PERSISTENT_CASES, PRODUCER_CASES, _best_per_tile, _persistent
 from test_wgmma import _configs as _wgmma_configs
 from tma_reference import (
     BOX_CASES,
@@ -137,13 +137,8 @@ def test_the_driver_refuses_what_the_rules_refuse(module):
 # -- generated kernels: the wgmma kind's producer variant --------------------------------------
 
 
-@pytest.mark.parametrize("label", PRODUCER_CASES)
-def test_producer_variant_matches_the_interpreter_on_the_gpu(module, label: str) -> None:
-    """The producer variant's generated kernels (a TMA producer warpgroup, full/empty
-    mbarriers) for the emulated cases of tests/test_wgmma.py, on the GPU, twice each (the
-    ``module`` fixture's context is current)."""
-    graph, group, feeds, configs = _wgmma_configs(label)
-    chosen = _best_per_tile(configs, producer=True)[:3]
+def _run_generated(graph, group, feeds, chosen) -> None:
+    """Each config's generated kernel on the GPU, twice, against the interpreter."""
     kernels = [generate_kernel(graph, group, cfg, f"tma_case_{j}") for j, cfg in enumerate(chosen)]
     generated = GpuModule(compile_cubin([k.source for k in kernels], sm_arch((9, 0), arch_specific=True)))
     reference = graph.run(feeds)
@@ -152,3 +147,22 @@ def test_producer_variant_matches_the_interpreter_on_the_gpu(module, label: str)
             for name, value in run_native(graph, [kernel], generated, feeds).items():
                 err = error_metric(value, reference[name])
                 assert np.isfinite(err) and err <= threshold_for("float16"), f"{cfg.stages[0]}: {err:.3e}"
+
+
+@pytest.mark.parametrize("label", PRODUCER_CASES)
+def test_producer_variant_matches_the_interpreter_on_the_gpu(module, label: str) -> None:
+    """The producer variant's generated kernels (a TMA producer warpgroup, full/empty
+    mbarriers) for the emulated cases of tests/test_wgmma.py, on the GPU, twice each (the
+    ``module`` fixture's context is current)."""
+    graph, group, feeds, configs = _wgmma_configs(label)
+    _run_generated(graph, group, feeds, _best_per_tile(configs, producer=True)[:3])
+
+
+@pytest.mark.parametrize("label", list(PERSISTENT_CASES))
+def test_persistent_blocks_match_the_interpreter_on_the_gpu(module, label: str) -> None:
+    """Persistent producer kernels (two and three blocks walking every tile, the ring carried
+    across tiles) for the emulated cases of tests/test_wgmma.py, on the GPU."""
+    graph, group, feeds, configs = _wgmma_configs(PERSISTENT_CASES[label]())
+    chosen = [c for c in _best_per_tile(configs, producer=True) if c.num_blocks > 3][:2]
+    assert chosen
+    _run_generated(graph, group, feeds, [_persistent(c, b) for c, b in zip(chosen, (2, 3))])

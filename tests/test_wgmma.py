@@ -174,6 +174,58 @@ def test_producer_maps_follow_the_copy_engine_rules() -> None:
     assert min(c.stages[0].pipeline for c in configs) == wgmma.MIN_CP_ASYNC_PIPELINE
 
 
+#: Lone products of several tiles for persistent blocks: both major-nesses of both operands,
+#: ragged edges, five slices (rings of 3 to 8 slots wrap inside a tile or across tiles), and
+#: a batch.
+PERSISTENT_CASES = {
+    "ragged, B a [k][n] weight": lambda: _matmul(200, 320, 136),
+    "ragged, A and B transposed": lambda: _matmul(136, 320, 200, trans_a=True, trans_b=True),
+    "shared-weight batch": lambda: _broadcast_batch(3, 70, 32, 72),
+}
+
+
+def _persistent(cfg: GroupConfig, blocks: int) -> GroupConfig:
+    return replace(cfg, stages=[replace(cfg.stages[0], persistent=blocks)])
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(PERSISTENT_CASES))
+def test_persistent_blocks_match_the_interpreter(label: str) -> None:
+    """Two or three blocks walk every tile in turn, the ring and its barriers' phases carrying
+    on from tile to tile (a wrong phase deadlocks or reads a slot before its copies land,
+    both reported by the emulator), under the shallowest and deepest rings; launched twice
+    (the barriers are initialised per launch)."""
+    graph, group, feeds, configs = _configs(PERSISTENT_CASES[label]())
+    producers = [c for c in configs if c.stages[0].producer and not c.stages[0].persistent]
+    assert producers and len(group.stages) == 1
+    tiled = [c for c in producers if c.num_blocks == max(c.num_blocks for c in producers)]
+    rings = {c.stages[0].pipeline: c for c in reversed(tiled)}
+    chosen = [_persistent(rings[min(rings)], 2), _persistent(rings[max(rings)], 3)]
+    assert chosen[0].num_blocks > 3, "every block walks more than one tile"
+    kernel = generate_kernel(graph, group, chosen[0], "probe")
+    assert kernel.grid == 2 and "tile += gridDim.x" in kernel.source
+    assert _run(graph, group, chosen, feeds, launches=2) == []
+
+
+def test_persistent_variant_where_tiles_take_several_waves() -> None:
+    """A product of many waves of tiles gets persistent producer configs (one wave of
+    resident blocks, each ranked before its launch-per-tile twin); one wave of tiles, a
+    later stage or a cp.async ring gets none."""
+    graph, group, _, configs = _configs(_matmul(8192, 768, 3072), topk=1000)
+    persistent = [c for c in configs if c.stages[0].persistent]
+    assert persistent and all(c.stages[0].producer and c.stages[0].splits == 1 for c in persistent)
+    arch = get_arch("H100")
+    for cfg in persistent:
+        st = cfg.stages[0]
+        assert st.persistent % arch.sm_count == 0 and st.persistent < cfg.num_blocks
+        assert generate_kernel(graph, group, cfg, "probe").grid == st.persistent
+        twin = next(c for c in configs if c.stages[0] == replace(st, persistent=0))
+        assert cfg.estimate.latency_us <= twin.estimate.latency_us
+        assert configs.index(cfg) < configs.index(twin) or cfg.estimate.latency_us < twin.estimate.latency_us
+    for small in ("ragged 40x72x48", "QK^T + softmax", "residual add + LayerNorm, sum also written"):
+        assert not any(c.stages[0].persistent for c in _configs(small, topk=1000)[3]), small
+
+
 #: The mma kind's split-K cases that wgmma takes (16-byte copies, N of 64 or more), and a
 #: batched QK^T with a 64-long sequence.
 WGMMA_SPLIT_CASES = {

@@ -133,12 +133,15 @@ class KernelBuilder:
         for axis in reversed(self.cfg.block_order):
             coords.append({"name": f"b{axis}", "extent": self.cfg.grid[axis]})
         splits = self.splits
+        resident = self.resident
+        grid = min(resident, self.cfg.num_blocks) if resident else self.cfg.num_blocks * splits
         ctx = {
             "name": self.name,
             "root_comment": sanitize_comment(self.group.root),
-            "grid": self.cfg.num_blocks * splits,
+            "grid": grid,
             "tiles": self.cfg.num_blocks,
             "splits": splits,
+            "persistent": bool(resident),
             "threads": self.cfg.threads,
             "smem_bytes": self.cfg.smem_bytes,
             "params": [*self.params.values(), *self.tensor_maps],
@@ -150,7 +153,7 @@ class KernelBuilder:
             self.name,
             render_prelude([h for s in stage_ctxs for h in s.headers]) + body,
             list(self.params.values()),
-            self.cfg.num_blocks * splits,
+            grid,
             self.cfg.threads,
             self.cfg.smem_bytes,
             self.group.root,
@@ -164,6 +167,13 @@ class KernelBuilder:
         blocks (split-K); the kernel then launches ``splits`` blocks per tile, tile-major
         within each split, and the block's split is ``split`` in the kernel."""
         return max(getattr(st, "splits", 1) for st in self.cfg.stages)
+
+    @property
+    def resident(self) -> int:
+        """Blocks of a persistent kernel, each walking root tiles ``blockIdx.x``, ``+
+        gridDim.x``, ... (0: one block per tile); a stage's kind decides (its ``persistent``)
+        and provides a ``setup`` macro for what runs once per block."""
+        return max(getattr(st, "persistent", 0) for st in self.cfg.stages)
 
     def stage(self, k: int, st: StageConfig) -> StageCtx:
         return STAGE_EMITTERS[st.kind](self, k, st)

@@ -94,6 +94,7 @@ class WgmmaStageCtx(ContractionStageCtx):
     producer: bool  # TMA copies issued by a producer warpgroup (see the template)
     consumers: int  # threads of the warpgroups that multiply
     barriers: str | None  # the producer variant's mbarriers: full[pipeline], then empty[pipeline]
+    persistent: bool = False  # the block walks tiles; the template's setup runs once before them
 
 
 def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
@@ -131,6 +132,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
         producer=st.producer,
         consumers=st.warpgroups * 128,
         barriers=barriers,
+        persistent=bool(st.persistent),
     )
 
 

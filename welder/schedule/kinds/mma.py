@@ -185,6 +185,10 @@ class MmaConfig(StageConfig):
     pipeline_offset: int  # byte offset of the operand ring in the group's shared pool
     smem_offset: int | None = None  # where its tile lives when consumed inside the group
     splits: int = 1  # blocks per output tile, each summing a part of K (split-K)
+    # Persistent blocks: where nonzero, the kernel launches this many blocks (one wave) and
+    # each walks the root tiles blockIdx.x, + gridDim.x, ...; the ring (and its barriers)
+    # carries on from one tile to the next, so a tile's fill and epilogue overlap another's.
+    persistent: int = 0
 
     @property
     def block_m(self) -> int:
@@ -553,6 +557,11 @@ class MmaKind:
         """Whether split-K variants of ``cfg`` are tried."""
         return True
 
+    def persistable(self, cfg: MmaConfig) -> bool:
+        """Whether a persistent variant of ``cfg`` (:attr:`MmaConfig.persistent`) is tried
+        where its tiles take more than one wave and nothing follows the contraction."""
+        return False
+
     def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
         """The share of the tensor cores' peak ``cfg`` reaches, and its slice latency (us)."""
         return self.efficiency, self.slice_latency_us
@@ -803,8 +812,16 @@ def _placed(
     for splits in (1, *splits_tried):
         split = replace(stage, splits=splits)
         estimate = _estimate(rule, group, con, split, later, regions, grid, threads, smem, regs, ctx)
-        if estimate is not None:
-            found.append(GroupConfig(group.root, tile, grid, order, threads, [split, *later], smem, estimate))
+        if estimate is None:
+            continue
+        # More than a wave of tiles and a lone stage: a persistent variant too, placed first so
+        # that it wins a tie with the launch-per-tile kernel.
+        if splits == 1 and not later and estimate.waves > 1 and rule.persistable(split):
+            resident = replace(split, persistent=estimate.blocks_per_sm * arch.sm_count)
+            again = _estimate(rule, group, con, resident, later, regions, grid, threads, smem, regs, ctx)
+            assert again is not None
+            found.append(GroupConfig(group.root, tile, grid, order, threads, [resident], smem, again))
+        found.append(GroupConfig(group.root, tile, grid, order, threads, [split, *later], smem, estimate))
     return found if found else "estimate: no block fits an SM"
 
 
@@ -914,7 +931,9 @@ def _estimate(
         issue = 4 * 32 * arch.clock_ghz * 1e9  # lanes an SM issues per second
         gather_us = -(-blocks // arch.sm_count) * elements * GATHER_ISSUE / issue * 1e6
     core_us = max(tc_us, gather_us) if rule.gather_overlaps else tc_us + gather_us
-    chain_us = waves * (split_tiles / rule.in_flight(stage) + 1) * slice_latency_us
+    # The ring fills once per block; a persistent block carries it on across its tiles.
+    fills = 1 if stage.persistent else waves
+    chain_us = (waves * split_tiles / rule.in_flight(stage) + fills) * slice_latency_us
     simt_flops = sum(
         math.prod(regions.members[st.node].extents) * simt.point_flops(group.computes[st.node])
         for st in later

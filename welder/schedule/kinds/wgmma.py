@@ -118,7 +118,7 @@ class WgmmaConfig(MmaConfig):
     @property
     def family(self) -> str:
         if self.producer:
-            return "wgmma/tma"
+            return "wgmma/tma"  # persistent or not: the estimate ranks them (see _placed)
         return "wgmma/split-k" if self.splits > 1 else "wgmma"
 
     @property
@@ -192,6 +192,10 @@ class WgmmaKind(MmaKind):
 
     def splittable(self, cfg: MmaConfig) -> bool:
         return not _producer(cfg)
+
+    def persistable(self, cfg: MmaConfig) -> bool:
+        # The producer runs ahead into the next tile while the consumers store this one.
+        return _producer(cfg)
 
     def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
         if _producer(cfg):
