@@ -188,6 +188,19 @@ def test_a_divergent_cluster_barrier_is_reported(module, rng):
     ), message
 
 
+def test_a_deadlock_of_the_cluster_names_each_blocks_threads(module, rng):
+    message = misuse(module, rng, 10)
+    site = line_of("if (mode == 10) welder_mbarrier_wait(late, 0);")
+    waiting = (
+        f"threads 0-127 wait at mbarrier.try_wait.parity.shared::cta.b64 (kernel.cu:{site}) on {LATE} for "
+        "the phase of parity 0 (phase 0 in progress: 1 of 1 arrivals and 0 transaction bytes pending)"
+    )
+    assert message.endswith(
+        f"{CLUSTER}: deadlock: every thread of the cluster is blocked and no mbarrier phase they wait for "
+        f"can complete: block (0,0,0) {waiting}; block (1,0,0) {waiting}"
+    ), message
+
+
 def test_threads_exiting_before_a_cluster_barrier_are_reported(module, rng):
     message = misuse(module, rng, 5)
     assert message.endswith(
@@ -213,6 +226,17 @@ def test_a_block_exiting_with_a_peers_multicast_in_flight_is_reported(module, rn
         f"block (0,0,0): every thread exited with the {MULTICAST} at kernel.cu:{site} that thread 0 (0,0,0) "
         f"of block (1,0,0) issued, completing on {LATE} still in flight (no thread waited on that "
         "mbarrier after the load was issued)"
+    ), message
+
+
+def test_a_multicast_into_a_peers_pending_destination_is_reported(module, rng):
+    message = misuse(module, rng, 11)
+    site = line_of("welder_tma_load_2d_multicast(spare, &map, late, 0x2, 0, 0);")
+    assert message.endswith(
+        f"block (0,0,0), thread 0 (0,0,0): {MULTICAST} at kernel.cu:{site}: the destination in block (1,0,0) "
+        f"(cluster rank 1), shared view 'spare' (byte 3072), is also the destination of the {MULTICAST} at "
+        f"kernel.cu:{site} that thread 0 (0,0,0) of block (0,0,0) issued, completing on {LATE}, on which no "
+        "thread has waited yet"
     ), message
 
 

@@ -21,6 +21,8 @@
 //      7: an arrival on block rank 2 of a cluster of two.
 //      8: a multicast mask naming rank 2.
 //      9: rank 1 omits fence.mbarrier_init; rank 0 arrives on rank 1's mbarrier after the barrier.
+//     10: every thread waits on its block's `late`, on which no block arrives: the cluster deadlocks.
+//     11: rank 0 multicasts into rank 1's `spare` alone, twice, before any wait.
 //     -1: everything right.
 extern "C" __global__ void __cluster_dims__(2, 1, 1)
     cluster_misuse(const __grid_constant__ CUtensorMap map, [[maybe_unused]] const __half* __restrict__ src,
@@ -52,6 +54,8 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1)
   }
   if (mode == 9 && rank == 0 && tid == 0) welder_mbarrier_arrive_cluster(late, peer);
   if (mode == 7 && tid == 0) welder_mbarrier_arrive_cluster(bar, 2);
+  if (mode == 11 && rank == 0 && tid == 0)
+    for (int i = 0; i < 2; ++i) welder_tma_load_2d_multicast(spare, &map, late, 0x2, 0, 0);
   if (tid == 0) {
     welder_mbarrier_arrive_expect_tx(bar, mode == 2 ? 1024 : 2048);
     welder_tma_load_2d_multicast(tile + rank * 8 * 64, &map, bar, mode == 8 ? 0x5 : 0x3, 0, 8 * rank);
@@ -70,6 +74,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1)
     welder_mbarrier_arrive_expect_tx(late, 1024);
     if (rank == 1) welder_tma_load_2d_multicast(spare, &map, late, 0x3, 0, 0);
   }
+  if (mode == 10) welder_mbarrier_wait(late, 0);
   welder_cluster_sync();
   if (mode == 6 && rank == 1) welder_mbarrier_wait(late, 0);
 }
