@@ -37,8 +37,9 @@ inline void tma_load_multicast_nd(const SharedPtr<T>& dst, const CUtensorMap* ma
 
 }  // namespace welder_emu::detail
 
-// After a kernel's definition: the kernel runs in clusters of `x` blocks (optional y and z, which
-// must be 1, mirror __cluster_dims__).  A static registration, by the kernel's address.
+// After a kernel's definition, with the dims of its __cluster_dims__ (x, then optionally y and z,
+// which a launch refuses unless 1): a static registration by the kernel's address.  The extra
+// macro level expands __COUNTER__ before ## pastes it into a name unique in the source.
 #define WELDER_CLUSTER_DIMS(kernel, ...) WELDER_EMU_CLUSTER_DIMS_AT(__COUNTER__, kernel, __VA_ARGS__)
 #define WELDER_EMU_CLUSTER_DIMS_AT(n, kernel, ...) WELDER_EMU_CLUSTER_DIMS_NAMED(n, kernel, __VA_ARGS__)
 #define WELDER_EMU_CLUSTER_DIMS_NAMED(n, kernel, ...)              \
