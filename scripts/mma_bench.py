@@ -116,6 +116,19 @@ def error_of_one_launch(launch, out, reference, turn: list[int], copies: int) ->
     return max_error(out, reference)
 
 
+def profiled_once(launch) -> float:
+    """One launch between cudaProfilerStart and cudaProfilerStop, so that ``ncu
+    --profile-from-start off`` sees each kernel once; no time (NaN)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    launch()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return math.nan
+
+
 def time_us(launch, count: int = 200, repeats: int = 7) -> float:
     """Median per-launch time of ``count`` launches captured in one CUDA graph, replayed
     between one pair of events (a host loop would time Python and the launch path, not the
@@ -164,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--ptxas", action="store_true", help="print ptxas' register and spill report")
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="launch each kernel (and cuBLAS) once inside a profiler range instead of timing it: "
+        "run under `ncu --profile-from-start off` (scripts/ncu_mma.sh)",
+    )
+    parser.add_argument(
         "--dtype",
         choices=sorted(FORMATS),
         default="fp16",
@@ -198,14 +217,17 @@ def main(argv: list[str] | None = None) -> int:
             Options(topk=100_000),
         )
         # Per kind, the cost model's best configs of each family, --candidates of each (the
-        # TMA family's persistent and launch-per-tile ones apart).
+        # TMA family's persistent or launch-per-tile, clustered or lone ones apart).
         configs = []
         for rule in kinds:
             proposed = rule.propose(group, ctx) or []
             configs += [c for c in proposed if c.stages[0].family == c.stages[0].kind][: args.candidates]
-            tma = [c for c in proposed if c.stages[0].family.endswith("/tma")]
-            configs += [c for c in tma if not c.stages[0].persistent][: args.candidates]
-            configs += [c for c in tma if c.stages[0].persistent][: args.candidates]
+            tma: dict[tuple[bool, int], list] = {}
+            for c in proposed:
+                if c.stages[0].family.endswith("/tma"):
+                    tma.setdefault((bool(c.stages[0].persistent), c.stages[0].cluster), []).append(c)
+            for variant in tma.values():
+                configs += variant[: args.candidates]
             configs += [c for c in proposed if c.stages[0].splits > 1][: args.candidates]
         if args.simt:  # the SIMT kind's best too: the cross-kind ranking is the cost model's weakest
             simt_ctx = ScheduleContext(
@@ -259,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
             i = turn[0] = (turn[0] + 1) % copies
             torch.matmul(a[i], b[i], out=c)
 
-        cublas_us = time_us(torch_launch)
+        timer = profiled_once if args.profile else time_us
+        cublas_us = timer(torch_launch)
 
         best = None
         best_by_kind: dict[str, float] = {}
@@ -293,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             if not math.isfinite(err) or err > limit:
                 print(f"  {kernel.name}: WRONG (error {err:.3e}), config {cfg.stages[0]}", flush=True)
                 continue
-            us = time_us(launch)
+            us = timer(launch)
             # still right after 1400 launches (the split-K counters reset)
             again = error_of_one_launch(launch, c, reference, turn, copies)
             if not math.isfinite(again) or again > limit:
@@ -306,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"p{st.pipeline} s{st.splits} cp{st.copy_bytes}"
                     + (" tma" if getattr(st, "producer", False) else "")
                     + (f" persistent {st.persistent}" if st.persistent else "")
+                    + (f" cluster {st.cluster} shares {st.multicast.upper()}" if st.cluster > 1 else "")
                 )
             else:
                 label = f"simt tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads}"

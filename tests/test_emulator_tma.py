@@ -4,7 +4,9 @@ edges zero-filled (compared with tests/tma_reference.py's numpy model of the PTX
 wgmma reads TMA-written operands without a proxy fence, and a warp-specialised producer/consumer
 ring with full/empty mbarriers feeds wgmma over many k-slices (tests/kernels/tma_ring.cu, against
 numpy's matmul).  Misuse is reported, each case naming the mbarrier or load at fault.  The same
-kernels compile with nvcc for sm_90a and test_gpu_tma.py runs them on a Hopper GPU.
+kernels compile with nvcc for sm_90a and test_gpu_tma.py runs them on a Hopper GPU; so do the
+cluster kernels of welder_cluster.cuh (tests/kernels/cluster_*.cu, emulated in
+test_emulator_cluster.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cluster_reference import BUGS as CLUSTER_BUGS
+from cluster_reference import RING as CLUSTER_RING
+from cluster_reference import UNITS as CLUSTER_UNITS
 from tma_reference import (
     BOX_CASES,
     BUG_KERNELS,
@@ -370,16 +375,44 @@ def nvcc() -> str:
     return path
 
 
+#: Every multicast rank and both cluster calls, beside the cluster kernels (which multicast 2D only).
+MULTICAST_RANKS = """
+#include "welder_prelude.cuh"
+#include "welder_mma.cuh"
+#include "welder_wgmma.cuh"
+#include "welder_tma.cuh"
+extern "C" __global__ void __cluster_dims__(2, 1, 1)
+    multicast_ranks(const __grid_constant__ CUtensorMap map, int c) {
+  WELDER_SMEM_BEGIN;
+  WELDER_SHARED(uint64_t, bar, 0, 1);
+  WELDER_SHARED(unsigned char, tile, 1024, 1024);
+  welder_tma_load_1d_multicast(tile, &map, bar, 0x3, c);
+  welder_tma_load_2d_multicast(tile, &map, bar, 0x3, c, c);
+  welder_tma_load_3d_multicast(tile, &map, bar, 0x3, c, c, c);
+  welder_tma_load_4d_multicast(tile, &map, bar, 0x3, c, c, c, c);
+  welder_tma_load_5d_multicast(tile, &map, bar, 0x3, c, c, c, c, c);
+}
+WELDER_CLUSTER_DIMS(multicast_ranks, 2)
+"""
+
+
 def test_kernels_compile_with_nvcc_to_tma(nvcc, tmp_path: Path):
     source = tmp_path / "tma_kernels.cu"
     source.write_text(SOURCE)
     common = [nvcc, "-std=c++17", "-Werror", "all-warnings", "-I", str(emu.PRELUDE_DIR), str(source)]
     ring = tmp_path / "tma_ring.cu"
     ring.write_text(RING.read_text())
+    cluster = tmp_path / "cluster_kernels.cu"
+    cluster.write_text("\n".join(p.read_text() for p in (CLUSTER_UNITS, CLUSTER_BUGS, CLUSTER_RING)))
+    ranks = tmp_path / "multicast_ranks.cu"
+    ranks.write_text(MULTICAST_RANKS)
     commands = {
         "cubin": [*common, "-arch=sm_90a", "-cubin", "-o", str(tmp_path / "k.cubin")],
         "ptx": [*common, "-arch=sm_90a", "-ptx", "-o", str(tmp_path / "k.ptx")],
         "ring": [*common[:-1], str(ring), "-arch=sm_90a", "-cubin", "-o", str(tmp_path / "ring.cubin")],
+        "cluster": [*common[:-1], str(cluster), "-arch=sm_90a", "-cubin", "-o", str(tmp_path / "c.cubin")],
+        "cluster-ptx": [*common[:-1], str(cluster), "-arch=sm_90a", "-ptx", "-o", str(tmp_path / "c.ptx")],
+        "ranks": [*common[:-1], str(ranks), "-arch=sm_90a", "-ptx", "-o", str(tmp_path / "r.ptx")],
     }
     with ThreadPoolExecutor(len(commands)) as pool:
         runs = pool.map(lambda c: subprocess.run(c, capture_output=True, text=True), commands.values())
@@ -404,6 +437,27 @@ def test_kernels_compile_with_nvcc_to_tma(nvcc, tmp_path: Path):
         "setmaxnreg.dec.sync.aligned.u32 40",
     ]:
         assert instruction in ptx, instruction
+    # The cluster kernels: their cluster dims (__cluster_dims__) and each instruction of
+    # welder_cluster.cuh; the multicast load in every rank.
+    assert "setmaxnreg" not in results["cluster"].stderr, results["cluster"].stderr
+    cluster_ptx = (tmp_path / "c.ptx").read_text()
+    for instruction in [
+        ".reqnctapercluster 2, 1, 1",
+        ".reqnctapercluster 4, 1, 1",
+        "%cluster_ctarank",
+        "barrier.cluster.arrive.release.aligned",
+        "barrier.cluster.wait.acquire.aligned",
+        "mapa.shared::cluster.u32",
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _,",
+    ]:
+        assert instruction in cluster_ptx, instruction
+    ranks_ptx = (tmp_path / "r.ptx").read_text()
+    for n in range(1, 6):
+        multicast = (
+            f"cp.async.bulk.tensor.{n}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+            ".multicast::cluster"
+        )
+        assert multicast in ranks_ptx, n
 
 
 def test_the_host_encode_compiles_for_the_runtime(nvcc, tmp_path: Path):

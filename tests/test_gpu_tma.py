@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from test_gpu import run_native
-from test_wgmma import PERSISTENT_CASES, PRODUCER_CASES, _best_per_tile, _persistent
+from test_wgmma import CLUSTER_CASES, PERSISTENT_CASES, PRODUCER_CASES, _best_per_tile, _persistent
 from test_wgmma import _configs as _wgmma_configs
 from tma_reference import (
     BOX_CASES,
@@ -166,3 +166,17 @@ def test_persistent_blocks_match_the_interpreter_on_the_gpu(module, label: str) 
     chosen = [c for c in _best_per_tile(configs, producer=True) if c.num_blocks > 3][:2]
     assert chosen
     _run_generated(graph, group, feeds, [_persistent(c, b) for c, b in zip(chosen, (2, 3))])
+
+
+@pytest.mark.parametrize("label", list(CLUSTER_CASES))
+def test_clusters_match_the_interpreter_on_the_gpu(module, label: str) -> None:
+    """Clustered producer kernels (two blocks sharing A or B through TMA multicast and each
+    other's empty barriers), launch per tile and persistent, for the emulated cases of
+    tests/test_wgmma.py, on the GPU."""
+    graph, group, feeds, configs = _wgmma_configs(CLUSTER_CASES[label]())
+    chosen = []
+    for name in ("a", "b"):
+        paired = _best_per_tile(configs, producer=True, multicast=name)[:1]
+        chosen += paired + [_persistent(c, 2) for c in paired if c.num_blocks > 2]
+    assert chosen
+    _run_generated(graph, group, feeds, chosen)

@@ -36,6 +36,7 @@ from welder.schedule.config import GroupConfig
 from welder.schedule.kinds import ScheduleContext, propose, wgmma
 from welder.schedule.kinds.mma import contraction, split_choices
 from welder.schedule.kinds.wgmma import WgmmaConfig
+from welder.tile.propagate import propagate_group
 
 #: The mma cases whose strides allow 16-byte copies (the others have no wgmma config).
 WGMMA_CASES = [
@@ -60,13 +61,16 @@ def _configs(label_or_model, topk: int = 400) -> tuple:
     return graph, group, feeds, wgmma.KIND.propose(group, _context(graph, topk=topk))
 
 
-def _best_per_tile(configs: list[GroupConfig], producer: bool = False) -> list[GroupConfig]:
+def _best_per_tile(
+    configs: list[GroupConfig], producer: bool = False, multicast: str = ""
+) -> list[GroupConfig]:
     """The best unsplit config of every block tile and warpgroup count, fed by cp.async or
-    (``producer``) by a TMA producer warpgroup."""
+    (``producer``) by a TMA producer warpgroup, one block per tile, its blocks in clusters
+    sharing operand ``multicast`` (or in none)."""
     best: dict[tuple, GroupConfig] = {}
     for cfg in configs:
         st = cfg.stages[0]
-        if st.splits == 1 and st.producer == producer:
+        if st.splits == 1 and st.producer == producer and st.multicast == multicast and not st.persistent:
             best.setdefault((st.block, st.warps), cfg)
     return list(best.values())
 
@@ -164,7 +168,8 @@ def test_producer_maps_follow_the_copy_engine_rules() -> None:
                 assert tensor_map_problem(m, 1 << 20 | m.offset) is None, m  # any 16-byte-aligned buffer
                 loads = kernel.source.count(f"&p{m.pointer}_map{i}, ")
                 boxes += loads * m.box_bytes
-            assert boxes == (st.block_m + st.block_n) * st.block_k * 2
+            # A block of a cluster copies half of the slice the pair shares.
+            assert boxes == (st.block_m + st.block_n - st.shared_rows() // st.cluster) * st.block_k * 2
     # A convolution's image is gathered (no map describes a window): cp.async variants only,
     # none shallower than the cp.async ring's minimum.
     from test_mma_conv import _implicit
@@ -224,6 +229,66 @@ def test_persistent_variant_where_tiles_take_several_waves() -> None:
         assert configs.index(cfg) < configs.index(twin) or cfg.estimate.latency_us < twin.estimate.latency_us
     for small in ("ragged 40x72x48", "QK^T + softmax", "residual add + LayerNorm, sum also written"):
         assert not any(c.stages[0].persistent for c in _configs(small, topk=1000)[3]), small
+
+
+#: Products whose blocks pair up in clusters sharing A or B: both major-nesses of both
+#: operands (a shared K-major slice is halved by rows, an MN-major one by panels), ragged
+#: edges, a batch.
+CLUSTER_CASES = {
+    "ragged, B a [k][n] weight": lambda: _matmul(200, 320, 136),
+    "ragged, A and B transposed": lambda: _matmul(136, 320, 264, trans_a=True, trans_b=True),
+    "shared-weight batch": lambda: _broadcast_batch(3, 70, 32, 136),
+}
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(CLUSTER_CASES))
+def test_clusters_share_an_operand_and_match_the_interpreter(label: str) -> None:
+    """Two blocks of a cluster each copy half of the slice they share into both rings
+    (multicast) and release every slot on both blocks' barriers: a slot refilled before the
+    other block's consumers released it, a wrong half, a block that exits while the other
+    still reaches into it, all show in the result or are reported by the emulator.  Both
+    shared operands where the case has them, launch per tile and persistent (one cluster and
+    two walking every pair of tiles), launched twice."""
+    graph, group, feeds, configs = _configs(CLUSTER_CASES[label]())
+    chosen = []
+    for name in ("a", "b"):
+        paired = _best_per_tile(configs, producer=True, multicast=name)[:1]
+        chosen += paired + [
+            _persistent(c, blocks) for c in paired for blocks in (2, 4) if c.num_blocks > blocks
+        ]
+    assert {c.stages[0].multicast for c in chosen} == {"a", "b"} or label == "shared-weight batch", chosen
+    assert chosen and all(c.num_blocks % 2 == 0 for c in chosen)
+    for cfg in chosen:
+        kernel = generate_kernel(graph, group, cfg, "probe")
+        assert "__cluster_dims__(2, 1, 1)" in kernel.source and "_multicast(" in kernel.source
+        assert kernel.grid % 2 == 0
+    assert _run(graph, group, chosen, feeds, launches=2) == []
+
+
+def test_cluster_variant_where_tiles_pair_up() -> None:
+    """A large product gets clustered producer configs, sharing the larger slice ranked first
+    (it saves the more L2 traffic); the pairing axis varies fastest in ``blockIdx.x`` and
+    has an even number of blocks.  An odd number of tiles along both axes, a cp.async ring or
+    a later stage gets none."""
+    graph, group, _, configs = _configs(_matmul(8192, 768, 3072), topk=1000)
+    clustered = [c for c in configs if c.stages[0].multicast]
+    assert clustered and all(c.stages[0].producer and c.stages[0].cluster == 2 for c in clustered)
+    best = configs[0].stages[0]
+    assert best.multicast == ("b" if best.block_n > best.block_m else "a"), best
+    shape_of = lambda t: graph.tensor(t).shape  # noqa: E731
+    region = propagate_group([group.computes[group.root]], group.root, clustered[0].block_tile, shape_of)
+    for cfg in clustered:
+        st = cfg.stages[0]
+        fastest = cfg.block_order[-1]
+        assert cfg.grid[fastest] % 2 == 0
+        moved = [d for d, lo in enumerate(region.members[group.root].dims) if f"b{fastest}" in lo.lo.coefs]
+        assert moved == [0 if st.multicast == "b" else 1], (st, moved)
+        lone = next(c for c in configs if c.stages[0] == replace(st, multicast=""))
+        assert cfg.estimate.latency_us <= lone.estimate.latency_us
+    # One tile (square 64), later stages (the other two): no pairs.
+    for other in ("square 64", "QK^T + softmax", "residual add + LayerNorm, sum also written"):
+        assert not any(c.stages[0].multicast for c in _configs(other, topk=1000)[3]), other
 
 
 #: The mma kind's split-K cases that wgmma takes (16-byte copies, N of 64 or more), and a

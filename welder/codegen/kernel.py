@@ -142,6 +142,7 @@ class KernelBuilder:
             "tiles": self.cfg.num_blocks,
             "splits": splits,
             "persistent": bool(resident),
+            "cluster": max(getattr(st, "cluster", 1) for st in self.cfg.stages),
             "threads": self.cfg.threads,
             "smem_bytes": self.cfg.smem_bytes,
             "params": [*self.params.values(), *self.tensor_maps],

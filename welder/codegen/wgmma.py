@@ -44,7 +44,7 @@ class _TmaLoad:
     """One TMA box of an operand's slice: where it lands in the slot (elements) and its
     coordinates in the tensor map (C expressions, innermost first)."""
 
-    dst: int
+    dst: str
     coords: list[str]
 
 
@@ -81,6 +81,7 @@ class _Operand:
     gather_dst: str = ""
     map: str | None = None  # the producer variant: the operand's tensor-map parameter
     loads: list[_TmaLoad] = field(default_factory=list)  # and the boxes of one slice
+    multicast: bool = False  # the cluster shares it: this block copies its half into both
 
 
 @dataclass(kw_only=True)
@@ -95,6 +96,7 @@ class WgmmaStageCtx(ContractionStageCtx):
     consumers: int  # threads of the warpgroups that multiply
     barriers: str | None  # the producer variant's mbarriers: full[pipeline], then empty[pipeline]
     persistent: bool = False  # the block walks tiles; the template's setup runs once before them
+    cluster: int = 1  # blocks per cluster (2: the multicast variant)
 
 
 def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
@@ -133,6 +135,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
         consumers=st.warpgroups * 128,
         barriers=barriers,
         persistent=bool(st.persistent),
+        cluster=st.cluster,
     )
 
 
@@ -143,7 +146,10 @@ def _tma(
     :func:`~welder.schedule.kinds.wgmma.tma_dims`'s, with the contraction's extents (the
     copies zero-fill what lies beyond, as the cp.async variant's do); a box is 64 elements
     (one 128-byte swizzled row) along the contiguous axis: a K-major slice is one box of all
-    its rows, an MN-major one a box of 64 K rows per 64-column panel."""
+    its rows, an MN-major one a box of 64 K rows per 64-column panel.  An operand the
+    blocks of a cluster share is copied half by each (``rank`` is the block's rank in the
+    cluster): half the rows of a K-major slice (whole 8-row swizzle atoms, so the layout is
+    the same as one box's), or half the panels of an MN-major one."""
     names = tma_dims(con, op)
     assert names is not None, "the policy proposes the producer variant only where maps fit"
     axes = {a.name: a.extent for a in (*con.compute.axes, *con.compute.reduce_axes)}
@@ -153,13 +159,32 @@ def _tma(
     strides = tuple(op.strides.get(n, 0) * item or 16 for n in names[1:])
     batch = [origins[d] for d in con.batch_axes if con.compute.axes[d].name in names[2:]]
     own0 = out.fixed_origin
+    out.multicast = st.multicast == out.name
+    parts = st.cluster if out.multicast else 1
+
+    def at(part: int, extra: int) -> tuple[str, str]:
+        """C offsets of a box ``extra`` along the operand's own axis into this block's part
+        of the slice (parts of ``part`` each): in the slot (elements; a step along the own
+        axis is a 64-element swizzled row, or a 64-deep column of a panel) and in the map."""
+        own = f"{own0} + {extra}" if extra else own0
+        dst = str(extra * 64)
+        if out.multicast:
+            own = f"{own} + rank * {part}"
+            dst = f"rank * {part * 64} + {dst}"
+        return dst, own
+
     if out.k_rows:  # [k][own]: panels of 64 columns
         box = (64, BLOCK_K, *(1 for _ in batch))
-        panels = (st.block_m if out.name == "a" else st.block_n) // 64
-        loads = [_TmaLoad(p * 64 * BLOCK_K, [f"{own0} + {64 * p}", "k0", *batch]) for p in range(panels)]
+        panels = (st.block_m if out.name == "a" else st.block_n) // 64 // parts
+        loads = []
+        for p in range(panels):
+            dst, own = at(panels * 64, p * 64)
+            loads.append(_TmaLoad(dst, [own, "k0", *batch]))
     else:
-        box = (BLOCK_K, out.rows, *(1 for _ in batch))
-        loads = [_TmaLoad(0, ["k0", own0, *batch])]
+        rows = out.rows // parts
+        box = (BLOCK_K, rows, *(1 for _ in batch))
+        dst, own = at(rows, 0)
+        loads = [_TmaLoad(dst, ["k0", own, *batch])]
     out.map = kb.add_tensor_map(op.tensor, op.offset, dims, strides, box, 128)
     out.loads = loads
 

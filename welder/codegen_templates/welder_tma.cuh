@@ -26,6 +26,8 @@
 //   welder_setmaxnreg_inc<N>() / _dec<N>()     setmaxnreg.{inc,dec}.sync.aligned.u32 N (warpgroup-wide;
 //                                              N a multiple of 8 in [24, 256])
 // Maps are kernel parameters `const __grid_constant__ CUtensorMap name`, passed on as `&name`.
+// Clusters -- cluster barrier, arrivals on a peer block's mbarrier, multicast loads -- are in
+// welder_cluster.cuh, included at the end of this file.
 //
 // Host side (also for the generated runtime's C++):
 //   welder_encode_tensor_map(map, elem_bytes, rank, base, dims, strides_bytes, box, swizzle_bytes)
@@ -172,3 +174,5 @@ inline int welder_encode_tensor_map(CUtensorMap* map, int elem_bytes, int rank, 
 }
 
 #endif
+
+#include "welder_cluster.cuh"

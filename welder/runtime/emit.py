@@ -35,6 +35,7 @@ PRELUDE_HEADERS = (
     "welder_wgmma.cuh",
     "welder_wgmma_asm.cuh",
     "welder_tma.cuh",
+    "welder_cluster.cuh",
     "welder_tensor_map.cuh",
 )
 #: Generated file -> its template.

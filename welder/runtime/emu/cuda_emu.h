@@ -19,6 +19,8 @@
 //                   by codegen_templates/welder_wgmma.cuh, not here)
 //   emu_tma.h       Hopper TMA loads, mbarriers and setmaxnreg (included by
 //                   codegen_templates/welder_tma.cuh, not here)
+//   emu_cluster.h   thread-block clusters: cluster barrier, remote arrivals, multicast loads,
+//                   WELDER_CLUSTER_DIMS (included by codegen_templates/welder_cluster.cuh, not here)
 //   emu_tensor_map.h  CUtensorMap, welder_encode_tensor_map, __grid_constant__
 //   emu_launch.h    launch(), kernel signatures, the C interface
 // and, compiled once rather than into every module:
@@ -67,11 +69,15 @@
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
+// Cluster dims reach the emulator through WELDER_CLUSTER_DIMS (emu_cluster.h), which a launch can
+// look up by the kernel's address; the attribute itself is for nvcc.
+#define __cluster_dims__(...)
 #define __align__(n) __attribute__((aligned(n)))
 // Blocks run one after another and launches are serialised, so a function-local static is exactly
-// as shared as a __shared__ array.  Such arrays are neither bounds- nor race-checked, and
+// as shared as a __shared__ array -- except between the blocks of a cluster, which run together
+// here and would share it.  Such arrays are neither bounds- nor race-checked, and
 // `extern __shared__` does not compile: checked kernels use WELDER_SHARED views of the dynamic
-// buffer instead.
+// buffer instead (cluster kernels must).
 #define __shared__ static
 // __restrict__ is a g++ keyword already; `#pragma unroll` is ignored (the driver passes
 // -Wno-unknown-pragmas).

@@ -8,6 +8,10 @@
 // reported after the launch.  Results are copied back into the caller's buffer, except for
 // read-only buffers, which must come back unchanged.
 //
+// Clusters.  WELDER_CLUSTER_DIMS registers a kernel's cluster dims here, by the kernel's address,
+// when its module is loaded; a launch of that kernel runs as clusters of that many blocks along x
+// (emu_scheduler.h), one LaunchState per block of a cluster.
+//
 // Faults.  While a launch runs, SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT raised on the launching
 // thread jump back to run_protected (the handler runs on an alternate stack, so a fiber stack
 // overflow is caught too); other threads' signals go to the previously installed handlers.  A
@@ -22,6 +26,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -232,6 +238,7 @@ const char* signal_name(int sig) {
   }
 }
 
+// The block that ran last (g_launch) is the one that faulted: blocks of a cluster run one at a time.
 std::string describe_fault(const LaunchState& launch, const FaultTrap& trap,
                            const std::vector<GuardedBuffer>& guards) {
   std::string where = launch.current != nullptr
@@ -253,21 +260,21 @@ std::string describe_fault(const LaunchState& launch, const FaultTrap& trap,
 std::mutex g_launch_mutex;
 
 // Runs the grid with faults turned into errors.
-LaunchResult run_protected(LaunchState& launch, const std::vector<GuardedBuffer>& guards) {
+LaunchResult run_protected(ClusterState& cluster, const std::vector<GuardedBuffer>& guards) {
   FaultTrap trap;
   trap.thread = pthread_self();
   AltSignalStack alt_stack;
   install_fault_handlers();
   g_fault_trap = &trap;
-  g_launch = &launch;
+  g_launch = cluster.ctas.front().get();
   LaunchResult result;
   if (sigsetjmp(trap.jump, 1) == 0) {
     trap.armed = 1;
-    const bool ok = run_grid(launch);
+    const bool ok = run_grid(cluster);
     trap.armed = 0;
-    if (!ok) result = LaunchResult{Status::kKernelError, launch.message};
+    if (!ok) result = LaunchResult{Status::kKernelError, cluster.message};
   } else {
-    result = LaunchResult{Status::kFault, describe_fault(launch, trap, guards)};
+    result = LaunchResult{Status::kFault, describe_fault(*g_launch, trap, guards)};
   }
   g_fault_trap = nullptr;
   g_launch = nullptr;
@@ -286,6 +293,37 @@ std::string check_configuration(const dim3& grid, const dim3& block, size_t smem
   if (smem > o.max_dynamic_smem)
     return format("%zu bytes of dynamic shared memory exceed the limit of %zu", smem, o.max_dynamic_smem);
   if (o.stack_bytes < 16 * 1024) return format("stack_bytes %zu is below the minimum of 16384", o.stack_bytes);
+  return "";
+}
+
+// Cluster dims by kernel address (see the top of this file).
+std::map<const void*, dim3>& cluster_registry() {
+  static std::map<const void*, dim3> registry;
+  return registry;
+}
+std::mutex g_cluster_registry_mutex;
+
+// The blocks per cluster of a launch of `kernel` over `grid` (1 without registered dims) in `size`;
+// "" or why the launch is invalid.
+std::string cluster_size_of(const void* kernel, const dim3& grid, unsigned& size) {
+  std::lock_guard<std::mutex> lock(g_cluster_registry_mutex);
+  size = 1;
+  const auto it = cluster_registry().find(kernel);
+  if (it == cluster_registry().end()) return "";
+  const dim3& d = it->second;
+  if (d.y != 1 || d.z != 1)
+    return format("the kernel declares cluster dims (%u,%u,%u): the emulator supports clusters along x only (y and z "
+                  "must be 1)",
+                  d.x, d.y, d.z);
+  if (d.x == 0 || d.x > 8)
+    return format("the kernel declares cluster dims (%u,%u,%u): a cluster has 1 to 8 blocks (the portable cluster "
+                  "size)",
+                  d.x, d.y, d.z);
+  if (grid.x % d.x != 0)
+    return format("grid (%u,%u,%u) is not a whole number of clusters: the kernel declares cluster dims (%u,1,1), so "
+                  "grid.x must be a multiple of %u (the GPU refuses the launch: cudaErrorInvalidClusterSize)",
+                  grid.x, grid.y, grid.z, d.x, d.x);
+  size = d.x;
   return "";
 }
 
@@ -315,10 +353,18 @@ std::string relocate_tensor_maps(const std::vector<TensorMapArgument>& maps, con
 
 }  // namespace
 
-LaunchResult run_launch(const dim3& grid, const dim3& block, size_t dynamic_smem_bytes, const LaunchOptions& options,
-                        KernelInvoker invoke, void* context, const std::vector<PointerArgument>& pointers,
-                        const std::vector<TensorMapArgument>& maps) {
+bool register_cluster_dims(const void* kernel, unsigned x, unsigned y, unsigned z) {
+  std::lock_guard<std::mutex> lock(g_cluster_registry_mutex);
+  cluster_registry()[kernel] = dim3(x, y, z);
+  return true;
+}
+
+LaunchResult run_launch(const void* kernel, const dim3& grid, const dim3& block, size_t dynamic_smem_bytes,
+                        const LaunchOptions& options, KernelInvoker invoke, void* context,
+                        const std::vector<PointerArgument>& pointers, const std::vector<TensorMapArgument>& maps) {
   std::string error = check_configuration(grid, block, dynamic_smem_bytes, options);
+  unsigned cluster_size = 1;
+  if (error.empty()) error = cluster_size_of(kernel, grid, cluster_size);
   if (!error.empty()) return LaunchResult{Status::kInvalidLaunch, error};
   std::lock_guard<std::mutex> lock(g_launch_mutex);
 
@@ -340,17 +386,23 @@ LaunchResult run_launch(const dim3& grid, const dim3& block, size_t dynamic_smem
   error = relocate_tensor_maps(maps, guards);
   if (!error.empty()) return LaunchResult{Status::kInvalidLaunch, error};
 
-  LaunchState state;
-  state.grid = grid;
-  state.block = block;
-  state.smem_bytes = dynamic_smem_bytes;
-  state.check_races = options.check_races;
-  state.invoke = invoke;
-  state.invoke_context = context;
-  error = prepare_launch(state, options.stack_bytes);
-  if (!error.empty()) return LaunchResult{Status::kInvalidLaunch, error};
+  ClusterState cluster;
+  for (unsigned rank = 0; rank < cluster_size; ++rank) {
+    auto state = std::make_unique<LaunchState>();
+    state->grid = grid;
+    state->block = block;
+    state->smem_bytes = dynamic_smem_bytes;
+    state->check_races = options.check_races;
+    state->invoke = invoke;
+    state->invoke_context = context;
+    state->cluster = &cluster;
+    state->rank = rank;
+    error = prepare_launch(*state, options.stack_bytes);
+    if (!error.empty()) return LaunchResult{Status::kInvalidLaunch, error};
+    cluster.ctas.push_back(std::move(state));
+  }
 
-  LaunchResult result = run_protected(state, guards);
+  LaunchResult result = run_protected(cluster, guards);
   std::fflush(stdout);  // device printf output appears before the caller continues
   for (const GuardedBuffer& g : guards) {
     const std::string problem = g.finish();

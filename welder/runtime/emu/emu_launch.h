@@ -6,7 +6,8 @@
 // memory fault, an assertion) stops the launch and is described in the message.  The work is done
 // by run_launch in emu_launch.cpp; see there for guarded argument buffers and fault handling.
 // A CUtensorMap parameter (emu_tensor_map.h) travels by value like any other; its signature name
-// is "tensormap".
+// is "tensormap".  A kernel declared with WELDER_CLUSTER_DIMS (emu_cluster.h) runs in clusters of
+// that many blocks, looked up here by the kernel's address, so every caller gets them.
 #pragma once
 
 #include <cstddef>
@@ -130,11 +131,16 @@ std::vector<PointerArgument> pointer_arguments(Tuple& values, std::index_sequenc
   return pointers;
 }
 
-// Checks the configuration, guards the pointer arguments, runs every block with faults turned
-// into errors, and hands the guarded buffers back (emu_launch.cpp).
-LaunchResult run_launch(const dim3& grid, const dim3& block, size_t dynamic_smem_bytes, const LaunchOptions& options,
-                        KernelInvoker invoke, void* context, const std::vector<PointerArgument>& pointers,
-                        const std::vector<TensorMapArgument>& maps);
+// Records the cluster dims `kernel` is declared with; WELDER_CLUSTER_DIMS calls it from a static
+// initialiser of the kernel's module.  Launches check them (emu_launch.cpp).
+bool register_cluster_dims(const void* kernel, unsigned x, unsigned y = 1, unsigned z = 1);
+
+// Checks the configuration (cluster dims registered for `kernel` included), guards the pointer
+// arguments, runs every cluster of blocks with faults turned into errors, and hands the guarded
+// buffers back (emu_launch.cpp).
+LaunchResult run_launch(const void* kernel, const dim3& grid, const dim3& block, size_t dynamic_smem_bytes,
+                        const LaunchOptions& options, KernelInvoker invoke, void* context,
+                        const std::vector<PointerArgument>& pointers, const std::vector<TensorMapArgument>& maps);
 
 }  // namespace detail
 
@@ -156,8 +162,9 @@ LaunchResult launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t dynamic_
     Call* c = static_cast<Call*>(context);
     std::apply(c->kernel, *c->values);
   };
-  return detail::run_launch(grid, block, dynamic_smem_bytes, options, invoke, &call,
-                            detail::pointer_arguments(values, Indices{}), detail::tensor_map_arguments(values, Indices{}));
+  return detail::run_launch(reinterpret_cast<const void*>(kernel), grid, block, dynamic_smem_bytes, options, invoke,
+                            &call, detail::pointer_arguments(values, Indices{}),
+                            detail::tensor_map_arguments(values, Indices{}));
 }
 
 // "const float32*,int32,..." for the Python driver.

@@ -219,11 +219,24 @@ const Mbarrier* mbarrier_at(const LaunchState& launch, size_t b) {
   return b < it->first + 8 ? &it->second : nullptr;
 }
 
+// "block (1,0,0) (cluster rank 1)"
+std::string describe_cta(const LaunchState& cta) {
+  return format("%s (cluster rank %u)", describe_block(cta.block_index).c_str(), cta.rank);
+}
+
+// The thread that issued a TMA load in flight into `launch`: "thread 0 (0,0,0)", with its block
+// when that is a peer (a multicast load).
+std::string describe_issuer(const LaunchState& launch, const TmaCopy& c) {
+  const LaunchState& issuer = *launch.cluster->ctas[c.issuer_rank];
+  const std::string thread = describe_thread(issuer.threads[c.issuer]);
+  return &issuer == &launch ? thread : thread + " of " + describe_block(issuer.block_index);
+}
+
 // "the cp.async.bulk.tensor.2d... at kernel.cu:12 that thread 0 (0,0,0) issued, completing on mbarrier ..."
 std::string describe_tma(const LaunchState& launch, const TmaCopy& c) {
   auto it = launch.mbarriers.find(c.barrier);
   return format("the %s at %s that %s issued, completing on %s", c.primitive, describe(c.site).c_str(),
-                describe_thread(launch.threads[c.issuer]).c_str(),
+                describe_issuer(launch, c).c_str(),
                 it == launch.mbarriers.end() ? "an mbarrier" : describe_mbarrier(it->second).c_str());
 }
 
@@ -410,6 +423,35 @@ Mbarrier& used_mbarrier(LaunchState& launch, const ThreadState& t, const SharedS
   return m;
 }
 
+// The mbarrier at byte `offset` of peer block `target` (the position `bar` names in the caller's
+// block), which must have been initialised there and published to the cluster: a fence.mbarrier_init
+// of the initialising thread, then a completed cluster barrier.
+Mbarrier& peer_mbarrier(LaunchState& target, size_t offset, const SharedSpot& bar, const std::string& where) {
+  auto it = target.mbarriers.find(offset);
+  if (it == target.mbarriers.end())
+    raise_error(format("%s: shared view '%s' index %lld (byte %zu) of %s is not an mbarrier: no welder_mbarrier_init "
+                       "of it in that block",
+                       where.c_str(), bar.view, bar.index, offset, describe_cta(target).c_str()));
+  Mbarrier& m = it->second;
+  const std::vector<uint32_t>& fences = target.threads[m.init_thread].mbarrier_init_fences;
+  if (fences.size() <= m.init_fences || fences[m.init_fences] >= target.cluster->epoch)
+    raise_error(format("%s: %s of %s was initialised by %s at %s, but that init is not visible to the cluster yet: a "
+                       "fence.mbarrier_init (welder_mbarrier_init_fence) of the initialising thread and then a "
+                       "welder_cluster_sync must come between the init and its use by another block",
+                       where.c_str(), describe_mbarrier(m).c_str(), describe_cta(target).c_str(),
+                       describe_thread(target.threads[m.init_thread]).c_str(), describe(m.init_site).c_str()));
+  return m;
+}
+
+// Refuses an access of peer block `target` once all its threads have exited: its shared memory is
+// gone on the GPU.
+void check_peer_alive(const LaunchState& target, const std::string& where, const char* access) {
+  if (target.live == 0)
+    raise_error(format("%s: %s %s, whose threads have all exited (a block must not exit while its peers may still use "
+                       "its shared memory: end the kernel with welder_cluster_sync)",
+                       where.c_str(), access, describe_cta(target).c_str()));
+}
+
 // "phase 3 in progress: 1 of 2 arrivals and 8192 transaction bytes pending"
 std::string describe_phase(const Mbarrier& m) {
   return format("phase %llu in progress: %u of %u arrivals and %lld transaction bytes pending",
@@ -450,12 +492,14 @@ std::string complete_tma(LaunchState& launch, size_t offset) {
       launch.pending_bytes -= c.data.size();
       for (size_t b = c.dst; b < c.dst + c.data.size(); ++b) launch.shadow[b] = ByteShadow{};
     }
+    // Bytes may come before the expect_tx that announces them (a peer's multicast, landed by a wait of
+    // this block): the count may dip below zero until the phase has all its arrivals.
     m.tx -= static_cast<long long>(c.data.size());
-    if (m.tx < 0) {
+    if (m.tx < 0 && m.pending == 0) {
       const std::string what = format(
           "the %zu bytes of the %s at %s (%s) take the transaction count of %s below zero (%lld): the phase "
           "expected fewer bytes (welder_mbarrier_arrive_expect_tx) than its TMA loads deliver",
-          c.data.size(), c.primitive, describe(c.site).c_str(), describe_thread(launch.threads[c.issuer]).c_str(),
+          c.data.size(), c.primitive, describe(c.site).c_str(), describe_issuer(launch, c).c_str(),
           describe_mbarrier(m).c_str(), m.tx);
       launch.tma_copies.clear();
       return what;
@@ -464,6 +508,28 @@ std::string complete_tma(LaunchState& launch, size_t offset) {
   }
   launch.tma_copies.resize(kept);
   return "";
+}
+
+// One arrival (after expecting `tx_bytes` more transaction bytes when `expect_tx`) on `m`, which
+// `name` describes.
+void arrive(Mbarrier& m, const std::string& name, bool expect_tx, unsigned tx_bytes, const std::string& where) {
+  if (expect_tx) {
+    if (static_cast<long long>(tx_bytes) > kTxLimit || m.tx + static_cast<long long>(tx_bytes) > kTxLimit)
+      raise_error(format("%s: expecting %u more transaction bytes on %s (%s) exceeds the tx-count's limit of "
+                         "2^20 - 1",
+                         where.c_str(), tx_bytes, name.c_str(), describe_phase(m).c_str()));
+    m.tx += tx_bytes;
+  }
+  if (m.pending == 0)
+    raise_error(format("%s: arrival beyond the expected count on %s: its phase %llu already has all %u arrivals and "
+                       "waits only for %lld transaction bytes",
+                       where.c_str(), name.c_str(), static_cast<unsigned long long>(m.phase), m.expected, m.tx));
+  --m.pending;
+  if (m.pending == 0 && m.tx < 0)
+    raise_error(format("%s: the last arrival of phase %llu on %s leaves its transaction count below zero (%lld): the "
+                       "phase expected fewer bytes (welder_mbarrier_arrive_expect_tx) than its TMA loads delivered",
+                       where.c_str(), static_cast<unsigned long long>(m.phase), name.c_str(), m.tx));
+  settle_phase(m);
 }
 
 }  // namespace
@@ -498,10 +564,12 @@ void mbarrier_init(const SharedSpot& bar, unsigned arrivals, const Site& site) {
   std::memset(launch.smem + offset, 0xA5, 8);
   launch.mbarriers[offset] = Mbarrier{offset,  bar.view, bar.index, arrivals,      arrivals,
                                       0,       0,        site,      t.linear, launch.epoch,
-                                      t.mbarrier_init_fences};
+                                      static_cast<uint32_t>(t.mbarrier_init_fences.size())};
 }
 
-void mbarrier_init_fence() { ++current_thread("fence.mbarrier_init").mbarrier_init_fences; }
+void mbarrier_init_fence() {
+  current_thread("fence.mbarrier_init").mbarrier_init_fences.push_back(g_launch->cluster->epoch);
+}
 
 void mbarrier_arrive(const SharedSpot& bar, bool expect_tx, unsigned tx_bytes, const char* primitive,
                      const Site& site) {
@@ -509,22 +577,27 @@ void mbarrier_arrive(const SharedSpot& bar, bool expect_tx, unsigned tx_bytes, c
   ThreadState& t = current_thread(primitive);
   const std::string where = format("%s at %s", primitive, describe(site).c_str());
   Mbarrier& m = used_mbarrier(launch, t, bar, where);
-  if (expect_tx) {
-    if (static_cast<long long>(tx_bytes) > kTxLimit || m.tx + static_cast<long long>(tx_bytes) > kTxLimit)
-      raise_error(format("%s: expecting %u more transaction bytes on %s (%s) exceeds the tx-count's limit of "
-                         "2^20 - 1",
-                         where.c_str(), tx_bytes, describe_mbarrier(m).c_str(), describe_phase(m).c_str()));
-    m.tx += tx_bytes;
+  arrive(m, describe_mbarrier(m), expect_tx, tx_bytes, where);
+}
+
+void mbarrier_arrive_cluster(const SharedSpot& bar, unsigned cta, const char* primitive, const Site& site) {
+  LaunchState& launch = *g_launch;
+  ThreadState& t = current_thread(primitive);
+  const std::string where = format("%s at %s", primitive, describe(site).c_str());
+  const size_t size = launch.cluster->ctas.size();
+  if (cta >= size)
+    raise_error(format("%s: block rank %u is not in the cluster of %zu block%s", where.c_str(), cta, size,
+                       size == 1 ? " (the kernel has no cluster dims)" : "s"));
+  if (cta == launch.rank) {
+    Mbarrier& m = used_mbarrier(launch, t, bar, where);
+    arrive(m, describe_mbarrier(m), false, 0, where);
+    return;
   }
-  if (m.pending == 0)
-    raise_error(format("%s: arrival beyond the expected count on %s: its %s already has all %u arrivals and waits "
-                       "only for %lld transaction bytes",
-                       where.c_str(), describe_mbarrier(m).c_str(), format("phase %llu",
-                                                                           static_cast<unsigned long long>(m.phase))
-                                                                        .c_str(),
-                       m.expected, m.tx));
-  --m.pending;
-  settle_phase(m);
+  LaunchState& target = *launch.cluster->ctas[cta];
+  const size_t offset = checked_shared_offset(launch, bar.view, bar.view_offset, bar.count, bar.elem_size, bar.index, 8);
+  check_peer_alive(target, where, format("arrives on shared view '%s' index %lld of", bar.view, bar.index).c_str());
+  Mbarrier& m = peer_mbarrier(target, offset, bar, where);
+  arrive(m, describe_mbarrier(m) + " of " + describe_cta(target), false, 0, where);
 }
 
 void mbarrier_wait(const SharedSpot& bar, unsigned parity, const Site& site) {
@@ -544,8 +617,14 @@ void mbarrier_wait(const SharedSpot& bar, unsigned parity, const Site& site) {
   suspend(t);
 }
 
-void tma_load(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& bar, const int* coords, int rank,
-              const char* primitive, const Site& site) {
+namespace {
+
+// A TMA tile load of the box at `coords` (rank of them) into `dst`, completing on `bar`: into the
+// calling block, or, when `multicast`, into the blocks whose rank bit is set in `mask`, each at the
+// same offsets.  Every destination is checked (mbarrier, pending bytes, wgmma in flight) before the
+// box is read and queued on each destination's mbarrier.
+void issue_tma(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& bar, bool multicast, unsigned mask,
+               const int* coords, int rank, const char* primitive, const Site& site) {
   LaunchState& launch = *g_launch;
   ThreadState& t = current_thread(primitive);
   const std::string where = format("%s at %s", primitive, describe(site).c_str());
@@ -560,12 +639,32 @@ void tma_load(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& b
     raise_error(format("%s: the innermost coordinate %d starts the box at byte %lld of a row, not a multiple of 16 "
                        "bytes (on an H100 such a load is an illegal instruction)",
                        where.c_str(), coords[0], start));
-  Mbarrier& m = used_mbarrier(launch, t, bar, where);
-  if (launch.threads[m.init_thread].mbarrier_init_fences <= m.init_fences)
-    raise_error(format("%s: it completes on %s, whose init (%s at %s) no fence.mbarrier_init "
-                       "(welder_mbarrier_init_fence) of that thread has followed, so the copy engine may not see it",
-                       where.c_str(), describe_mbarrier(m).c_str(), describe_thread(launch.threads[m.init_thread]).c_str(),
-                       describe(m.init_site).c_str()));
+  const std::vector<std::unique_ptr<LaunchState>>& ctas = launch.cluster->ctas;
+  if (multicast && (mask == 0 || (mask >> ctas.size()) != 0))
+    raise_error(format("%s: the multicast mask 0x%x names %s of the cluster's %zu block%s", where.c_str(), mask,
+                       mask == 0 ? "none" : "ranks outside those", ctas.size(), ctas.size() == 1 ? "" : "s"));
+  if (!multicast) mask = 1u << launch.rank;
+
+  // The mbarrier in each destination: this block's as for any load, a peer's published to the cluster.
+  const size_t bar_offset =
+      checked_shared_offset(launch, bar.view, bar.view_offset, bar.count, bar.elem_size, bar.index, 8);
+  std::vector<LaunchState*> targets;
+  for (unsigned r = 0; r < ctas.size(); ++r) {
+    if ((mask & (1u << r)) == 0) continue;
+    LaunchState& target = *ctas[r];
+    targets.push_back(&target);
+    if (&target != &launch) {
+      check_peer_alive(target, where, "multicasts into");
+      peer_mbarrier(target, bar_offset, bar, where);
+      continue;
+    }
+    Mbarrier& m = used_mbarrier(launch, t, bar, where);
+    if (launch.threads[m.init_thread].mbarrier_init_fences.size() <= m.init_fences)
+      raise_error(format("%s: it completes on %s, whose init (%s at %s) no fence.mbarrier_init "
+                         "(welder_mbarrier_init_fence) of that thread has followed, so the copy engine may not see it",
+                         where.c_str(), describe_mbarrier(m).c_str(),
+                         describe_thread(launch.threads[m.init_thread]).c_str(), describe(m.init_site).c_str()));
+  }
 
   // The destination: the whole box inside the view and the launch's buffer, and aligned.
   size_t elements = 1;
@@ -589,16 +688,21 @@ void tma_load(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& b
     raise_error(format("%s: the box's innermost extent is %u bytes, less than the %uB swizzle span; the emulator "
                        "models swizzled boxes whose rows are exactly one span (%s)",
                        where.c_str(), f.box[0] * f.elem_bytes, f.swizzle, describe_tensor_map(f).c_str()));
-  if (const size_t i = first_pending(launch, begin, nbytes); i < nbytes)
-    raise_error(format("%s: the destination, shared view '%s' (byte %zu), is %s %s", where.c_str(), dst.view,
-                       begin + i, launch.pending[begin + i] == kMbarrierObject ? "part of" : "also the destination of",
-                       describe_pending(launch, begin + i).c_str()));
-  check_wgmma_in_use(launch, begin, nbytes, ViewSpot{dst.view, dst.view_offset, dst.elem_size},
-                     (std::string(primitive) + " at " + describe(site) + " into").c_str());
+  for (LaunchState* target : targets) {
+    const std::string in = target == &launch ? "" : " in " + describe_cta(*target);
+    if (const size_t i = first_pending(*target, begin, nbytes); i < nbytes)
+      raise_error(format("%s: the destination%s, shared view '%s' (byte %zu), is %s %s", where.c_str(), in.c_str(),
+                         dst.view, begin + i,
+                         target->pending[begin + i] == kMbarrierObject ? "part of" : "also the destination of",
+                         describe_pending(*target, begin + i).c_str()));
+    const std::string into = target == &launch ? " into" : " into " + describe_block(target->block_index) + "'s";
+    check_wgmma_in_use(*target, begin, nbytes, ViewSpot{dst.view, dst.view_offset, dst.elem_size},
+                       (std::string(primitive) + " at " + describe(site) + into).c_str());
+  }
 
   // Read the box now (out-of-bounds elements are zeros), row-major with the innermost fastest.
-  TmaCopy copy{begin, m.offset, f.swizzle, std::vector<unsigned char>(nbytes, 0), dst.view, dst.index, primitive,
-               site, t.linear};
+  TmaCopy copy{begin, bar_offset, f.swizzle, std::vector<unsigned char>(nbytes, 0), dst.view, dst.index, primitive,
+               site, t.linear, launch.rank};
   uint32_t idx[5] = {0, 0, 0, 0, 0};
   for (size_t e = 0; e < elements; ++e) {
     bool inside = true;
@@ -612,11 +716,25 @@ void tma_load(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& b
       std::memcpy(copy.data.data() + e * f.elem_bytes, reinterpret_cast<const void*>(f.base + offset), f.elem_bytes);
     for (uint32_t d = 0; d < f.rank && ++idx[d] == f.box[d]; ++d) idx[d] = 0;
   }
-  if (launch.check_races) {
-    std::memset(launch.pending.data() + begin, kPendingTma, nbytes);
-    launch.pending_bytes += nbytes;
+  for (LaunchState* target : targets) {
+    if (target->check_races) {
+      std::memset(target->pending.data() + begin, kPendingTma, nbytes);
+      target->pending_bytes += nbytes;
+    }
+    target->tma_copies.push_back(copy);
   }
-  launch.tma_copies.push_back(std::move(copy));
+}
+
+}  // namespace
+
+void tma_load(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& bar, const int* coords, int rank,
+              const char* primitive, const Site& site) {
+  issue_tma(dst, map, bar, false, 0, coords, rank, primitive, site);
+}
+
+void tma_load_multicast(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& bar, unsigned mask,
+                        const int* coords, int rank, const char* primitive, const Site& site) {
+  issue_tma(dst, map, bar, true, mask, coords, rank, primitive, site);
 }
 
 void tma_prefetch(const CUtensorMap* map, const char* primitive, const Site& site) {
@@ -682,6 +800,19 @@ void warp_combine(const char* primitive, WarpCombine combine, void* data, const 
   ThreadState& t = full_warp_thread(primitive, site);
   t.combine = combine;
   warp_collective(primitive, WarpOp::kCombine, kFullMask, reinterpret_cast<uintptr_t>(data), 0, 32, site);
+}
+
+void cluster_barrier(const char* primitive, const Site& site) {
+  ThreadState& t = current_thread(primitive);
+  t.wait = WaitKind::kClusterBarrier;
+  t.site = site;
+  t.primitive = primitive;
+  suspend(t);
+}
+
+unsigned cluster_ctarank() {
+  current_thread("%cluster_ctarank");
+  return g_launch->rank;
 }
 
 unsigned active_mask(const Site& site) {
@@ -842,6 +973,7 @@ void thread_main(void* arg) {
   }
   perform_copies(launch, *t, UINT32_MAX);  // the hardware completes copies still in flight
   t->wait = WaitKind::kExited;
+  --launch.live;
   context_switch(t->context, launch.scheduler);
   __builtin_unreachable();  // an exited fiber is never resumed
 }
@@ -1073,23 +1205,84 @@ std::string blocked_at(const LaunchState& launch, const ThreadState& t) {
                 describe_mbarrier(m).c_str(), t.param, describe_phase(m).c_str());
 }
 
-// Explains a block in which threads wait at mbarriers and nothing can move; false if none does.
-bool report_stuck_mbarrier(LaunchState& launch) {
-  if (std::none_of(launch.threads.begin(), launch.threads.end(),
-                   [](const ThreadState& t) { return t.wait == WaitKind::kMbarrier; }))
-    return false;
-  std::vector<std::pair<std::string, std::vector<unsigned>>> states;  // threads grouped by what they do
-  for (const ThreadState& t : launch.threads) {
-    const std::string state = blocked_at(launch, t);
-    auto it = std::find_if(states.begin(), states.end(), [&](const auto& s) { return s.first == state; });
-    if (it == states.end()) states.push_back({state, {t.linear}});
-    else it->second.push_back(t.linear);
+// Records an error about the whole cluster, found by the scheduler; a cluster of one block is
+// named like that block.
+void cluster_error(ClusterState& cluster, const std::string& what) {
+  const LaunchState& first = *cluster.ctas.front();
+  const LaunchState& last = *cluster.ctas.back();
+  cluster.message = cluster.ctas.size() == 1
+                        ? describe_block(first.block_index) + ": " + what
+                        : format("cluster of blocks (%u,%u,%u)-(%u,%u,%u): ", first.block_index.x, first.block_index.y,
+                                 first.block_index.z, last.block_index.x, last.block_index.y, last.block_index.z) +
+                              what;
+}
+
+// The threads of the cluster grouped by `state` (what each does), block by block:
+// "threads 0-63 arrived; threads 64-127 have exited", each group led by its block in a cluster of
+// several ("block (1,0,0) threads 0-127 ...").
+template <class State>
+std::string describe_states(const ClusterState& cluster, State state) {
+  std::string out;
+  for (const auto& cta : cluster.ctas) {
+    std::vector<std::pair<std::string, std::vector<unsigned>>> states;  // threads grouped by what they do
+    for (const ThreadState& t : cta->threads) {
+      const std::string what = state(*cta, t);
+      auto it = std::find_if(states.begin(), states.end(), [&](const auto& s) { return s.first == what; });
+      if (it == states.end()) states.push_back({what, {t.linear}});
+      else it->second.push_back(t.linear);
+    }
+    const std::string block = cluster.ctas.size() == 1 ? "" : describe_block(cta->block_index) + " ";
+    for (const auto& s : states)
+      out += (out.empty() ? "" : "; ") + block + describe_threads(s.second) + " " + s.first;
   }
-  std::string detail;
-  for (const auto& s : states) detail += (detail.empty() ? "" : "; ") + describe_threads(s.second) + " " + s.first;
-  scheduler_error(launch, "deadlock: every thread is blocked and no mbarrier phase they wait for can complete: " +
-                              detail);
+  return out;
+}
+
+// Explains a cluster in which threads wait at mbarriers and nothing can move; false if none does.
+bool report_stuck_mbarrier(ClusterState& cluster) {
+  if (std::none_of(cluster.ctas.begin(), cluster.ctas.end(), [](const auto& cta) {
+        return std::any_of(cta->threads.begin(), cta->threads.end(),
+                           [](const ThreadState& t) { return t.wait == WaitKind::kMbarrier; });
+      }))
+    return false;
+  cluster_error(cluster, std::string("deadlock: every thread") + (cluster.ctas.size() == 1 ? "" : " of the cluster") +
+                             " is blocked and no mbarrier phase they wait for can complete: " +
+                             describe_states(cluster, blocked_at));
   return true;
+}
+
+// Completes the cluster barrier when every thread of every block waits at the same one; it orders
+// shared memory within each block like a __syncthreads.
+bool complete_cluster_barrier(ClusterState& cluster) {
+  const ThreadState& first = cluster.ctas.front()->threads.front();
+  for (const auto& cta : cluster.ctas)
+    for (const ThreadState& t : cta->threads)
+      if (t.wait != WaitKind::kClusterBarrier || t.site != first.site) return false;
+  const Site site = first.site;
+  ++cluster.epoch;
+  for (const auto& cta : cluster.ctas) {
+    for (ThreadState& t : cta->threads) t.wait = WaitKind::kRunnable;
+    ++cta->epoch;
+    cta->last_barrier = site;
+    cta->barrier_seen = true;
+  }
+  return true;
+}
+
+// Explains a cluster barrier that can never complete; false if no thread waits at one.
+bool report_stuck_cluster_barrier(ClusterState& cluster) {
+  for (const auto& cta : cluster.ctas)
+    for (const ThreadState& t : cta->threads) {
+      if (t.wait != WaitKind::kClusterBarrier) continue;
+      const std::string detail = describe_states(cluster, [&](const LaunchState& l, const ThreadState& u) {
+        return u.wait == WaitKind::kClusterBarrier && u.site == t.site ? std::string("arrived") : blocked_at(l, u);
+      });
+      cluster_error(cluster, format("%s at %s cannot complete: every thread of every block of the cluster must reach "
+                                    "the same cluster barrier; %s",
+                                    t.primitive, describe(t.site).c_str(), detail.c_str()));
+      return true;
+    }
+  return false;
 }
 
 // What lane `u` does instead of joining collective `t`, or "arrived".
@@ -1159,14 +1352,13 @@ void reset_thread(LaunchState& launch, ThreadState& t) {
   t.copies_head = 0;
   t.groups_committed = 0;
   t.proxy_fences.clear();
-  t.mbarrier_init_fences = 0;
+  t.mbarrier_init_fences.clear();
   context_init(t.context, launch.stacks.stack_lo(t.linear), launch.stacks.stack_bytes(), &thread_main, &t);
 }
 
-// Runs every thread of one block to completion; false (with launch.message) on an error.
-bool run_block(LaunchState& launch, const uint3& block) {
+// Starts `block` on `launch`: fresh shared memory, mbarriers, warpgroups and threads.
+void start_block(LaunchState& launch, const uint3& block) {
   launch.block_index = block;
-  blockIdx = block;
   ++launch.epoch;  // the shadow state of earlier blocks no longer matters
   launch.block_epoch = launch.epoch;
   launch.barrier_seen = false;
@@ -1183,31 +1375,102 @@ bool run_block(LaunchState& launch, const uint3& block) {
     std::fill(launch.pending.begin(), launch.pending.end(), 0);
     launch.pending_bytes = 0;
   }
+  launch.live = launch.nthreads;
   for (ThreadState& t : launch.threads) reset_thread(launch, t);
+}
 
+// Resumes every runnable fiber of `launch` until it blocks or exits; false on an error.
+bool resume_block(LaunchState& launch) {
+  g_launch = &launch;
+  blockIdx = launch.block_index;
+  for (ThreadState& t : launch.threads) {
+    if (t.wait != WaitKind::kRunnable) continue;
+    launch.current = &t;
+    threadIdx = t.index;
+    context_switch(launch.scheduler, t.context);
+    launch.current = nullptr;
+    if (launch.failed) return false;
+  }
+  return true;
+}
+
+// Settles what the threads of a quiescent block wait for (the order of emu_scheduler.h); true if
+// some thread can run again.
+bool settle_block(LaunchState& launch) {
+  return complete_warp_collectives(launch) || complete_warpgroups(launch) || complete_active_masks(launch) ||
+         complete_mbarrier_waits(launch) || complete_barrier(launch);
+}
+
+// Explains a cluster in which no thread can move.
+void report_deadlock(ClusterState& cluster) {
+  if (report_stuck_cluster_barrier(cluster) || report_stuck_mbarrier(cluster)) return;
+  // A warp collective or warpgroup meeting that cannot complete, in the first block that has one.
+  LaunchState* stuck = cluster.ctas.front().get();
+  for (const auto& cta : cluster.ctas)
+    if (std::any_of(cta->threads.begin(), cta->threads.end(), [](const ThreadState& t) {
+          return t.wait == WaitKind::kWarpCollective || t.wait == WaitKind::kWarpgroup;
+        })) {
+      stuck = cta.get();
+      break;
+    }
+  report_stuck_collective(*stuck);
+  cluster.message = stuck->message;
+}
+
+// What is wrong with a block whose threads have all exited, or "": transaction bytes on an mbarrier
+// beyond what its phases expected, landed or still in flight (a phase in progress may hold such
+// bytes only while an expect_tx is still to come), or TMA loads in flight.
+std::string exit_problem(const LaunchState& launch) {
+  for (const auto& [offset, m] : launch.mbarriers) {
+    long long tx = m.tx;
+    const TmaCopy* in_flight = nullptr;
+    for (const TmaCopy& c : launch.tma_copies) {
+      if (c.barrier != offset) continue;
+      tx -= static_cast<long long>(c.data.size());
+      if (in_flight == nullptr) in_flight = &c;
+    }
+    if (tx < 0)
+      return format("every thread exited with %lld transaction bytes on %s that no expect_tx announced (%s%s): a "
+                    "phase expected fewer bytes (welder_mbarrier_arrive_expect_tx) than its TMA loads deliver",
+                    -tx, describe_mbarrier(m).c_str(), describe_phase(m).c_str(),
+                    in_flight ? ("; " + describe_tma(launch, *in_flight) + ", still in flight").c_str() : "");
+  }
+  if (!launch.tma_copies.empty())
+    return format("every thread exited with %s still in flight (no thread waited on that mbarrier after the load was "
+                  "issued)",
+                  describe_tma(launch, launch.tma_copies.front()).c_str());
+  return "";
+}
+
+// Runs the blocks of one cluster, the first at `first`, to completion; false (with
+// cluster.message) on an error.
+bool run_cluster(ClusterState& cluster, const uint3& first) {
+  for (const auto& cta : cluster.ctas) start_block(*cta, uint3{first.x + cta->rank, first.y, first.z});
+  const auto failed = [&cluster](const LaunchState& launch) {
+    cluster.message = launch.message;
+    return false;
+  };
   for (;;) {
     bool all_exited = true;
-    for (ThreadState& t : launch.threads) {
-      if (t.wait == WaitKind::kRunnable) {
-        launch.current = &t;
-        threadIdx = t.index;
-        context_switch(launch.scheduler, t.context);
-        launch.current = nullptr;
-        if (launch.failed) return false;
+    for (const auto& cta : cluster.ctas) {
+      LaunchState& launch = *cta;
+      if (launch.live > 0 && !resume_block(launch)) return failed(launch);
+      if (launch.live > 0) {
+        all_exited = false;
+      } else if (const std::string problem = exit_problem(launch); !problem.empty()) {
+        scheduler_error(launch, problem);
+        return failed(launch);
       }
-      all_exited = all_exited && t.wait == WaitKind::kExited;
     }
-    if (all_exited) {
-      if (launch.tma_copies.empty()) return true;
-      scheduler_error(launch, format("every thread exited with %s still in flight (no thread waited on that "
-                                     "mbarrier after the load was issued)",
-                                     describe_tma(launch, launch.tma_copies.front()).c_str()));
-      return false;
+    if (all_exited) return true;
+    bool progress = false;
+    for (const auto& cta : cluster.ctas) {
+      if (cta->live == 0) continue;
+      progress = settle_block(*cta) || progress;
+      if (cta->failed) return failed(*cta);
     }
-    if (complete_warp_collectives(launch) || complete_warpgroups(launch) || complete_active_masks(launch) ||
-        complete_mbarrier_waits(launch) || complete_barrier(launch))
-      continue;
-    if (!launch.failed && !report_stuck_mbarrier(launch)) report_stuck_collective(launch);
+    if (progress || complete_cluster_barrier(cluster)) continue;
+    report_deadlock(cluster);
     return false;
   }
 }
@@ -1239,13 +1502,15 @@ std::string prepare_launch(LaunchState& launch, size_t stack_bytes) {
   return "";
 }
 
-bool run_grid(LaunchState& launch) {
+bool run_grid(ClusterState& cluster) {
+  const LaunchState& launch = *cluster.ctas.front();
   gridDim = launch.grid;
   blockDim = launch.block;
+  const auto size = static_cast<unsigned>(cluster.ctas.size());
   for (unsigned z = 0; z < launch.grid.z; ++z)
     for (unsigned y = 0; y < launch.grid.y; ++y)
-      for (unsigned x = 0; x < launch.grid.x; ++x)
-        if (!run_block(launch, uint3{x, y, z})) return false;
+      for (unsigned x = 0; x < launch.grid.x; x += size)
+        if (!run_cluster(cluster, uint3{x, y, z})) return false;
   return true;
 }
 

@@ -169,6 +169,21 @@ void tma_load(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& b
 // prefetch.tensormap: only checks that `map` was encoded.
 void tma_prefetch(const CUtensorMap* map, const char* primitive, const Site& site);
 
+// ---------------------------------------------------------------------------- clusters
+
+// %cluster_ctarank: the calling thread's block's rank in its cluster (0 without cluster dims).
+unsigned cluster_ctarank();
+// barrier.cluster.arrive.release + barrier.cluster.wait.acquire: waits until every thread of every
+// block of the cluster waits at the same call site.
+void cluster_barrier(const char* primitive, const Site& site);
+// mbarrier.arrive.release.cluster.shared::cluster on the mbarrier at `bar`'s offset in the block of
+// rank `cta` (which may be the caller's own).
+void mbarrier_arrive_cluster(const SharedSpot& bar, unsigned cta, const char* primitive, const Site& site);
+// tma_load with .multicast::cluster: the box lands at `dst`'s offset in every block whose rank bit is
+// set in `mask`, completing its bytes on the mbarrier at `bar`'s offset there.
+void tma_load_multicast(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& bar, unsigned mask,
+                        const int* coords, int rank, const char* primitive, const Site& site);
+
 // __activemask(): the lanes of this warp that wait at the same call site when the block stalls.
 unsigned active_mask(const Site& site);
 

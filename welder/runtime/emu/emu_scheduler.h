@@ -1,22 +1,31 @@
-// Internal to the emulator runtime (emu_runtime.cpp, emu_launch.cpp): the state of a launch.
+// Internal to the emulator runtime (emu_runtime.cpp, emu_launch.cpp): the state of a launch, one
+// LaunchState per block of a cluster.
 //
-// Execution model.  Blocks run one after another on the calling OS thread.  The threads of a block
-// are fibers; the scheduler resumes every runnable fiber in thread order until it blocks (at a
-// barrier or a warp collective) or exits.  When no fiber can run, the block is "quiescent" and the
-// scheduler settles what the fibers wait for, in this order:
+// Execution model.  Clusters of blocks run one after another on the calling OS thread; without
+// cluster dims (WELDER_CLUSTER_DIMS) a cluster is one block.  Each block of a cluster has its own
+// LaunchState -- threads, shared memory, mbarriers, TMA copies in flight, warpgroups, barrier epochs,
+// shadow state -- and g_launch points at the block of the fiber being resumed.  The threads of a
+// block are fibers; the scheduler resumes every runnable fiber of each block in turn (rank order,
+// thread order) until it blocks (at a barrier, a warp collective, an mbarrier or the cluster
+// barrier) or exits.  When no fiber of the cluster can run, the scheduler settles, block by block,
+// what the fibers wait for, in this order:
 //   1. warp collectives whose whole mask has arrived at the same call site complete;
 //   2. __activemask() calls complete, each with the set of lanes waiting at that call site;
-//   3. a block barrier completes when every live thread waits at the same __syncthreads site;
+//   3. mbarrier waits whose phase completed return;
+//   4. a block barrier completes when every live thread waits at the same __syncthreads site;
 // (a warpgroup meeting -- the wgmma instructions -- is settled right after the warp collectives:
 // it completes when all 128 threads of the warpgroup wait at the same call site)
-// and anything else would hang the GPU; it is reported as an error that says which threads are
-// where.  The first error stops the launch: the failing fiber switches back to the scheduler and
-// is never resumed.
+// and if no block moved, the cluster barrier (welder_cluster_sync) completes when every thread of
+// every block waits at the same call site.  Anything else would hang the GPU; it is reported as an
+// error that says which threads of which blocks are where.  The first error stops the launch: the
+// failing fiber switches back to the scheduler and is never resumed.
 //
 // Race model.  Every byte of dynamic shared memory has shadow state: the last write and up to two
 // reads, each stamped with the barrier epoch and a per-warp vector clock.  Two accesses by
-// different threads conflict unless a __syncthreads (new epoch) or a __syncwarp naming both
-// threads (vector clock) lies between them; a conflicting pair that includes a write is an error.
+// different threads conflict unless a __syncthreads or cluster barrier (new epoch) or a __syncwarp
+// naming both threads (vector clock) lies between them; a conflicting pair that includes a write is
+// an error.  Blocks reach each other's shared memory only through mbarrier arrivals and multicast
+// TMA loads, so shadow state stays per block.
 //
 // cp.async.  Each thread keeps its own queue of copies.  A copy reads its source when issued and is
 // checked (and recorded in the shadow state) as a write of its destination then; it lands in shared
@@ -32,7 +41,16 @@
 // queued on its mbarrier; it lands in shared memory (swizzled, recorded as an async-proxy write)
 // only when some thread waits on that mbarrier, or when every thread is blocked and one of them
 // waits on it.  Until then its destination bytes are marked pending, like a cp.async's.  A wait
-// suspends the fiber (WaitKind::kMbarrier) until the phase of its parity completed.
+// suspends the fiber (WaitKind::kMbarrier) until the phase of its parity completed.  A phase's
+// transaction count may drop below zero while arrivals are pending (a peer's multicast can land
+// before this block's expect_tx); with all arrivals in, or once the block's threads have all exited,
+// below zero is an error.
+//
+// Clusters.  A remote arrival or a multicast load acts on the mbarriers, TMA queue and pending
+// bytes of each target block.  A target mbarrier must have been published to the cluster: a
+// fence.mbarrier_init of its initialising thread, then a completed cluster barrier (ClusterState's
+// epoch counts them; each thread records the epoch at each of its fences).  A block whose threads
+// have all exited (LaunchState::live == 0) may no longer be a target.
 //
 // wgmma (emu_wgmma.h).  Per warpgroup, a queue of operations issued, committed groups, and whether a
 // wgmma.fence came since the last wait.  The 16-byte units an operation reads are counted in
@@ -44,6 +62,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,7 +75,16 @@ namespace welder_emu::detail {
 constexpr unsigned kWarpSize = 32;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
-enum class WaitKind : uint8_t { kRunnable, kBarrier, kWarpCollective, kWarpgroup, kActiveMask, kMbarrier, kExited };
+enum class WaitKind : uint8_t {
+  kRunnable,
+  kBarrier,
+  kWarpCollective,
+  kWarpgroup,
+  kActiveMask,
+  kMbarrier,
+  kClusterBarrier,
+  kExited
+};
 
 // What marks a byte of the dynamic buffer in LaunchState::pending.
 enum PendingKind : uint8_t { kNotPending = 0, kPendingCpAsync = 1, kPendingTma = 2, kMbarrierObject = 3 };
@@ -102,8 +130,9 @@ struct ThreadState {
   uint32_t groups_committed = 0;
   // The epoch of each fence.proxy.async this thread executed, in order.
   std::vector<uint32_t> proxy_fences;
-  // fence.mbarrier_init executed so far; and, while waiting at an mbarrier, its byte offset.
-  uint32_t mbarrier_init_fences = 0;
+  // The cluster epoch at each fence.mbarrier_init this thread executed, in order; and, while
+  // waiting at an mbarrier, its byte offset.
+  std::vector<uint32_t> mbarrier_init_fences;
   size_t wait_barrier = 0;
 };
 
@@ -119,11 +148,12 @@ struct Mbarrier {
   Site init_site;
   unsigned init_thread;
   uint32_t init_epoch;
-  uint32_t init_fences;  // the initialising thread's fence.mbarrier_init count at the init
+  uint32_t init_fences;  // how many fence.mbarrier_init the initialising thread had executed before
 };
 
-// One TMA load in flight: the box as read from global memory (row-major, innermost first), where
-// it goes, and the mbarrier it completes on.
+// One TMA load in flight into this block: the box as read from global memory (row-major, innermost
+// first), where it goes, the mbarrier it completes on, and who issued it (a multicast load from a
+// peer block is queued in every destination block).
 struct TmaCopy {
   size_t dst;  // byte offset of the box in the dynamic buffer
   size_t barrier;
@@ -133,7 +163,8 @@ struct TmaCopy {
   long long index;
   const char* primitive;
   Site site;
-  unsigned issuer;
+  unsigned issuer;       // thread
+  unsigned issuer_rank;  // its block's rank in the cluster
 };
 
 // One access in the shadow state; epoch 0 means "none".
@@ -157,6 +188,10 @@ struct WarpgroupState {
   WgmmaQueue queue;
 };
 
+struct ClusterState;
+
+// One block's view of the launch: the launch's configuration and the state of the block that runs
+// as cluster rank `rank` (one per rank, reused by each cluster in turn).
 struct LaunchState {
   dim3 grid, block;
   size_t smem_bytes = 0;
@@ -184,6 +219,10 @@ struct LaunchState {
   std::vector<TmaCopy> tma_copies;           // in flight, in issue order
   uint32_t block_epoch = 0;                // the epoch the current block started in
 
+  ClusterState* cluster = nullptr;
+  unsigned rank = 0;  // %cluster_ctarank
+  unsigned live = 0;  // threads of the current block that have not exited
+
   uint3 block_index{0, 0, 0};
   uint32_t epoch = 0;  // advanced at every completed barrier and at every block start
   Site last_barrier{"", 0};
@@ -195,16 +234,23 @@ struct LaunchState {
   std::string message;
 };
 
-// The launch in progress; launches are serialised (emu_launch.cpp).
+// The blocks of the cluster in progress (all of them for cluster dims X, one without).
+struct ClusterState {
+  std::vector<std::unique_ptr<LaunchState>> ctas;  // by rank
+  uint32_t epoch = 0;                              // cluster barriers completed
+  std::string message;                             // the first error
+};
+
+// The block whose fiber runs (or ran last); launches are serialised (emu_launch.cpp).
 inline LaunchState* g_launch = nullptr;
 
 std::string describe_block(const uint3& block);
 std::string describe_thread(const ThreadState& t);
 
-// Sizes the launch's threads, stacks, shared memory and shadow state; "" or the reason it failed.
+// Sizes one block's threads, stacks, shared memory and shadow state; "" or the reason it failed.
 std::string prepare_launch(LaunchState& launch, size_t stack_bytes);
 
-// Runs every block, x fastest; false with launch.message set on the first error.
-bool run_grid(LaunchState& launch);
+// Runs every cluster of blocks, x fastest; false with cluster.message set on the first error.
+bool run_grid(ClusterState& cluster);
 
 }  // namespace welder_emu::detail

@@ -2,8 +2,9 @@
 // emulator.  The state lives in the runtime (emu_runtime.cpp); emu_scheduler.h describes the model:
 //  - an mbarrier counts the arrivals and transaction bytes its current phase still needs; the phase
 //    completes when both reach zero.  An arrival beyond the expected count, a transaction count
-//    below zero, use by another thread before a __syncthreads made the init visible, and a block
-//    whose threads all wait for phases that cannot complete are errors naming the mbarrier.
+//    below zero once the phase has all its arrivals (or when the block exits), use by another
+//    thread before a __syncthreads made the init visible, and a block whose threads all wait for
+//    phases that cannot complete are errors naming the mbarrier.
 //  - a TMA load reads its box from global memory when issued (out-of-bounds elements are zeros) and
 //    lands it in shared memory, in the swizzled layout of its tensor map, only when a thread waits on
 //    its mbarrier: reading or writing the destination earlier, or a wgmma whose descriptor covers

@@ -319,7 +319,8 @@ class EmulatedModule:
         are converted to the parameter's type; ``None`` passes a null pointer.  A
         ``CUtensorMap`` parameter takes a :class:`TensorMapArg` naming an array argument of the
         same launch; the emulator encodes it over that array (over its guarded copy, which the
-        map's extent must fit).
+        map's extent must fit).  A kernel declared with ``WELDER_CLUSTER_DIMS(name, X)`` runs in
+        clusters of X blocks along x (``grid`` x a multiple of X; docs/emulator.md).
         """
         self._kernel(name).launch(grid, block, smem_bytes, args, stack_bytes, check_races)
 

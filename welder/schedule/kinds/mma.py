@@ -202,6 +202,11 @@ class MmaConfig(StageConfig):
     def threads(self) -> int:
         return self.warps[0] * self.warps[1] * 32
 
+    @property
+    def cluster(self) -> int:
+        """Blocks per thread-block cluster (1: no clusters)."""
+        return 1
+
     def renamed(self, names: Mapping[str, str]) -> MmaConfig:
         return replace(self, node=names.get(self.node, self.node))
 
@@ -562,6 +567,19 @@ class MmaKind:
         where its tiles take more than one wave and nothing follows the contraction."""
         return False
 
+    def cluster_variants(
+        self, cfg: MmaConfig, con: Contraction, region: Region, grid: tuple[int, ...]
+    ) -> list[tuple[MmaConfig, int]]:
+        """Variants of ``cfg`` whose blocks pair up in clusters, each with the root axis along
+        which the two blocks of a pair are neighbours (it then varies fastest in
+        ``blockIdx.x``); tried, like persistent blocks, where nothing follows the
+        contraction."""
+        return []
+
+    def l2_operand_rows(self, cfg: MmaConfig) -> int:
+        """Rows of operand slices (of ``block_k`` elements) a block draws from L2 per slice."""
+        return cfg.block_m + cfg.block_n
+
     def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
         """The share of the tensor cores' peak ``cfg`` reaches, and its slice latency (us)."""
         return self.efficiency, self.slice_latency_us
@@ -811,17 +829,30 @@ def _placed(
     splits_tried = split_choices(con, stage, math.prod(grid), ctx) if rule.splittable(stage) else []
     for splits in (1, *splits_tried):
         split = replace(stage, splits=splits)
-        estimate = _estimate(rule, group, con, split, later, regions, grid, threads, smem, regs, ctx)
-        if estimate is None:
-            continue
-        # More than a wave of tiles and a lone stage: a persistent variant too, placed first so
-        # that it wins a tie with the launch-per-tile kernel.
-        if splits == 1 and not later and estimate.waves > 1 and rule.persistable(split):
-            resident = replace(split, persistent=estimate.blocks_per_sm * arch.sm_count)
-            again = _estimate(rule, group, con, resident, later, regions, grid, threads, smem, regs, ctx)
-            assert again is not None
-            found.append(GroupConfig(group.root, tile, grid, order, threads, [resident], smem, again))
-        found.append(GroupConfig(group.root, tile, grid, order, threads, [split, *later], smem, estimate))
+        lone = splits == 1 and not later
+        shapes = [(split, order)]
+        if lone:  # clustered variants: the pairing axis varies fastest
+            shapes += [
+                (paired, (*(a for a in order if a != axis), axis))
+                for paired, axis in rule.cluster_variants(split, con, regions.members[first], grid)
+            ]
+        for shaped, shaped_order in shapes:
+            estimate = _estimate(rule, group, con, shaped, later, regions, grid, threads, smem, regs, ctx)
+            if estimate is None:
+                continue
+            # More than a wave of tiles and a lone stage: a persistent variant too, placed first
+            # so that it wins a tie with the launch-per-tile kernel.
+            if lone and estimate.waves > 1 and rule.persistable(shaped):
+                wave = estimate.blocks_per_sm * arch.sm_count // shaped.cluster * shaped.cluster
+                resident = replace(shaped, persistent=wave)
+                again = _estimate(rule, group, con, resident, later, regions, grid, threads, smem, regs, ctx)
+                assert again is not None
+                found.append(
+                    GroupConfig(group.root, tile, grid, shaped_order, threads, [resident], smem, again)
+                )
+            found.append(
+                GroupConfig(group.root, tile, grid, shaped_order, threads, [shaped, *later], smem, estimate)
+            )
     return found if found else "estimate: no block fits an SM"
 
 
@@ -939,7 +970,7 @@ def _estimate(
         for st in later
     )
     simt_us = -(-tiles // arch.sm_count) * simt_flops / (arch.fp32_tflops * 1e12 / arch.sm_count) * 1e6
-    operand_block = (stage.block_m + stage.block_n) * split_tiles * stage.block_k * item
+    operand_block = rule.l2_operand_rows(stage) * split_tiles * stage.block_k * item
     # Split-K: every block writes its fp32 partial tile; the last of each tile reads the
     # others back, after one more round trip (the counter), at one SM's share of L2.
     partial = stage.block_m * stage.block_n * 4

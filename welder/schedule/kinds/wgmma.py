@@ -35,6 +35,8 @@ from typing import ClassVar
 from welder.schedule.group import Group
 from welder.schedule.kinds.base import ScheduleContext
 from welder.schedule.kinds.mma import BF16, FP16, Contraction, MmaConfig, MmaKind, Operand
+from welder.tile.propagate import Region
+from welder.tile.region import Affine
 
 #: The GPU generation with wgmma (sm_90a code runs on 9.0 alone).
 COMPUTE_CAPABILITY = (9, 0)
@@ -87,6 +89,8 @@ TMA_SLICE_LATENCY_US = 0.6
 PRODUCER_THREADS = 128
 #: Dimensions a TMA tensor map may have; two are the slice's, the rest batch axes.
 TMA_MAX_RANK = 5
+#: Blocks per cluster of the multicast variant: a pair whose tiles share one operand's slices.
+CLUSTER = 2
 
 
 @dataclass
@@ -100,6 +104,11 @@ class WgmmaConfig(MmaConfig):
     # parameters), each slot guarded by a full and an empty mbarrier; the ``warps`` are the
     # consumers.
     producer: bool = False
+    # The producer variant in clusters of two blocks whose root tiles share this operand
+    # ("a": the same rows of A, "b": the same columns of B): each block's producer copies
+    # half of the shared slice and multicasts it into both blocks' rings, so the pair draws
+    # that operand from L2 once (see :meth:`WgmmaKind.cluster_variants`); "" for none.
+    multicast: str = ""
 
     @property
     def threads(self) -> int:
@@ -116,9 +125,18 @@ class WgmmaConfig(MmaConfig):
         return self.block_m // self.warpgroups
 
     @property
+    def cluster(self) -> int:
+        return CLUSTER if self.multicast else 1
+
+    def shared_rows(self) -> int:
+        """Rows of the slice the blocks of a cluster share (0 without multicast)."""
+        return {"a": self.block_m, "b": self.block_n}.get(self.multicast, 0)
+
+    @property
     def family(self) -> str:
         if self.producer:
-            return "wgmma/tma"  # persistent or not: the estimate ranks them (see _placed)
+            # Persistent or not, clustered or not: the estimate ranks them (see _placed).
+            return "wgmma/tma"
         return "wgmma/split-k" if self.splits > 1 else "wgmma"
 
     @property
@@ -197,6 +215,31 @@ class WgmmaKind(MmaKind):
         # The producer runs ahead into the next tile while the consumers store this one.
         return _producer(cfg)
 
+    def cluster_variants(
+        self, cfg: MmaConfig, con: Contraction, region: Region, grid: tuple[int, ...]
+    ) -> list[tuple[MmaConfig, int]]:
+        # The two blocks of a cluster are neighbours along one root axis that moves only the
+        # contraction's M (they share B) or only its N (they share A), with an even number of
+        # blocks along it; a shared slice is halved into whole swizzle atoms (K-major rows) or
+        # whole 64-column panels (MN-major).
+        if not _producer(cfg) or cfg.splits > 1:
+            return []
+        assert isinstance(cfg, WgmmaConfig)
+        found: list[tuple[MmaConfig, int]] = []
+        for name, operand, partner, rows in (
+            ("a", con.a, con.n_axis, cfg.block_m),
+            ("b", con.b, con.m_axis, cfg.block_n),
+        ):
+            halves = rows // 2 % 8 == 0 if operand.contiguous == "k" else rows % 128 == 0
+            axis = _pairing_axis(region, partner, grid)
+            if halves and axis is not None:
+                found.append((replace(cfg, multicast=name), axis))
+        return found
+
+    def l2_operand_rows(self, cfg: MmaConfig) -> int:
+        shared = cfg.shared_rows() if isinstance(cfg, WgmmaConfig) else 0
+        return cfg.block_m + cfg.block_n - shared // CLUSTER
+
     def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
         if _producer(cfg):
             return TMA_EFFICIENCY, TMA_SLICE_LATENCY_US
@@ -205,6 +248,23 @@ class WgmmaKind(MmaKind):
     def registers(self, cfg: MmaConfig) -> int:
         assert isinstance(cfg, WgmmaConfig)
         return BASE_REGISTERS + cfg.wg_m * cfg.block_n // 128
+
+
+def _pairing_axis(region: Region, partner: int, grid: tuple[int, ...]) -> int | None:
+    """The root axis whose neighbouring blocks differ only along the contraction's axis
+    ``partner`` (their origins along every other axis agree), with an even number of blocks;
+    None where there is none."""
+    origins = [d.lo for d in region.dims]
+    if not all(isinstance(lo, Affine) for lo in origins):
+        return None
+    for var, _ in origins[partner].terms:
+        if not var.startswith("b"):
+            continue
+        axis = int(var[1:])
+        others = (lo for d, lo in enumerate(origins) if d != partner)
+        if grid[axis] % CLUSTER == 0 and not any(var in lo.coefs for lo in others):
+            return axis
+    return None
 
 
 def tma_dims(con: Contraction, operand: Operand) -> list[str] | None:

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Nsight Compute over the tensor-core kernels of scripts/mma_bench.py and cuBLAS's kernel for
+# the same shapes: each launched once (mma_bench --profile), with the sections that say where
+# a compute-bound product loses time -- throughput against the peaks (SpeedOfLight), L2 and
+# DRAM traffic (MemoryWorkloadAnalysis), why warps stall (WarpStateStats) -- and a short table
+# of the headline metrics last.  On the GPU machine:
+#
+#   source .device/setup.sh; bash scripts/ncu_mma.sh [SHAPES] [CANDIDATES] [KINDS]
+#
+# SHAPES: mma_bench's shape indices (default 3,4: the two 8192-row products); CANDIDATES per
+# family (default 2); KINDS (default wgmma).  Writes ncu.csv and ncu.log to $OUT (or
+# /tmp/welder-ncu).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+shapes=${1:-3,4}
+candidates=${2:-2}
+kinds=${3:-wgmma}
+out=${OUT:-/tmp/welder-ncu}
+mkdir -p "$out"
+ncu --profile-from-start off --target-processes all \
+  --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+  --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum \
+  --csv --page details \
+  python scripts/mma_bench.py --profile --kinds "$kinds" --shapes "$shapes" --candidates "$candidates" \
+  >"$out/ncu.csv" 2>"$out/ncu.log"
+rc=$?
+python - "$out/ncu.csv" <<'PY'
+import csv
+import sys
+from collections import defaultdict
+
+# The rows of interest per kernel, in the units ncu reports them.
+WANTED = {
+    "Duration": "time",
+    "Compute (SM) Throughput": "SM %",
+    "Memory Throughput": "mem %",
+    "L2 Cache Throughput": "L2 %",
+    "DRAM Throughput": "DRAM %",
+    "lts__t_bytes.sum": "L2 bytes",
+    "dram__bytes_write.sum": "DRAM written",
+    "Warp Cycles Per Issued Instruction": "cycles/issue",
+}
+lines = [ln for ln in open(sys.argv[1]) if ln.startswith('"')]
+table: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
+for row in csv.DictReader(lines):
+    name = row.get("Metric Name", "")
+    if name in WANTED:
+        key = (row.get("ID", ""), row.get("Kernel Name", "")[:48])
+        table[key][WANTED[name]] = f"{row.get('Metric Value', '')} {row.get('Metric Unit', '')}".strip()
+cols = list(WANTED.values())
+print("| id | kernel | " + " | ".join(cols) + " |")
+print("|" + "---|" * (len(cols) + 2))
+for (kid, kernel), vals in table.items():
+    print(f"| {kid} | {kernel} | " + " | ".join(vals.get(c, "") for c in cols) + " |")
+PY
+tail -n 5 "$out/ncu.log"
+exit $rc
