@@ -833,3 +833,49 @@ def test_gpu_device_sends_module_and_inputs_again_after_a_crash():
             device.time(program, _Kernel("good"), [np.zeros(8, np.float32)])
     finally:
         device.close()
+
+
+def test_phases_count_each_step_once_and_exclusive_of_nested_ones(monkeypatch):
+    """A phase's seconds leave out the phases nested in it, so the phases never add up to
+    more than the wall time (a clock that advances one second per reading)."""
+    from welder.tune import phases as phases_module
+
+    ticks = iter(range(100))
+    monkeypatch.setattr(phases_module.time, "perf_counter", lambda: float(next(ticks)))
+    phases = phases_module.Phases()
+    with phases("checking"):  # reads 0 ... 5
+        with phases("reference"):  # reads 1, 2
+            pass
+        with phases("reference"):  # reads 3, 4
+            pass
+    with phases("inputs"):  # reads 6, 7
+        pass
+    assert phases.seconds == {"checking": 3.0, "reference": 2.0, "inputs": 1.0}
+    assert list(phases.rounded()) == ["checking", "reference", "inputs"]
+
+
+def test_a_measured_tune_says_where_its_time_went():
+    """Seconds the device's compiles, timings and runs take show up under their phases in
+    the plan, tuned.json's totals and the summary line; under the cost model there are none."""
+
+    class Slow(ScriptedDevice):
+        def compile(self, kernels, timeout_s=None):
+            time.sleep(0.2)
+            return super().compile(kernels, timeout_s)
+
+        def time(self, program, kernel, inputs):
+            time.sleep(0.05)
+            return super().time(program, kernel, inputs)
+
+    graph = layernorm_gelu()
+    device = Slow(graph)
+    plan = tune_model(graph, ARCH, 2, None, device, workers=1)
+    phases = plan.phase_seconds
+    assert set(phases) >= {"nvcc", "inputs", "timing", "reference", "checking"}
+    assert phases["timing"] >= 0.05 * len(device.timed) - 0.05
+    assert phases["nvcc"] >= 0.2 - 0.05  # the first group waits for its compile at least
+    assert sum(phases.values()) <= plan.seconds + 0.1
+    assert tuned_json(plan, graph)["totals"]["tuning_phase_seconds"] == phases
+    assert "search and the rest" in format_summary(plan, graph)
+    cost_only = plan_model(graph, ARCH, topk=2)
+    assert cost_only.phase_seconds == {} and "search and the rest" not in format_summary(cost_only, graph)

@@ -241,8 +241,31 @@ class _Evaluator:
             raise ValueError(f"load of {e.tensor!r} with {len(e.indices)} indices, tensor has rank {t.ndim}")
         if t.ndim == 0:
             return t.astype(value_dtype(e.dtype), copy=False)
+        sliced = self._slice(e, t)
+        if sliced is not None:
+            return sliced.astype(value_dtype(e.dtype), copy=False)
         idx = [np.clip(self(i), 0, n - 1) if n > 0 else self(i) for i, n in zip(e.indices, t.shape)]
         return t[tuple(np.asarray(i, dtype=np.int64) for i in idx)].astype(value_dtype(e.dtype), copy=False)
+
+    def _slice(self, e: Load, t: np.ndarray) -> np.ndarray | None:
+        """The load as a view where each index is a distinct axis variable whose range lies
+        inside its dimension (an elementwise read, possibly transposed): no index arrays and
+        no gather; None otherwise."""
+        if not all(isinstance(i, Var) and i.name in self.domain for i in e.indices):
+            return None
+        names = [i.name for i in e.indices]  # type: ignore[attr-defined]
+        ranges = [self.domain[n] for n in names]
+        if len(set(names)) != len(names) or any(
+            r.size == 0 or r.flat[-1] >= n for r, n in zip(ranges, t.shape)
+        ):
+            return None
+        view = t[tuple(slice(int(r.flat[0]), int(r.flat[-1]) + 1) for r in ranges)]
+        position = list(self.domain)  # the domain's axes in broadcast order
+        order = sorted(range(len(names)), key=lambda d: position.index(names[d]))
+        shape = [1] * self.ndim
+        for d in order:
+            shape[position.index(names[d])] = view.shape[d]
+        return view.transpose(order).reshape(shape)
 
 
 def data_index(values: np.ndarray, extent: int, origin: str) -> np.ndarray:

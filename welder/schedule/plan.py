@@ -101,6 +101,8 @@ class Plan:
     log: list[str] = field(default_factory=list)
     skip_dot: bool = False
     split_failures: list[SplitFailure] = field(default_factory=list)
+    # Seconds per phase of a measured tune (welder.tune.phases), longest first; empty otherwise.
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def library_calls(self) -> int:
@@ -268,8 +270,18 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
             "traffic_bytes": plan.traffic_bytes,
             "unfused_traffic_bytes": plan.unfused_traffic_bytes,
             "tuning_seconds": round(plan.seconds, 2),
+            "tuning_phase_seconds": dict(plan.phase_seconds),
         },
     }
+
+
+def _phases(plan: Plan) -> str:
+    """`` (nvcc 120 s, reference 80 s, ..., search and the rest 12 s)`` for a measured tune."""
+    if not plan.phase_seconds:
+        return ""
+    rest = max(plan.seconds - sum(plan.phase_seconds.values()), 0.0)
+    parts = [f"{name} {s:.0f} s" for name, s in plan.phase_seconds.items()]
+    return f" ({', '.join([*parts, f'search and the rest {rest:.0f} s'])})"
 
 
 def gain_basis(unfused: str, fused_measured: bool) -> str:
@@ -375,7 +387,7 @@ def format_summary(plan: Plan, graph: Graph, width: int = 28) -> str:
         f"{plan.kernels} kernels{calls} (unfused: {plan.unfused_kernels}); {latency}; "
         f"unfused {plan.unfused_latency_us:.1f} us ({plan.unfused_basis}); gain = {gain}; compulsory DRAM "
         f"traffic {plan.traffic_bytes / mb:.2f} MB (unfused: {plan.unfused_traffic_bytes / mb:.2f} MB); "
-        f"arch {plan.arch.name}, {plan.measure}; tuning {plan.seconds:.1f} s"
+        f"arch {plan.arch.name}, {plan.measure}; tuning {plan.seconds:.1f} s{_phases(plan)}"
     )
     rows += [f"warning: {f.message()}" for f in plan.split_failures]
     return "\n".join(rows)

@@ -45,7 +45,7 @@ from typing import Any, Protocol, TextIO
 import numpy as np
 
 from welder.arch import Arch, match_gpu_name
-from welder.check import error_metric, output_thresholds, random_inputs
+from welder.check import error_metric, normal, output_thresholds, random_inputs
 from welder.codegen import generate_kernel, sanitize_identifier
 from welder.device.gpu import CompileError, GpuDevice, KernelTimeout, LaunchError
 from welder.errors import WelderError
@@ -59,6 +59,7 @@ from welder.schedule.kinds.library import LibraryGroup, find_gemm_groups
 from welder.schedule.kinds.mma import config_precision
 from welder.schedule.plan import Plan, PlannedGroup, SplitFailure, library_planned, traffic_of
 from welder.tune.cache import CacheKey, TuningCache
+from welder.tune.phases import Phases
 
 log = logging.getLogger("welder.tune")
 
@@ -240,7 +241,7 @@ def group_inputs(graph: Graph, group: Group, seed: int = 0) -> dict[str, np.ndar
     for t in group.inputs:
         value = graph.constants[t] if t in graph.constants else feeds[t]
         if t in graph.constants and np.issubdtype(value.dtype, np.floating) and not np.any(value):
-            value = rng.standard_normal(value.shape).astype(value.dtype)
+            value = normal(rng, value.shape, value.dtype)
         out[t] = np.require(value, requirements="C")
     return out
 
@@ -275,16 +276,20 @@ def _pick(
     reference: Callable[[], dict[str, np.ndarray]],
     timings: dict[int, float],
     limits: dict[int, dict[str, float]],
+    phases: Phases,
 ) -> int | None:
     """The fastest candidate whose outputs match the reference within its ``limits``."""
     for i in sorted(timings, key=lambda k: (timings[k], k)):
         kernel = cands.kernels[i]
         try:
-            outputs = device.run(cands.programs[i], kernel, inputs)
+            with phases("checking"):
+                outputs = device.run(cands.programs[i], kernel, inputs)
         except LaunchError as e:
             cands.drop(i, _launch_reason(e), str(e))
             continue
-        problem = _compare(kernel, outputs, reference(), limits[i])
+        expected = reference()
+        with phases("checking"):
+            problem = _compare(kernel, outputs, expected, limits[i])
         if problem:
             cands.drop(i, "wrong", problem)
             continue
@@ -385,26 +390,32 @@ def finish_candidates(
     key: CacheKey,
     topk: int,
     seed: int = 0,
+    phases: Phases | None = None,
 ) -> TunedConfig | None:
-    """Time the compiled candidates, check them fastest first, keep and store the winner."""
+    """Time the compiled candidates, check them fastest first, keep and store the winner
+    (adding the time each step takes to ``phases``)."""
+    phases = phases or Phases()
     group = cands.group
-    feeds = group_inputs(graph, group, seed)
+    with phases("inputs"):
+        feeds = group_inputs(graph, group, seed)
     inputs = [feeds[t] for t in group.inputs]
     memo: dict[str, dict[str, np.ndarray]] = {}
 
     def reference() -> dict[str, np.ndarray]:
         if "ref" not in memo:
-            memo["ref"] = reference_outputs(graph, group, feeds)
+            with phases("reference"):
+                memo["ref"] = reference_outputs(graph, group, feeds)
         return memo["ref"]
 
-    timings = _time_all(device, cands, inputs)
+    with phases("timing"):
+        timings = _time_all(device, cands, inputs)
     # Each candidate is held to the arithmetic it uses: a TF32 one to 2e-3, the others to 1e-4.
     by_precision = {
         p: output_thresholds(graph, group.outputs, group.members, p)
         for p in {config_precision(cfg) for cfg in cands.configs}
     }
     limits = {i: by_precision[config_precision(cfg)] for i, cfg in enumerate(cands.configs)}
-    winner = _pick(device, cands, inputs, reference, timings, limits)
+    winner = _pick(device, cands, inputs, reference, timings, limits, phases)
     tried = len(cands.configs)
     if winner is None:
         log.warning("group %s: none of %d candidates is valid on %s", group.root, tried, device.name)
@@ -477,6 +488,7 @@ class GpuMeasure:
         topk: int = 20,
         seed: int = 0,
         cost: CostModel | None = None,
+        phases: Phases | None = None,
     ) -> None:
         self.graph = graph
         self.arch = arch
@@ -485,6 +497,7 @@ class GpuMeasure:
         self.topk = topk
         self.seed = seed
         self.cost = cost or CostModel(graph, arch, Options(topk=topk))
+        self.phases = phases or Phases()
         self.tunes = 0  # groups compiled and timed (cache misses)
         self._results: dict[str, TunedConfig | None] = {}  # signature -> result in canonical names
         self._invalid: dict[str, str] = {}  # signature -> why no candidate is valid
@@ -504,9 +517,10 @@ class GpuMeasure:
             dropped: list[Dropped] | None = None
             if not hit:
                 self.tunes += 1
-                cands = compile_candidates(self.device, self.candidates(group))
+                with self.phases("nvcc"):
+                    cands = compile_candidates(self.device, self.candidates(group))
                 result = finish_candidates(
-                    self.graph, cands, self.device, self.cache, key, self.topk, self.seed
+                    self.graph, cands, self.device, self.cache, key, self.topk, self.seed, self.phases
                 )
                 dropped = cands.dropped
             self.remember(group, result, dropped)
@@ -653,7 +667,8 @@ class _ModelTuner:
         self.workers = workers or os.cpu_count() or 1
         self.stream = stream
         self.cost = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)))
-        self.measure = GpuMeasure(graph, arch, device, cache, topk, seed, self.cost)
+        self.phases = Phases()
+        self.measure = GpuMeasure(graph, arch, device, cache, topk, seed, self.cost, self.phases)
         self.log: list[str] = []
         self.split_failures: list[SplitFailure] = []
 
@@ -773,9 +788,10 @@ class _ModelTuner:
             ]
             for done, (g, fut) in enumerate(zip(todo.values(), futures), 1):
                 key = self.measure.cache_key(g)
-                cands = fut.result()
+                with self.phases("nvcc"):  # what the compile pool has not finished yet
+                    cands = fut.result()
                 result = finish_candidates(
-                    self.graph, cands, self.device, self.cache, key, self.topk, self.measure.seed
+                    self.graph, cands, self.device, self.cache, key, self.topk, self.measure.seed, self.phases
                 )
                 self.measure.tunes += 1
                 self.measure.remember(g, result, cands.dropped)
@@ -931,4 +947,5 @@ def tune_model(
         tuner.log,
         skip_dot,
         tuner.split_failures,
+        tuner.phases.rounded(),
     )

@@ -1,0 +1,41 @@
+"""Where a tune's wall time goes, phase by phase.
+
+The tuner's main thread waits for nvcc, makes each group's inputs, times candidates on the
+GPU, runs the reference interpreter and checks outputs; which of these dominates depends on
+the model (NeRF's 2M-point tensors make inputs and references expensive, a transformer's
+many distinct groups make compiles the long pole).  :class:`Phases` adds up the seconds the
+main thread spends in each, exclusive of the phases nested in it, so the shares add up to
+no more than the tune's total and the rest is the search itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class Phases:
+    """Wall seconds per named phase (a phase's own time, without the phases it encloses)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._stack: list[float] = []  # per open phase: seconds its nested phases took
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        self._stack.append(0.0)
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            nested = self._stack.pop()
+            self.seconds[name] = self.seconds.get(name, 0.0) + elapsed - nested
+            if self._stack:
+                self._stack[-1] += elapsed
+
+    def rounded(self) -> dict[str, float]:
+        """The phases, longest first, in seconds to 0.1 (``tuned.json``'s form)."""
+        ordered = sorted(self.seconds.items(), key=lambda kv: -kv[1])
+        return {name: round(s, 1) for name, s in ordered}
