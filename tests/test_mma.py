@@ -91,6 +91,24 @@ def _bias_gelu(m: int, k: int, n: int) -> tuple[onnx.ModelProto, dict]:
     return make_model(nodes, {"x": x}, ["y", "mm"], consts, opset=17), {"x": x}
 
 
+def _epilogue_chain(m: int, k: int, n: int) -> tuple[onnx.ModelProto, dict]:
+    """Elementwise consumers of the product only, each at the same point: bias, a residual
+    input, ReLU, then the result cast to float32 (outputs: the fp16 sum before the ReLU and
+    the float32 result; the ReLU itself is not an output)."""
+    x, res = _h(1, m, k), _h(1, m, n)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["a"]),
+        helper.make_node("Add", ["a", "res"], ["s"]),
+        helper.make_node("Relu", ["s"], ["r"]),
+        helper.make_node("Cast", ["r"], ["y"], to=onnx.TensorProto.FLOAT),
+    ]
+    return make_model(nodes, {"x": x, "res": res}, ["y", "s"], {"w": _h(k, n), "b": _h(n)}, opset=17), {
+        "x": x,
+        "res": res,
+    }
+
+
 def _attention_scores(batch: int, heads: int, seq: int, dim: int) -> tuple[onnx.ModelProto, dict]:
     """softmax(Q K^T * scale): B is K transposed (K-contiguous rows), a row softmax after it."""
     q, k = _h(batch, heads, seq, dim), _h(batch, heads, seq, dim)
@@ -184,6 +202,7 @@ CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict]]] = {
     "B transposed (Gemm)": lambda: _matmul(24, 40, 56, trans_b=True),
     "A through a Transpose node": lambda: _transposed_input(32, 72, 48),
     "bias + GELU, product also written": lambda: _bias_gelu(50, 64, 96),
+    "bias, residual, ReLU, cast to fp32, ragged": lambda: _epilogue_chain(70, 48, 72),
     "QK^T + softmax": lambda: _attention_scores(2, 3, 40, 16),
     "broadcast batch": lambda: _broadcast_batch(3, 20, 32, 24),
     "odd N, scalar global stores": lambda: _matmul(24, 40, 33, trans_b=True),

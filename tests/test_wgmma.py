@@ -494,3 +494,59 @@ def test_runtime_with_producer_kernels_runs_on_the_emulator(tmp_path) -> None:
             reference = graph.run(feeds)
             for name, value in ours.items():
                 assert error_metric(value, reference[name]) <= threshold_for("float16"), name
+
+
+@needs_emulator
+def test_elementwise_consumers_run_on_the_accumulators() -> None:
+    """A product's elementwise consumers -- bias and GELU with the product also written;
+    bias, a residual input, ReLU and a cast to fp32 -- become the contraction's epilogue
+    under both tensor-core kinds: one stage, no tile in shared memory, each output stored
+    from the accumulators, right under several block tiles (ragged edges: the epilogue's
+    reads of the bias and the residual stay in range).  A reduction after the product
+    (LayerNorm) or a read of other points of it (softmax's row) keeps its SIMT stage."""
+    from test_mma import CASES as MMA_CASES
+
+    from welder.schedule.kinds import mma
+
+    for label in ("bias + GELU, product also written", "bias, residual, ReLU, cast to fp32, ragged"):
+        model, feeds = MMA_CASES[label]()
+        graph = import_onnx(model)
+        group = _whole_group(graph)
+        for rule in (mma.KIND, wgmma.KIND):
+            configs = rule.propose(group, _context(graph, topk=100))
+            assert configs, (label, rule.name)
+            for cfg in configs:
+                st = cfg.stages[0]
+                assert len(cfg.stages) == 1 and st.epilogue == group.stages[1:] and st.smem_offset is None
+            tiles = {}
+            for cfg in configs:
+                tiles.setdefault(cfg.stages[0].block, cfg)
+            chosen = list(tiles.values())[:3]
+            kernel = generate_kernel(graph, group, chosen[0], "probe")
+            assert "tile0" not in kernel.source and "res[" in kernel.source
+            assert _run(graph, group, chosen, feeds) == [], (label, rule.name)
+    for label in ("residual add + LayerNorm, sum also written", "QK^T + softmax"):
+        graph, group, _, configs = _configs(label)
+        assert configs and all(len(c.stages) == len(group.stages) > 1 for c in configs), label
+        assert not any(c.stages[0].epilogue for c in configs), label
+
+
+def test_a_large_product_with_a_bias_gets_the_lone_contraction_variants() -> None:
+    """With its bias and activation on the accumulators, a large fully connected layer is a
+    lone contraction: persistent and clustered producer configs apply to it."""
+    import numpy as np
+    from onnx import helper
+    from onnx_util import make_model
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8192, 768)).astype(np.float16)
+    consts = {"w": rng.standard_normal((768, 3072)).astype(np.float16), "b": np.ones(3072, np.float16)}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["a"]),
+        helper.make_node("Relu", ["a"], ["y"]),
+    ]
+    model = make_model(nodes, {"x": x}, ["y"], consts, opset=17)
+    configs = _configs((model, {"x": x}), 1000)[3]
+    assert any(c.stages[0].persistent for c in configs) and any(c.stages[0].multicast for c in configs)
+    assert all(c.stages[0].epilogue == ("y",) for c in configs)

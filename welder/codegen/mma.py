@@ -12,7 +12,7 @@ starts, which axis its shared-memory rows run along, and the per-lane ``ldmatrix
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from welder.ir.expr import Load, Select
@@ -107,6 +107,30 @@ class ContractionStageCtx(StageCtx):
     tile_view: str | None
     out_param: str | None
     out_offset: str
+    # Stages computed on the accumulators (MmaConfig.epilogue), and every tensor the epilogue
+    # stores then: the product where it is a group output, then each such stage that is one.
+    epilogue: list[EpilogueValue] = field(default_factory=list)
+    outputs: list[EpilogueOutput] = field(default_factory=list)
+
+
+@dataclass
+class EpilogueValue:
+    """A stage the epilogue computes on the accumulators: ``const float var = value;`` with
+    the element's row ``gm``, column ``gne`` and its accumulator ``pv`` in scope."""
+
+    var: str
+    value: str
+
+
+@dataclass
+class EpilogueOutput:
+    """One tensor the epilogue stores, element pairs at the product's positions."""
+
+    param: str
+    storage_t: str
+    pack2: str
+    pack1: str
+    value: str  # C: its float value in the epilogue's element loop (``res`` of it is stored)
 
 
 @dataclass(kw_only=True)
@@ -159,6 +183,52 @@ def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contractio
         tile_view=kb.tile_views.get(st.node),
         out_param=kb.params[st.node].name if st.node in kb.group.outputs else None,
         out_offset=" + ".join(f"{o[d]} * {out_strides[d]}" for d in con.batch_axes) or "0",
+        **_epilogue(kb, st, con, o),
+    )
+
+
+def _epilogue(kb: KernelBuilder, st: MmaConfig, con: Contraction, origins: list[str]) -> dict:
+    """The epilogue fields of a stage computing ``st.epilogue`` on its accumulators: each
+    stage's value printed over the element's indices (the root's batch origins, ``gm`` and
+    ``gne``), reads of the product or of an earlier such stage as its rounded value, other
+    reads from global memory; and what is stored."""
+    if not st.epilogue:
+        return {}
+    c = con.compute
+    names = {f"i{d}": origins[d] for d in range(len(c.axes))}
+    names |= {f"i{con.m_axis}": "gm", f"i{con.n_axis}": "gne"}
+    stored = {st.node: _rounded("pv", c.dtype)}
+    values, outputs = [], []
+    if st.node in kb.group.outputs:
+        outputs.append(_output(kb, st.node, "pv"))
+    for j, node in enumerate(st.epilogue):
+
+        def load(ld: Load, p: CPrinter) -> str:
+            return stored[ld.tensor] if ld.tensor in stored else kb.global_load(ld, p)
+
+        var = f"ev{j}"
+        values.append(EpilogueValue(var, CPrinter(load, var=names)(kb.group.computes[node].body)))
+        stored[node] = _rounded(var, kb.group.computes[node].dtype)
+        if node in kb.group.outputs:
+            outputs.append(_output(kb, node, var))
+    return {"epilogue": values, "outputs": outputs}
+
+
+def _rounded(value: str, dtype: str) -> str:
+    """C: a float ``value`` as it reads back once stored as ``dtype``."""
+    half = HALF_FORMATS.get(dtype)
+    return f"{half.to_float}({half.from_float}({value}))" if half is not None else value
+
+
+def _output(kb: KernelBuilder, tensor: str, value: str) -> EpilogueOutput:
+    dtype = kb.graph.tensor(tensor).dtype
+    half = HALF_FORMATS.get(dtype)
+    return EpilogueOutput(
+        kb.params[tensor].name,
+        STORAGE_TYPES[dtype],
+        half.pack2 if half is not None else "make_float2",
+        half.from_float if half is not None else "",
+        value,
     )
 
 

@@ -189,6 +189,10 @@ class MmaConfig(StageConfig):
     # each walks the root tiles blockIdx.x, + gridDim.x, ...; the ring (and its barriers)
     # carries on from one tile to the next, so a tile's fill and epilogue overlap another's.
     persistent: int = 0
+    # The group's later stages, in order, where each is an elementwise function of the
+    # product at the same point (bias, activation, residual add, cast): the epilogue computes
+    # them on the accumulators and stores them; the config then has no other stage.
+    epilogue: tuple[str, ...] = ()
 
     @property
     def block_m(self) -> int:
@@ -208,7 +212,9 @@ class MmaConfig(StageConfig):
         return 1
 
     def renamed(self, names: Mapping[str, str]) -> MmaConfig:
-        return replace(self, node=names.get(self.node, self.node))
+        return replace(
+            self, node=names.get(self.node, self.node), epilogue=tuple(names.get(e, e) for e in self.epilogue)
+        )
 
     @property
     def family(self) -> str:
@@ -801,15 +807,19 @@ def _placed(
     arch = ctx.arch
     threads = stage.threads
     first = group.stages[0]
-    later = _later_stages(group, regions, threads)
+    epilogue = on_accumulators(group)
+    later = [] if epilogue is not None else _later_stages(group, regions, threads)
     if isinstance(later, str):
         return later
+    if epilogue:
+        stage = replace(stage, epilogue=epilogue)
     info = simt.group_info(group, ctx.shape_of, ctx.dtype_of, arch)
     placeholder = simt.SimtConfig(first, stage.tile, (1,) * len(tile), (1,) * len(tile))
     # The operand ring is live during the contraction only: later stages' buffers (written
     # after the barrier that ends it) may take its place; its own tile may not.
     ring = Buffer(RING, rule.ring_bytes(stage, con), 0, 0)
-    offsets, smem = simt.place_smem(info, [placeholder, *later], [ring])
+    # On the accumulators, the product needs no tile: nothing reads it from shared memory.
+    offsets, smem = simt.place_smem(info, [] if epilogue else [placeholder, *later], [ring])
     stage.smem_offset = placeholder.smem_offset
     stage.pipeline_offset = offsets[RING]
     misplaced = rule.ring_fits(stage.pipeline_offset)
@@ -903,6 +913,37 @@ def _aligned_origin(lo: object, elements: int, fixed: set[str]) -> bool:
     if not isinstance(lo, Affine):
         return False
     return lo.const % elements == 0 and all(c % elements == 0 for v, c in lo.terms if v not in fixed)
+
+
+def on_accumulators(group: Group) -> tuple[str, ...] | None:
+    """The stages after the contraction where every one of them is an elementwise function of
+    the product, and of the stages before it, at the same point (bias, activation, residual
+    add, cast to a float type): the epilogue computes them on the accumulators, with no tile
+    in shared memory and no pass over it.  None where any is not (a reduction, another shape,
+    a read of the tile at another point: those run as SIMT stages)."""
+    first = group.stages[0]
+    shape = group.computes[first].shape
+    done = {first}
+    for s in group.stages[1:]:
+        c = group.computes[s]
+        if c.reduce_op is not None or c.shape != shape or c.dtype not in FLOAT_OUTPUTS:
+            return None
+        if any(ld.tensor in done and not _same_point(ld, shape) for ld in c.loads()):
+            return None
+        done.add(s)
+    return tuple(group.stages[1:])
+
+
+#: Output types an epilogue stores (its values are computed in float).
+FLOAT_OUTPUTS = ("float16", "bfloat16", "float32")
+
+
+def _same_point(ld: Load, shape: Sequence[int]) -> bool:
+    """Whether ``ld`` reads its tensor (of ``shape``) at the point being computed: index ``d``
+    is axis ``i<d>``, or 0 where the axis has one element."""
+    own = (isinstance(i, Var) and i.name == f"i{d}" for d, i in enumerate(ld.indices))
+    fixed = (shape[d] == 1 and isinstance(i, Const) and i.value == 0 for d, i in enumerate(ld.indices))
+    return all(a or b for a, b in zip(own, fixed))
 
 
 def _later_stages(group: Group, regions: GroupRegions, threads: int) -> list[simt.SimtConfig] | str:
