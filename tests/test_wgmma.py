@@ -550,3 +550,62 @@ def test_a_large_product_with_a_bias_gets_the_lone_contraction_variants() -> Non
     configs = _configs((model, {"x": x}), 1000)[3]
     assert any(c.stages[0].persistent for c in configs) and any(c.stages[0].multicast for c in configs)
     assert all(c.stages[0].epilogue == ("y",) for c in configs)
+
+
+#: Outputs through TMA stores: both major-nesses, ragged M and N (the stores clip), an
+#: epilogue's output (bias, residual, ReLU), a batch of products (a 3-d output map).
+STORE_CASES = {
+    "ragged, B a [k][n] weight": lambda: _matmul(200, 320, 136),
+    "ragged, A and B transposed": lambda: _matmul(136, 320, 264, trans_a=True, trans_b=True),
+    "bias and GELU on the accumulators": lambda: CASES["bias + GELU, product also written"](),
+    "shared-weight batch": lambda: _broadcast_batch(3, 70, 32, 136),
+}
+
+
+def _epilogue_only(label: str):
+    """The case with only its last epilogue stage as an output (one output: a TMA store's)."""
+    model, feeds = STORE_CASES[label]()
+    if label == "bias and GELU on the accumulators":
+        del model.graph.output[1]  # the product
+    return model, feeds
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(STORE_CASES))
+def test_tma_stores_match_the_interpreter(label: str) -> None:
+    """Each consumer warp stages its strips of the tile in swizzled panels and stores them
+    with TMA: a wrong swizzle, panel or row, a store issued before the strip is fenced or
+    before the warp's lanes meet, a strip rewritten before its stores read it (a persistent
+    block's next tile), all show.  Launch per tile, persistent (two blocks walking every
+    tile) and in clusters where the tiles pair up; launched twice."""
+    graph, group, feeds, configs = _configs(_epilogue_only(label))
+    stored = [c for c in configs if c.stages[0].tma_store]
+    assert stored and all(c.stages[0].producer for c in stored)
+    chosen = _best_per_tile(stored, producer=True)[:2]
+    chosen += [_persistent(c, 2) for c in chosen[:1] if c.num_blocks > 2]
+    chosen += [c for c in stored if c.stages[0].multicast and not c.stages[0].persistent][:1]
+    for cfg in chosen:
+        kernel = generate_kernel(graph, group, cfg, "probe")
+        assert "welder_tma_store_" in kernel.source and len(kernel.tensor_maps) == 3
+    assert _run(graph, group, chosen, feeds, launches=2) == []
+
+
+def test_tma_stores_only_where_one_16_bit_output_follows_the_contraction() -> None:
+    """A later SIMT stage (LayerNorm), two outputs (the product and its GELU) or an fp32
+    output (a cast on the accumulators) keep the direct stores; the staging fits shared
+    memory after the ring and its barriers, on a swizzle atom."""
+    for label in ("residual add + LayerNorm, sum also written", "bias + GELU, product also written"):
+        assert not any(c.stages[0].tma_store for c in _configs(label)[3]), label
+    from test_mma import CASES as MMA_CASES
+
+    model, _ = MMA_CASES["bias, residual, ReLU, cast to fp32, ragged"]()
+    del model.graph.output[1]
+    assert not any(c.stages[0].tma_store for c in _configs((model, {}))[3])
+    arch = get_arch("H100")
+    for cfg in _configs(_matmul(8192, 768, 3072), topk=1000)[3]:
+        st = cfg.stages[0]
+        if st.tma_store:
+            assert st.staging_offset % wgmma.ATOM_BYTES == 0
+            assert st.staging_offset >= st.barrier_offset + 2 * st.pipeline * wgmma.MBARRIER_BYTES
+            assert cfg.smem_bytes >= st.staging_offset + st.block_m * st.block_n * 2
+            assert cfg.smem_bytes <= arch.smem_per_block

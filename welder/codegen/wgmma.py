@@ -20,9 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from welder.ir.interpret import np_dtype
+from welder.ir.layout import row_major_strides
 from welder.schedule.config import StageConfig
 from welder.schedule.kinds.mma import Contraction, Operand
-from welder.schedule.kinds.wgmma import ATOM_BYTES, BLOCK_K, WgmmaConfig, tma_dims
+from welder.schedule.kinds.wgmma import ATOM_BYTES, BLOCK_K, WgmmaConfig, output_batch_axes, tma_dims
 
 from .mma import ContractionStageCtx, contraction_fields, gather_value, operand_offset, stage_contraction
 
@@ -97,6 +99,12 @@ class WgmmaStageCtx(ContractionStageCtx):
     barriers: str | None  # the producer variant's mbarriers: full[pipeline], then empty[pipeline]
     persistent: bool = False  # the block walks tiles; the template's setup runs once before them
     cluster: int = 1  # blocks per cluster (2: the multicast variant)
+    # The TMA store (WgmmaConfig.tma_store): the output's map, its rank, the staging view,
+    # and the map coordinates of the block's batch axes after N and M.
+    store_map: str | None = None
+    store_rank: int = 0
+    staging: str = ""
+    store_batch: list[str] = field(default_factory=list)
 
 
 def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
@@ -136,7 +144,30 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
         barriers=barriers,
         persistent=bool(st.persistent),
         cluster=st.cluster,
+        **(_tma_store(kb, k, st, con, o) if st.tma_store else {}),
     )
+
+
+def _tma_store(kb: KernelBuilder, k: int, st: WgmmaConfig, con: Contraction, origins: list[str]) -> dict:
+    """The TMA store's fields: a map over the group's output (laid out as the product: N
+    contiguous, then M, then the batch axes of more than one element), boxes of 64 columns
+    (one 128-byte swizzled row) by a warp's 16 rows, and the staging view of the whole tile."""
+    out = kb.group.outputs[0]
+    shape = con.compute.shape
+    strides = row_major_strides(shape)
+    batch = output_batch_axes(con)
+    item = np_dtype(kb.graph.tensor(out).dtype).itemsize
+    dims = (con.n, con.m, *(shape[d] for d in batch))
+    byte_strides = (con.n * item, *(strides[d] * item for d in batch))
+    box = (64, 16, *(1 for _ in batch))
+    staging = f"wgmma{k}_out"
+    kb.add_view(staging, kb.graph.tensor(out).dtype, st.staging_offset, st.block_m * st.block_n)
+    return {
+        "store_map": kb.add_tensor_map(out, 0, dims, byte_strides, box, 128),
+        "store_rank": len(dims),
+        "staging": staging,
+        "store_batch": [origins[d] for d in batch],
+    }
 
 
 def _tma(

@@ -582,6 +582,11 @@ class MmaKind:
         contraction."""
         return []
 
+    def output_variants(self, cfg: MmaConfig, group: Group, con: Contraction) -> list[MmaConfig]:
+        """Variants of ``cfg`` that write the group's output another way (each is placed and
+        estimated like ``cfg``)."""
+        return []
+
     def l2_operand_rows(self, cfg: MmaConfig) -> int:
         """Rows of operand slices (of ``block_k`` elements) a block draws from L2 per slice."""
         return cfg.block_m + cfg.block_n
@@ -783,7 +788,10 @@ def _configs(
         return f"ring depth {depth}: no way of feeding the {rule.name} kind takes it here"
     found: list[GroupConfig] = []
     reasons = []
-    for stage in variants:
+    # Each way of feeding the ring, with each way of writing the output (those first: a tie
+    # goes to them).
+    shaped = [v for fed in variants for v in (*rule.output_variants(fed, group, con), fed)]
+    for stage in shaped:
         placed_configs = _placed(rule, group, con, stage, tile, regions, grid, ctx)
         if isinstance(placed_configs, str):
             reasons.append(placed_configs)

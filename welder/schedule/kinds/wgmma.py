@@ -34,7 +34,7 @@ from typing import ClassVar
 
 from welder.schedule.group import Group
 from welder.schedule.kinds.base import ScheduleContext
-from welder.schedule.kinds.mma import BF16, FP16, Contraction, MmaConfig, MmaKind, Operand
+from welder.schedule.kinds.mma import BF16, FP16, Contraction, MmaConfig, MmaKind, Operand, on_accumulators
 from welder.tile.propagate import Region
 from welder.tile.region import Affine
 
@@ -109,6 +109,10 @@ class WgmmaConfig(MmaConfig):
     # half of the shared slice and multicasts it into both blocks' rings, so the pair draws
     # that operand from L2 once (see :meth:`WgmmaKind.cluster_variants`); "" for none.
     multicast: str = ""
+    # The producer variant's output through shared memory: each consumer warp stages its
+    # 16-row strips of the tile (128-byte-swizzled 64-column panels) and stores them with TMA
+    # (see :meth:`WgmmaKind.output_variants`); the stores run on while the warp goes on.
+    tma_store: bool = False
 
     @property
     def threads(self) -> int:
@@ -150,6 +154,17 @@ class WgmmaConfig(MmaConfig):
         slots, ``pipeline`` full ones then ``pipeline`` empty ones."""
         return self.pipeline_offset + self.slots_bytes
 
+    @property
+    def staging_offset(self) -> int:
+        """Byte offset of the TMA-store staging (the whole tile, one swizzle atom aligned),
+        after the barriers."""
+        end = self.barrier_offset + 2 * self.pipeline * MBARRIER_BYTES
+        return -(-end // ATOM_BYTES) * ATOM_BYTES
+
+    @property
+    def staging_bytes(self) -> int:
+        return self.block_m * self.block_n * ELEM_BYTES if self.tma_store else 0
+
 
 def _producer(cfg: MmaConfig) -> bool:
     """Whether ``cfg`` is the producer variant (the rule's hooks take any tensor-core config)."""
@@ -190,7 +205,23 @@ class WgmmaKind(MmaKind):
 
     def ring_bytes(self, cfg: MmaConfig, con: Contraction) -> int:
         assert isinstance(cfg, WgmmaConfig) and con.fmt.elem_bytes == ELEM_BYTES
+        if cfg.tma_store:
+            return cfg.staging_offset + cfg.staging_bytes - cfg.pipeline_offset
         return cfg.slots_bytes + (2 * cfg.pipeline * MBARRIER_BYTES if cfg.producer else 0)
+
+    def output_variants(self, cfg: MmaConfig, group: Group, con: Contraction) -> list[MmaConfig]:
+        # The TMA store: the producer variant of a contraction with no SIMT stage after it,
+        # writing one 16-bit output (the product, or the last stage of its epilogue, laid
+        # out as the product) whose rows are whole 16-byte units and whose batch axes a map
+        # holds.
+        lone = len(group.stages) == 1 or on_accumulators(group) is not None
+        if not _producer(cfg) or not lone or len(group.outputs) != 1:
+            return []
+        if group.computes[group.outputs[0]].dtype not in (FP16.dtype, BF16.dtype) or con.n % 8:
+            return []
+        if len(output_batch_axes(con)) > TMA_MAX_RANK - 2:
+            return []
+        return [replace(cfg, tma_store=True)]
 
     def ring_fits(self, offset: int) -> str | None:
         if offset % ATOM_BYTES:
@@ -265,6 +296,12 @@ def _pairing_axis(region: Region, partner: int, grid: tuple[int, ...]) -> int | 
         if grid[axis] % CLUSTER == 0 and not any(var in lo.coefs for lo in others):
             return axis
     return None
+
+
+def output_batch_axes(con: Contraction) -> list[int]:
+    """The product's batch axes a TMA-store map steps along (those of more than one element),
+    innermost first."""
+    return [d for d in reversed(con.batch_axes) if con.compute.axes[d].extent > 1]
 
 
 def tma_dims(con: Contraction, operand: Operand) -> list[str] | None:
