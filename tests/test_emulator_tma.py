@@ -411,14 +411,19 @@ def test_a_store_needs_a_syncwarp_after_the_other_lanes_fences(module, rng):
     ), message
 
 
-@pytest.mark.parametrize("mode", [2, 11], ids=["no wait", "a wait leaving the group"])
-def test_overwriting_a_store_source_before_the_wait_is_reported(module, rng, mode):
+@pytest.mark.parametrize(
+    ("mode", "open_group"),
+    [(2, ""), (11, ""), (12, " (its bulk group is still open: no cp.async.bulk.commit_group since)")],
+    ids=["no wait", "a wait leaving the group", "never committed"],
+)
+def test_overwriting_a_store_source_before_the_wait_is_reported(module, rng, mode, open_group):
     message = store_misuse(module, rng, mode)
     assert message.endswith(
         "thread 0 (0,0,0): shared memory read by a bulk store in flight written before "
         "cp.async.bulk.wait_group.read: a write of shared view 'panel' index 0 (byte 0), which the "
         f"{STORE} at kernel.cu:{line_of(STORE_SITE)} that thread 0 (0,0,0) issued reads, and no "
-        "cp.async.bulk.wait_group.read (welder_tma_store_wait_read) of that thread has covered it yet"
+        "cp.async.bulk.wait_group.read (welder_tma_store_wait_read) of that thread has covered it "
+        f"yet{open_group}"
     ), message
 
 
@@ -434,9 +439,11 @@ def test_exiting_before_a_store_read_its_source_is_reported(module, rng):
 
 def test_a_store_never_committed_is_never_waited_for(module, rng):
     message = store_misuse(module, rng, 7)
-    site = line_of(STORE_SITE)
-    assert (
-        f"the {STORE} at kernel.cu:{site}, from shared view 'panel' index 0, never committed)" in message
+    assert message.endswith(
+        f"thread 0 (0,0,0): exits with a bulk tensor store whose shared source it has not waited for "
+        f"(the {STORE} at kernel.cu:{line_of(STORE_SITE)}, from shared view 'panel' index 0, never "
+        "committed): a cp.async.bulk.wait_group.read 0 (welder_tma_store_wait_read<0>) must cover every "
+        "bulk group first, as the block's shared memory may be reused once its threads exit"
     ), message
 
 

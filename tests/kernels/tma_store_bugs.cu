@@ -39,6 +39,7 @@ __device__ void stage(WELDER_SMEM_PTR(__half2) panel, const float* __restrict__ 
 //      9: lane 0 stores while its cp.async into the panel is still in flight.
 //     10: lane 0 loads the next strip by TMA into the panel the first store still reads.
 //     11: lane 0 waits with N = 1, which leaves the first store's group (the only one) in flight.
+//     12: lane 0 never commits the first store: its wait leaves the open group in flight.
 //     -1: everything right: c = 2 x + 1.
 extern "C" __global__ void tma_store_misuse(const float* __restrict__ x, [[maybe_unused]] __half* __restrict__ c,
                                             const __grid_constant__ CUtensorMap map, int mode) {
@@ -64,7 +65,7 @@ extern "C" __global__ void tma_store_misuse(const float* __restrict__ x, [[maybe
     if (lane == 0) {
       if (mode == 9) welder_cp_async<16>(panel, x);
       welder_tma_store_2d(&map, panel, c0, 16 * round);
-      if (mode != 7 || round == 0) welder_tma_store_commit();
+      if ((mode != 7 || round == 0) && (mode != 12 || round == 1)) welder_tma_store_commit();
       if (mode == 10 && round == 0) {
         welder_mbarrier_init(bar, 1);
         welder_mbarrier_init_fence();
