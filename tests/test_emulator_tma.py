@@ -1,9 +1,11 @@
-"""The emulator runs welder_tma.cuh -- mbarriers, TMA tile loads through tensor maps, setmaxnreg --
-as the copy engine does: boxes of rank 1-5 land in shared memory in each swizzle mode with ragged
-edges zero-filled (compared with tests/tma_reference.py's numpy model of the PTX ISA's swizzle), a
-wgmma reads TMA-written operands without a proxy fence, and a warp-specialised producer/consumer
-ring with full/empty mbarriers feeds wgmma over many k-slices (tests/kernels/tma_ring.cu, against
-numpy's matmul).  Misuse is reported, each case naming the mbarrier or load at fault.  The same
+"""The emulator runs welder_tma.cuh -- mbarriers, TMA tile loads and stores through tensor maps,
+setmaxnreg -- as the copy engine does: boxes of rank 1-5 land in shared memory in each swizzle mode
+with ragged edges zero-filled (compared with tests/tma_reference.py's numpy model of the PTX ISA's
+swizzle), stores write such boxes back clipped to the tensor, a wgmma reads TMA-written operands
+without a proxy fence, a warp-specialised producer/consumer ring with full/empty mbarriers feeds
+wgmma over many k-slices (tests/kernels/tma_ring.cu, against numpy's matmul), and a persistent
+epilogue stages each warp's strip in swizzled panels for TMA stores (tests/kernels/tma_store_*.cu).
+Misuse is reported, each case naming the mbarrier, load or store at fault.  The same
 kernels compile with nvcc for sm_90a and test_gpu_tma.py runs them on a Hopper GPU; so do the
 cluster kernels of welder_cluster.cuh (tests/kernels/cluster_*.cu, emulated in
 test_emulator_cluster.py).
@@ -27,16 +29,26 @@ from tma_reference import (
     BOX_CASES,
     BUG_KERNELS,
     BUGS,
+    CLUSTER_EPILOGUE_CASES,
+    EPILOGUE_CASES,
     RING,
     RING_KERNELS,
     RING_SMEM_BYTES,
     RING_THREADS,
+    STORE_BUG_KERNELS,
+    STORE_BUGS,
+    STORE_UNIT_KERNELS,
+    STORE_UNITS,
     UNIT_KERNELS,
     UNITS,
     BoxCase,
+    EpilogueCase,
     assert_gemm_close,
+    box_elements,
     gather_box,
     ring_case,
+    scatter_box,
+    store_box_case,
     swizzle_chunks,
     wgmma_case,
 )
@@ -49,7 +61,7 @@ from welder.runtime.emu import EmulationError, compile_kernels
 pytestmark = pytest.mark.skipif(not emu.available(), reason="kernel emulation needs Linux and g++")
 
 WARNINGS_AS_ERRORS = ("-Wall", "-Wextra", "-Werror")
-SOURCE = "\n".join(p.read_text() for p in (UNITS, BUGS, RING))
+SOURCE = "\n".join(p.read_text() for p in (UNITS, BUGS, RING, STORE_UNITS, STORE_BUGS))
 
 
 def line_of(text: str) -> int:
@@ -60,7 +72,7 @@ def line_of(text: str) -> int:
 @pytest.fixture(scope="module")
 def module(tmp_path_factory: pytest.TempPathFactory) -> emu.EmulatedModule:
     cache = tmp_path_factory.mktemp("emu-tma-cache")
-    names = [*UNIT_KERNELS, *BUG_KERNELS, *RING_KERNELS]
+    names = [*UNIT_KERNELS, *BUG_KERNELS, *RING_KERNELS, *STORE_UNIT_KERNELS, *STORE_BUG_KERNELS]
     return compile_kernels(SOURCE, names, cache_dir=cache, extra_flags=WARNINGS_AS_ERRORS)
 
 
@@ -304,6 +316,198 @@ def test_a_load_into_operands_of_a_wgmma_in_flight_is_reported(module, rng):
     )
 
 
+# ------------------------------------------------------------------------------------- stores
+
+
+@pytest.mark.parametrize("case", BOX_CASES, ids=lambda c: c.name)
+def test_tma_stores_write_their_swizzled_box_clipped_to_the_tensor(module, rng, case: BoxCase):
+    args, tensor, expected = store_box_case(case, rng)
+    before, image = tensor.copy(), args[2]
+    module.launch("tma_store_box", 1, 128, case.smem_bytes, args)
+    np.testing.assert_array_equal(tensor, expected)
+    # The test's power: the store changes the tensor; a box over an edge has elements to drop
+    # (written anyway, they would land in the NaN padding, in other rows or outside the array);
+    # and a store that read the swizzled image linearly would write other values.
+    assert not np.array_equal(expected, before)
+    spec = args[0]
+    if any(c < 0 or c + b > d for c, b, d in zip(case.coords, case.box, spec.dims)):
+        assert not box_elements(spec, case.coords)[0].all()
+    if case.swizzle:
+        assert not np.array_equal(expected, scatter_box(before, spec, case.coords, image))
+
+
+@pytest.mark.parametrize("threads", [1, 40])
+def test_a_store_works_from_blocks_of_any_size(module, rng, threads):
+    case = BOX_CASES[3]  # 2d-128B, ragged at the bottom
+    args, tensor, expected = store_box_case(case, rng)
+    module.launch("tma_store_box", 1, threads, case.smem_bytes, args)
+    np.testing.assert_array_equal(tensor, expected)
+
+
+def run_epilogue(module, rng, kernel: str, case: EpilogueCase, **options) -> None:
+    args, c, expected = case.arrays(rng)
+    module.launch(kernel, case.grid, 32 * case.warps, case.smem_bytes, args, **options)
+    # NaN padding compares equal to itself: a clipped element written anyway would show.
+    np.testing.assert_array_equal(c, expected)
+
+
+@pytest.mark.parametrize("case", EPILOGUE_CASES, ids=str)
+def test_the_staged_epilogue_matches_numpy(module, rng, case: EpilogueCase):
+    run_epilogue(module, rng, "tma_store_epilogue", case)
+
+
+@pytest.mark.parametrize("case", CLUSTER_EPILOGUE_CASES, ids=str)
+def test_the_staged_epilogue_runs_in_clusters(module, rng, case: EpilogueCase):
+    run_epilogue(module, rng, "tma_store_epilogue_cluster", case)
+
+
+def test_the_staged_epilogue_runs_without_race_checks(module, rng):
+    run_epilogue(module, rng, "tma_store_epilogue", EPILOGUE_CASES[1], check_races=False)
+
+
+def store_misuse(module, rng, mode: int, readonly: bool = False) -> str:
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    c = np.zeros((32, 64), np.float16)
+    c.flags.writeable = not readonly
+    spec = TensorMapArg(1, 2, (64, 32), (128,), (64, 16), 128)
+    with pytest.raises(EmulationError) as caught:
+        module.launch("tma_store_misuse", 1, 32, 4096, [x, c, spec, np.int32(mode)])
+    return str(caught.value)
+
+
+STORE = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group"
+STORE_MAP = (
+    "through the tensor map (rank 2, 2-byte elements, dims [64, 32], strides [2, 128] bytes, "
+    "box [64, 16], swizzle 128B)"
+)
+STORE_SITE = "welder_tma_store_2d(&map, panel, c0, 16 * round);"
+
+
+def test_the_store_misuse_kernel_is_right_when_nothing_is_planted(module, rng):
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    c = np.zeros((32, 64), np.float16)
+    spec = TensorMapArg(1, 2, (64, 32), (128,), (64, 16), 128)
+    module.launch("tma_store_misuse", 1, 32, 4096, [x, c, spec, np.int32(-1)])
+    np.testing.assert_array_equal(c, (2 * x + 1).astype(np.float16))
+
+
+def test_a_store_of_unfenced_writes_names_the_writer(module, rng):
+    message = store_misuse(module, rng, 0)
+    assert message.endswith(
+        f"thread 0 (0,0,0): {STORE} at kernel.cu:{line_of(STORE_SITE)} {STORE_MAP} reads shared view "
+        "'panel' index 1 (byte 4), which thread 1 (1,0,0) wrote through the generic proxy with no "
+        "fence.proxy.async (welder_fence_proxy_async) of that thread after the write, so the copy "
+        "engine may not see it"
+    ), message
+
+
+def test_a_store_needs_a_syncwarp_after_the_other_lanes_fences(module, rng):
+    message = store_misuse(module, rng, 1)
+    assert message.endswith(
+        f"thread 0 (0,0,0): {STORE} at kernel.cu:{line_of(STORE_SITE)} {STORE_MAP} reads shared view "
+        "'panel' index 1 (byte 4), which thread 1 (1,0,0) wrote and then fenced (fence.proxy.async), "
+        "but no __syncwarp naming both threads or __syncthreads lies between that fence and the "
+        "store (since the block started)"
+    ), message
+
+
+@pytest.mark.parametrize(
+    ("mode", "open_group"),
+    [(2, ""), (11, ""), (12, " (its bulk group is still open: no cp.async.bulk.commit_group since)")],
+    ids=["no wait", "a wait leaving the group", "never committed"],
+)
+def test_overwriting_a_store_source_before_the_wait_is_reported(module, rng, mode, open_group):
+    message = store_misuse(module, rng, mode)
+    assert message.endswith(
+        "thread 0 (0,0,0): shared memory read by a bulk store in flight written before "
+        "cp.async.bulk.wait_group.read: a write of shared view 'panel' index 0 (byte 0), which the "
+        f"{STORE} at kernel.cu:{line_of(STORE_SITE)} that thread 0 (0,0,0) issued reads, and no "
+        "cp.async.bulk.wait_group.read (welder_tma_store_wait_read) of that thread has covered it "
+        f"yet{open_group}"
+    ), message
+
+
+def test_exiting_before_a_store_read_its_source_is_reported(module, rng):
+    message = store_misuse(module, rng, 3)
+    assert message.endswith(
+        f"thread 0 (0,0,0): exits with a bulk tensor store whose shared source it has not waited for "
+        f"(the {STORE} at kernel.cu:{line_of(STORE_SITE)}, from shared view 'panel' index 0): a "
+        "cp.async.bulk.wait_group.read 0 (welder_tma_store_wait_read<0>) must cover every bulk group "
+        "first, as the block's shared memory may be reused once its threads exit"
+    ), message
+
+
+def test_a_store_never_committed_is_never_waited_for(module, rng):
+    message = store_misuse(module, rng, 7)
+    assert message.endswith(
+        f"thread 0 (0,0,0): exits with a bulk tensor store whose shared source it has not waited for "
+        f"(the {STORE} at kernel.cu:{line_of(STORE_SITE)}, from shared view 'panel' index 0, never "
+        "committed): a cp.async.bulk.wait_group.read 0 (welder_tma_store_wait_read<0>) must cover every "
+        "bulk group first, as the block's shared memory may be reused once its threads exit"
+    ), message
+
+
+def test_a_misaligned_store_source_is_reported(module, rng):
+    message = store_misuse(module, rng, 4)
+    assert message.endswith(
+        f"thread 0 (0,0,0): {STORE} at kernel.cu:{line_of(STORE_SITE)}: the source, shared view 'panel' "
+        "index 0 (shared address 0x480), is not 1024-byte aligned (the 128B swizzle's pattern spans "
+        "1024 bytes)"
+    ), message
+
+
+def test_a_store_whose_innermost_coordinate_is_off_16_bytes_is_reported(module, rng):
+    message = store_misuse(module, rng, 5)
+    assert message.endswith(
+        f"thread 0 (0,0,0): {STORE} at kernel.cu:{line_of(STORE_SITE)}: the innermost coordinate 4 "
+        "starts the box at byte 8 of a row, not a multiple of 16 bytes (as for a load, which on an "
+        "H100 is an illegal instruction)"
+    ), message
+
+
+def test_a_store_through_a_map_of_a_read_only_argument_is_reported(module, rng):
+    message = store_misuse(module, rng, -1, readonly=True)
+    assert message.endswith(
+        f"thread 0 (0,0,0): {STORE} at kernel.cu:{line_of(STORE_SITE)} {STORE_MAP}: the tensor map "
+        "points into argument 1 (float16*), a read-only buffer: the store would change it"
+    ), message
+
+
+def test_rewriting_a_store_source_needs_a_syncwarp_after_the_wait(module, rng):
+    message = store_misuse(module, rng, 6)
+    assert message.endswith(
+        "thread 1 (1,0,0): data race on shared view 'panel' index 1: thread 1 (1,0,0) writes it, but "
+        "thread 0 (0,0,0) read it with no barrier in between (since the block started)"
+    ), message
+
+
+def test_a_store_of_unwritten_elements_is_reported(module, rng):
+    message = store_misuse(module, rng, 8)
+    assert message.endswith(
+        f"{STORE_MAP} reads shared view 'panel' index 256 (byte 1024), which no thread of this block "
+        "has written, for the box's element [0, 8], inside the tensor at [0, 8] (innermost first)"
+    ), message
+
+
+def test_a_store_from_a_pending_cp_async_destination_is_reported(module, rng):
+    message = store_misuse(module, rng, 9)
+    assert message.endswith(
+        f"{STORE_MAP}: the source, shared view 'panel' index 0 (byte 0), is the destination of the "
+        f"cp.async.cg.shared.global 16 at kernel.cu:{line_of('welder_cp_async<16>(panel, x);')} that "
+        "thread 0 (0,0,0) issued and has not waited for"
+    ), message
+
+
+def test_a_tma_load_into_a_store_source_in_flight_is_reported(module, rng):
+    message = store_misuse(module, rng, 10)
+    assert (
+        "shared memory read by a bulk store in flight written before cp.async.bulk.wait_group.read: "
+        f"{LOAD} at kernel.cu:{line_of('welder_tma_load_2d(panel, &map, bar, 0, 16);')} into shared "
+        f"view 'panel' index 0 (byte 0), which the {STORE} at kernel.cu:{line_of(STORE_SITE)} that "
+        "thread 0 (0,0,0) issued reads"
+    ) in message, message
+
+
 # ------------------------------------------------------------------------------------- encoding
 
 BASE = 0x10000
@@ -426,7 +630,13 @@ def test_kernels_compile_with_nvcc_to_tma(nvcc, tmp_path: Path):
     ptx = (tmp_path / "k.ptx").read_text()
     for n in range(1, 6):
         assert f"cp.async.bulk.tensor.{n}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in ptx, n
+        assert f"cp.async.bulk.tensor.{n}d.global.shared::cta.bulk_group [" in ptx, n
     for instruction in [
+        "cp.async.bulk.commit_group;",
+        "cp.async.bulk.wait_group.read 0;",
+        "cp.async.bulk.wait_group.read 1;",
+        "cp.async.bulk.wait_group 0;",
+        "fence.proxy.async.shared::cta;",
         "mbarrier.init.shared::cta.b64",
         "fence.mbarrier_init.release.cluster",
         "mbarrier.arrive.shared::cta.b64",

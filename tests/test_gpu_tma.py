@@ -1,8 +1,9 @@
-"""welder_tma.cuh on a Hopper GPU: the kernels of tests/kernels/tma_units.cu and tma_ring.cu,
-compiled by nvcc for sm_90a and launched through pycuda with tensor-map arguments encoded by the
-driver (welder.device.gpu), must meet the same numpy expectations (tests/tma_reference.py) as on
-the CPU emulator (test_emulator_tma.py) -- which is what shows that the emulator lands boxes,
-swizzles and zero-fills the way the copy engine does.  Skipped without pycuda and a GPU of compute
+"""welder_tma.cuh on a Hopper GPU: the kernels of tests/kernels/tma_units.cu, tma_ring.cu and
+tma_store_units.cu, compiled by nvcc for sm_90a and launched through pycuda with tensor-map
+arguments encoded by the driver (welder.device.gpu), must meet the same numpy expectations
+(tests/tma_reference.py) as on the CPU emulator (test_emulator_tma.py) -- which is what shows that
+the emulator lands boxes, swizzles and zero-fills, and stores boxes back clipped to the tensor, the
+way the copy engine does.  Skipped without pycuda and a GPU of compute
 capability 9.0 (``scripts/gpu_suite.sh`` runs them).
 """
 
@@ -17,13 +18,18 @@ from test_wgmma import CLUSTER_CASES, PERSISTENT_CASES, PRODUCER_CASES, _best_pe
 from test_wgmma import _configs as _wgmma_configs
 from tma_reference import (
     BOX_CASES,
+    CLUSTER_EPILOGUE_CASES,
+    EPILOGUE_CASES,
     RING,
     RING_SMEM_BYTES,
     RING_THREADS,
+    STORE_UNITS,
     UNITS,
     BoxCase,
+    EpilogueCase,
     assert_gemm_close,
     ring_case,
+    store_box_case,
     wgmma_case,
 )
 from wgmma_reference import unpack_d
@@ -54,14 +60,15 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def module():
-    """The unit kernels and the ring, compiled for sm_90a, in a context of this process."""
+    """The unit kernels (loads and stores) and the ring, compiled for sm_90a, in a context of this
+    process."""
     import pycuda.driver as drv
 
     drv.init()
     ctx = drv.Device(0).make_context()
     try:
         arch = sm_arch(compute_capability(), arch_specific=True)
-        yield GpuModule(compile_cubin([UNITS.read_text(), RING.read_text()], arch))
+        yield GpuModule(compile_cubin([UNITS.read_text(), RING.read_text(), STORE_UNITS.read_text()], arch))
     finally:
         ctx.pop()
         ctx.detach()
@@ -111,6 +118,25 @@ def test_a_generated_kernel_shape_copies_through_boxes(module, rng):
     spec = TensorMapArg(0, 4, (44, 20), (176,), (32, 8), 0)
     launch(module, "tma_tile_copy", (2, 3), 64, 2048, [x, y, spec])
     np.testing.assert_array_equal(y, x)
+
+
+@pytest.mark.parametrize("case", BOX_CASES, ids=lambda c: c.name)
+def test_tma_stores_write_their_swizzled_box_clipped_to_the_tensor(module, rng, case: BoxCase):
+    args, tensor, expected = store_box_case(case, rng)
+    launch(module, "tma_store_box", 1, 128, case.smem_bytes, args)
+    np.testing.assert_array_equal(tensor, expected)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "case"),
+    [("tma_store_epilogue", c) for c in EPILOGUE_CASES]
+    + [("tma_store_epilogue_cluster", c) for c in CLUSTER_EPILOGUE_CASES],
+    ids=str,
+)
+def test_the_staged_epilogue_matches_numpy(module, rng, kernel: str, case: EpilogueCase):
+    args, c, expected = case.arrays(rng)
+    launch(module, kernel, case.grid, 32 * case.warps, case.smem_bytes, args)
+    np.testing.assert_array_equal(c, expected)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """numpy models of Hopper's tensor copies (codegen_templates/welder_tma.cuh): which global bytes a
-tile-mode box reads (out-of-bounds elements as zeros) and where the copy engine puts them in shared
-memory for each swizzle mode -- written from the PTX ISA's description of the tensor-map swizzle
-modes, not from the emulator -- plus the cases and expectations of tests/kernels/tma_*.cu.
+tile-mode box reads (out-of-bounds elements as zeros) or writes (out-of-bounds elements dropped) and
+where the copy engine puts them in shared memory, or takes them from, for each swizzle mode --
+written from the PTX ISA's description of the tensor-map swizzle modes, not from the emulator --
+plus the cases and expectations of tests/kernels/tma_*.cu.
 
 Shared by the emulator tests (test_emulator_tma.py) and the GPU tests (test_gpu_tma.py).
 """
@@ -17,9 +18,12 @@ from welder.codegen.tensor_map import TensorMapArg
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 UNITS, BUGS, RING = (KERNEL_DIR / f"tma_{n}.cu" for n in ("units", "bugs", "ring"))
+STORE_UNITS, STORE_BUGS = (KERNEL_DIR / f"tma_store_{n}.cu" for n in ("units", "bugs"))
 UNIT_KERNELS = ["tma_box", "tma_wgmma", "tma_tile_copy"]
 BUG_KERNELS = ["tma_misuse"]
 RING_KERNELS = ["tma_ring_gemm"]
+STORE_UNIT_KERNELS = ["tma_store_box", "tma_store_epilogue", "tma_store_epilogue_cluster"]
+STORE_BUG_KERNELS = ["tma_store_misuse"]
 
 #: tma_ring.cu: block tile, threads, dynamic shared memory (checked by a static_assert there)
 RING_TILE = (128, 64, 64)
@@ -48,11 +52,10 @@ def swizzle_chunks(start: int, nbytes: int, swizzle: int) -> np.ndarray:
     return (span_start + 16 * (in_span ^ line) - start) // 16
 
 
-def gather_box(source: np.ndarray, spec: TensorMapArg, coords: tuple[int, ...]) -> np.ndarray:
-    """The box's bytes in row-major order (innermost fastest) as the copy engine reads them from
-    `source` (the tensor's bytes from its base): element e of the box at coordinates coords + e,
-    zeros where any coordinate lies outside [0, dim)."""
-    flat = np.ascontiguousarray(source).view(np.uint8).reshape(-1)
+def box_elements(spec: TensorMapArg, coords: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For each element e of the box at `coords`, row-major with the innermost fastest: whether
+    its coordinates coords + e all lie inside [0, dim), and then the byte offset of its bytes
+    (of the `elem_bytes` rows returned) from the tensor's base."""
     strides = (spec.elem_bytes, *spec.strides)
     index = np.indices(spec.box[::-1]).reshape(spec.rank, -1)[::-1]  # innermost first
     inside = np.ones(index.shape[1], bool)
@@ -61,18 +64,44 @@ def gather_box(source: np.ndarray, spec: TensorMapArg, coords: tuple[int, ...]) 
         c = coords[d] + index[d]
         inside &= (c >= 0) & (c < spec.dims[d])
         offset += np.where(inside, c, 0) * strides[d]
-    out = np.zeros((index.shape[1], spec.elem_bytes), np.uint8)
-    rows = offset[inside][:, None] + np.arange(spec.elem_bytes)
+    return inside, offset[inside][:, None] + np.arange(spec.elem_bytes)
+
+
+def gather_box(source: np.ndarray, spec: TensorMapArg, coords: tuple[int, ...]) -> np.ndarray:
+    """The box's bytes in row-major order (innermost fastest) as the copy engine reads them from
+    `source` (the tensor's bytes from its base): element e of the box at coordinates coords + e,
+    zeros where any coordinate lies outside [0, dim)."""
+    flat = np.ascontiguousarray(source).view(np.uint8).reshape(-1)
+    inside, rows = box_elements(spec, coords)
+    out = np.zeros((inside.size, spec.elem_bytes), np.uint8)
     out[inside] = flat[rows]
     return out.reshape(-1)
 
 
+def scatter_box(
+    tensor: np.ndarray, spec: TensorMapArg, coords: tuple[int, ...], values: np.ndarray
+) -> np.ndarray:
+    """The bytes of `tensor` (from its base) after a store of the box at `coords` whose elements,
+    row-major with the innermost fastest, are the bytes `values`: an element inside the tensor
+    replaces the one at its coordinates, the others are dropped, every other byte stays."""
+    out = np.ascontiguousarray(tensor).view(np.uint8).reshape(-1).copy()
+    inside, rows = box_elements(spec, coords)
+    out[rows] = values.reshape(-1, spec.elem_bytes)[inside]
+    return out
+
+
+def swizzle_image(data: np.ndarray, swizzle: int, start: int) -> np.ndarray:
+    """Where a box's bytes `data` (row-major) lie in shared memory from shared address `start`:
+    where a load lands them, and where a store takes them from."""
+    chunks = data.reshape(-1, 16)
+    image = np.zeros_like(chunks)
+    image[swizzle_chunks(start, data.size, swizzle)] = chunks
+    return image.reshape(-1)
+
+
 def box_image(source: np.ndarray, spec: TensorMapArg, coords: tuple[int, ...], start: int) -> np.ndarray:
     """The shared-memory bytes a load of the box at `coords` writes at shared address `start`."""
-    data = gather_box(source, spec, coords).reshape(-1, 16)
-    image = np.zeros_like(data)
-    image[swizzle_chunks(start, data.size, spec.swizzle)] = data
-    return image.reshape(-1)
+    return swizzle_image(gather_box(source, spec, coords), spec.swizzle, start)
 
 
 @dataclass(frozen=True)
@@ -142,6 +171,68 @@ BOX_CASES = [
     BoxCase("4d-64B", 2, (3, 4, 5, 32), 32, (32, 4, 2, 2), 64, (0, 2, 3, 2)),
     BoxCase("5d-none", 2, (2, 3, 2, 5, 16), 24, (8, 4, 2, 2, 2), 0, (8, 2, 1, 2, 1)),
 ]
+
+
+def store_box_case(case: BoxCase, rng: np.random.Generator) -> tuple[list, np.ndarray, np.ndarray]:
+    """tma_store_box's arguments for `case`: a tensor of random data with NaN row padding, and a box
+    of fresh random elements laid out in shared memory as a load of the box would land them; then
+    the tensor's bytes (which the launch writes) and what they must be afterwards."""
+    data, spec = case.tensor(rng)
+    values = rng.standard_normal(int(np.prod(case.box))).astype(data.dtype).view(np.uint8)
+    image = swizzle_image(values, spec.swizzle, BOX_BASE + case.dst_offset)
+    tensor = data.view(np.uint8).reshape(-1)
+    expected = scatter_box(tensor, spec, case.coords, values)
+    return case.args(tensor, spec, image), tensor, expected
+
+
+# -------------------------------------------------------------------------------- the epilogue
+
+#: tma_store_units.cu: bytes of one warp's staging area (two 16 x 64 fp16 panels)
+STAGE_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class EpilogueCase:
+    """One tma_store_epilogue launch: C (m x n fp16, rows `pitch` elements apart) = 2 x + 1 in
+    tiles of 16 * warps rows and 128 columns, walked by `grid` blocks."""
+
+    m: int
+    n: int
+    warps: int
+    grid: int
+
+    @property
+    def pitch(self) -> int:
+        """A row pitch of whole 16-byte units with at least 8 columns of padding, which the
+        clipped stores must leave alone."""
+        return (self.n + 15) // 8 * 8
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.m // (16 * self.warps)) * -(-self.n // 128)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 1024 + self.warps * 2 * STAGE_BYTES
+
+    def arrays(self, rng: np.random.Generator) -> tuple[list, np.ndarray, np.ndarray]:
+        """The arguments (C filled with NaN), C, and C as it must be afterwards."""
+        x = rng.standard_normal((self.m, self.n)).astype(np.float32)
+        c = np.full((self.m, self.pitch), np.nan, np.float16)
+        spec = TensorMapArg(1, 2, (self.n, self.m), (2 * self.pitch,), (64, 16), 128)
+        expected = c.copy()
+        expected[:, : self.n] = (2 * x + 1).astype(np.float16)
+        return [x, c, spec, np.int32(self.m), np.int32(self.n)], c, expected
+
+
+EPILOGUE_CASES = [
+    EpilogueCase(64, 128, 4, 1),  # one tile
+    EpilogueCase(200, 300, 4, 2),  # twelve ragged tiles: each staging area reused three times
+    EpilogueCase(130, 72, 5, 3),  # five warps (no whole warpgroups); a block without a tile
+    EpilogueCase(300, 520, 8, 3),  # eight warps, five rounds per block
+]
+#: tma_store_epilogue_cluster's cases: grids of whole clusters of two
+CLUSTER_EPILOGUE_CASES = [EpilogueCase(200, 300, 4, 2), EpilogueCase(130, 264, 6, 4)]
 
 
 # -------------------------------------------------------------------------------- tma_wgmma

@@ -22,6 +22,23 @@
 //       contiguous), each 16-byte unit at address bits 4.. XORed with bits 7.. (1, 2 or 3 bits for
 //       the 32, 64 or 128B swizzle): the layouts welder_wgmma_desc describes.  c0 times the
 //       element size must be a multiple of 16 bytes (an H100 faults otherwise).
+// TMA, tile mode, shared -> global, in bulk groups of the issuing thread:
+//   welder_tma_store_1d(map, src, c0) ... welder_tma_store_5d(map, src, c0, ..., c4)
+//       cp.async.bulk.tensor.Nd.global.shared::cta.bulk_group: writes the box at coordinates c (as
+//       for loads: innermost first, c0 times the element size a multiple of 16 bytes) from src,
+//       aligned as a load's dst, where the box lies as a load of it would land (swizzled alike);
+//       elements outside the tensor are not written.  The copy engine reads src through the async
+//       proxy: each thread that wrote it runs welder_fence_proxy_async() after its writes, and a
+//       __syncwarp or __syncthreads orders that before the store.
+//   welder_tma_store_commit()                  cp.async.bulk.commit_group: closes this thread's open
+//                                              bulk group
+//   welder_tma_store_wait_read<N>()            cp.async.bulk.wait_group.read N: all but the N most
+//                                              recent committed groups have read their sources, which
+//                                              may then be written again (other threads: after a
+//                                              __syncwarp or barrier following the wait); every group
+//                                              must have been read before the thread exits
+//   welder_tma_store_wait<N>()                 cp.async.bulk.wait_group N: all but the N most recent
+//                                              committed groups have completed (global writes done)
 //   welder_tma_prefetch_map(map)               prefetch.tensormap
 //   welder_setmaxnreg_inc<N>() / _dec<N>()     setmaxnreg.{inc,dec}.sync.aligned.u32 N (warpgroup-wide;
 //                                              N a multiple of 8 in [24, 256])
@@ -112,6 +129,47 @@ __device__ __forceinline__ void welder_tma_load_5d(void* dst, const CUtensorMap*
   WELDER_TMA_LOAD(5, "{%3, %4, %5, %6, %7}", "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4));
 }
 #undef WELDER_TMA_LOAD
+
+#define WELDER_TMA_STORE(N, COORDS, ...)                                                                             \
+  asm volatile("cp.async.bulk.tensor." #N "d.global.shared::cta.bulk_group [%0, " COORDS "], [%1];\n" ::"l"(         \
+                   reinterpret_cast<uint64_t>(map)),                                                                 \
+               "r"(welder_shared_address(src)), __VA_ARGS__                                                          \
+               : "memory")
+
+__device__ __forceinline__ void welder_tma_store_1d(const CUtensorMap* map, const void* src, int c0) {
+  WELDER_TMA_STORE(1, "{%2}", "r"(c0));
+}
+__device__ __forceinline__ void welder_tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  WELDER_TMA_STORE(2, "{%2, %3}", "r"(c0), "r"(c1));
+}
+__device__ __forceinline__ void welder_tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  WELDER_TMA_STORE(3, "{%2, %3, %4}", "r"(c0), "r"(c1), "r"(c2));
+}
+__device__ __forceinline__ void welder_tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2,
+                                                    int c3) {
+  WELDER_TMA_STORE(4, "{%2, %3, %4, %5}", "r"(c0), "r"(c1), "r"(c2), "r"(c3));
+}
+__device__ __forceinline__ void welder_tma_store_5d(const CUtensorMap* map, const void* src, int c0, int c1, int c2,
+                                                    int c3, int c4) {
+  WELDER_TMA_STORE(5, "{%2, %3, %4, %5, %6}", "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4));
+}
+#undef WELDER_TMA_STORE
+
+__device__ __forceinline__ void welder_tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void welder_tma_store_wait_read() {
+  static_assert(N >= 0, "cp.async.bulk.wait_group.read takes a count of groups >= 0");
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void welder_tma_store_wait() {
+  static_assert(N >= 0, "cp.async.bulk.wait_group takes a count of groups >= 0");
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 __device__ __forceinline__ void welder_tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

@@ -22,8 +22,9 @@
 //   welder_wgmma_commit()         wgmma.commit_group: closes the warpgroup's group of wgmma
 //   welder_wgmma_wait<N>()        wgmma.wait_group N: all but the N most recent groups complete
 //   welder_fence_proxy_async()    fence.proxy.async.shared::cta: makes this thread's shared-memory
-//                                 writes (stores, landed cp.async) visible to wgmma; a
-//                                 __syncthreads must follow before the wgmma
+//                                 writes (stores, landed cp.async) visible to wgmma and TMA stores
+//                                 (the async proxy); a __syncthreads must follow before the wgmma
+//                                 (before a TMA store by a lane of the same warp, a __syncwarp)
 //   welder_wgmma_fence_operand(d) keeps nvcc from moving accumulator accesses across wgmma and
 //                                 its waits (no instruction; nothing under the emulator)
 //

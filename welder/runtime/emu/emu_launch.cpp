@@ -6,7 +6,9 @@
 // argument instead of silently touching other memory.  The copy starts 32-byte aligned, so up to
 // 31 bytes of slack may follow the data; they hold 0xFF (NaN / -1 when read) and a write to them is
 // reported after the launch.  Results are copied back into the caller's buffer, except for
-// read-only buffers, which must come back unchanged.
+// read-only buffers, which must come back unchanged.  A tensor map over a guarded buffer is moved
+// onto its copy, and the runtime learns the guarded buffers (ClusterState::arguments), so that a TMA
+// store through a map over a read-only one is reported where it is issued.
 //
 // Clusters.  WELDER_CLUSTER_DIMS registers a kernel's cluster dims here, by the kernel's address,
 // when its module is loaded; a launch of that kernel runs as clusters of that many blocks along x
@@ -95,6 +97,7 @@ class GuardedBuffer {
     return true;
   }
   size_t bytes() const { return bytes_; }
+  bool readonly() const { return readonly_; }
   unsigned argument() const { return argument_; }
   const std::string& type() const { return type_; }
 
@@ -387,6 +390,9 @@ LaunchResult run_launch(const void* kernel, const dim3& grid, const dim3& block,
   if (!error.empty()) return LaunchResult{Status::kInvalidLaunch, error};
 
   ClusterState cluster;
+  for (const GuardedBuffer& g : guards)
+    cluster.arguments.push_back(ArgumentBuffer{reinterpret_cast<uintptr_t>(g.data()), g.bytes(), g.argument(),
+                                               g.type(), g.readonly()});
   for (unsigned rank = 0; rank < cluster_size; ++rank) {
     auto state = std::make_unique<LaunchState>();
     state->grid = grid;

@@ -106,7 +106,7 @@ std::string since_last_barrier(const LaunchState& launch) {
 // Whether access `a` is ordered before the current access of thread `t`.
 bool ordered_before(const Access& a, const ThreadState& t, uint32_t epoch) {
   if (a.epoch != epoch) return true;  // none, or a barrier lies between
-  if (a.thread == t.linear) return true;
+  if (a.thread == t.linear || a.thread == kCopyEngine) return true;
   return a.thread / kWarpSize == t.warp && t.clock[a.thread % kWarpSize] >= a.stamp;
 }
 
@@ -309,6 +309,35 @@ void check_wgmma_in_use(const LaunchState& launch, size_t begin, size_t n, const
   }
 }
 
+// The bulk store in flight that reads 16-byte unit `unit`, and its thread.
+std::pair<const ThreadState*, const BulkStore*> store_reading(const LaunchState& launch, size_t unit) {
+  for (const ThreadState& t : launch.threads)
+    for (const BulkStore& s : t.stores)
+      if (s.begin / 16 <= unit && unit < (s.begin + s.nbytes) / 16) return {&t, &s};
+  return {nullptr, nullptr};
+}
+
+// Reports a write (by `what`) of bytes [begin, begin + n) that an in-flight wgmma or bulk store still
+// reads.
+void check_in_flight_reads(const LaunchState& launch, size_t begin, size_t n, const ViewSpot& spot, const char* what) {
+  check_wgmma_in_use(launch, begin, n, spot, what);
+  if (launch.store_in_use_units == 0) return;
+  for (size_t b = begin; b < begin + n; ++b) {
+    if (launch.store_in_use[b / 16] == 0) continue;
+    const auto [issuer, store] = store_reading(launch, b / 16);
+    const auto index = static_cast<long long>((b - spot.view_begin) / spot.elem_size);
+    raise_error(format("shared memory read by a bulk store in flight written before cp.async.bulk.wait_group.read: %s "
+                       "shared view '%s' index %lld (byte %zu), which the %s at %s that %s issued reads, and no "
+                       "cp.async.bulk.wait_group.read (welder_tma_store_wait_read) of that thread has covered it "
+                       "yet%s",
+                       what, spot.view, index, b, store->primitive, describe(store->site).c_str(),
+                       describe_thread(*issuer).c_str(),
+                       store->group == issuer->bulk_groups_committed
+                           ? " (its bulk group is still open: no cp.async.bulk.commit_group since)"
+                           : ""));
+  }
+}
+
 }  // namespace
 
 unsigned char* shared_access(const char* view, size_t view_offset, long long count, size_t elem_size, long long index,
@@ -319,7 +348,7 @@ unsigned char* shared_access(const char* view, size_t view_offset, long long cou
   const ViewSpot spot{view, view_offset, elem_size};
   if (const size_t i = first_pending(launch, begin, nbytes); i < nbytes)
     report_pending_access(launch, spot, begin + i, kind != AccessKind::kRead);
-  if (kind != AccessKind::kRead) check_wgmma_in_use(launch, begin, nbytes, spot, "a write of");
+  if (kind != AccessKind::kRead) check_in_flight_reads(launch, begin, nbytes, spot, "a write of");
   if (launch.check_races && kind != AccessKind::kAtomic)
     shadow_access(launch, t, begin, nbytes, kind == AccessKind::kWrite, spot);
   return launch.smem + begin;
@@ -379,7 +408,8 @@ void cp_async_issue(const char* view, size_t view_offset, long long count, size_
                        where.c_str(), view, index, copy->primitive, describe(copy->site).c_str(),
                        describe_thread(*issuer).c_str()));
   }
-  check_wgmma_in_use(launch, begin, nbytes, spot, (std::string(primitive) + " at " + describe(site) + " into").c_str());
+  check_in_flight_reads(launch, begin, nbytes, spot,
+                        (std::string(primitive) + " at " + describe(site) + " into").c_str());
   if (launch.check_races) shadow_access(launch, t, begin, nbytes, true, spot);
   AsyncCopy c{begin, t.groups_committed, nbytes, {}, view, view_offset, elem_size, primitive, site};
   if (src_bytes > 0) std::memcpy(c.data, src, src_bytes);  // a source past its argument faults here
@@ -466,6 +496,14 @@ void settle_phase(Mbarrier& m) {
   }
 }
 
+// Where the 16-byte unit at offset `offset` of the dynamic buffer goes under the swizzle of W bytes:
+// address bits [4, 4+b) XOR bits [7, 7+b), b = 1, 2, 3 for 32, 64, 128B (an involution).
+size_t swizzled(size_t offset, uint32_t swizzle) {
+  const unsigned bits = swizzle == 128 ? 7u : swizzle == 64 ? 3u : swizzle == 32 ? 1u : 0u;
+  const unsigned address = kSharedWindowBase + static_cast<unsigned>(offset);
+  return (address ^ (((address >> 7) & bits) << 4)) - kSharedWindowBase;
+}
+
 // Lands every TMA load in flight on the mbarrier at `offset`, in issue order, and completes their
 // bytes on it; "" or what went wrong.
 std::string complete_tma(LaunchState& launch, size_t offset) {
@@ -480,17 +518,14 @@ std::string complete_tma(LaunchState& launch, size_t offset) {
       ++kept;
       continue;
     }
-    const unsigned bits = c.swizzle == 128 ? 7u : c.swizzle == 64 ? 3u : c.swizzle == 32 ? 1u : 0u;
-    for (size_t chunk = 0; chunk < c.data.size(); chunk += 16) {
-      const unsigned address = kSharedWindowBase + static_cast<unsigned>(c.dst + chunk);
-      const size_t at = (address ^ (((address >> 7) & bits) << 4)) - kSharedWindowBase;
-      std::memcpy(launch.smem + at, c.data.data() + chunk, 16);
-    }
+    for (size_t chunk = 0; chunk < c.data.size(); chunk += 16)
+      std::memcpy(launch.smem + swizzled(c.dst + chunk, c.swizzle), c.data.data() + chunk, 16);
     if (launch.check_races) {
       // An async-proxy write, ordered for every thread by the mbarrier wait that completed it.
       std::memset(launch.pending.data() + c.dst, kNotPending, c.data.size());
       launch.pending_bytes -= c.data.size();
-      for (size_t b = c.dst; b < c.dst + c.data.size(); ++b) launch.shadow[b] = ByteShadow{};
+      for (size_t b = c.dst; b < c.dst + c.data.size(); ++b)
+        launch.shadow[b] = ByteShadow{Access{launch.epoch, 0, kCopyEngine}, {}, 0};
     }
     // Bytes may come before the expect_tx that announces them (a peer's multicast, landed by a wait of
     // this block): the count may dip below zero until the phase has all its arrivals.
@@ -554,7 +589,7 @@ void mbarrier_init(const SharedSpot& bar, unsigned arrivals, const Site& site) {
       if (launch.pending[b] != kNotPending && launch.pending[b] != kMbarrierObject)
         raise_error(format("%s: shared view '%s' index %lld (byte %zu) is the destination of %s", where.c_str(),
                            bar.view, bar.index, offset, describe_pending(launch, b).c_str()));
-    check_wgmma_in_use(launch, offset, 8, ViewSpot{bar.view, bar.view_offset, bar.elem_size}, where.c_str());
+    check_in_flight_reads(launch, offset, 8, ViewSpot{bar.view, bar.view_offset, bar.elem_size}, where.c_str());
     for (size_t b = offset; b < offset + 8; ++b) {
       if (launch.pending[b] == kNotPending) ++launch.pending_bytes;
       launch.pending[b] = kMbarrierObject;
@@ -619,6 +654,78 @@ void mbarrier_wait(const SharedSpot& bar, unsigned parity, const Site& site) {
 
 namespace {
 
+// The fields of `map` for a `rank`-d load or store of the box at `coords`; raises what is wrong with
+// them.
+TensorMapFields copy_map(const CUtensorMap* map, int rank, const int* coords, bool store, const std::string& where) {
+  TensorMapFields f;
+  if (map == nullptr || !tensor_map_fields(*map, f))
+    raise_error(format("%s: the tensor map was not encoded by welder_encode_tensor_map", where.c_str()));
+  if (static_cast<int>(f.rank) != rank)
+    raise_error(format("%s: a %dd %s through a rank-%u tensor map (%s)", where.c_str(), rank,
+                       store ? "store" : "load", f.rank, describe_tensor_map(f).c_str()));
+  const long long start = static_cast<long long>(coords[0]) * f.elem_bytes;
+  // Seen on an H100 for loads; stores are held to the same rule.
+  if (start % 16 != 0)
+    raise_error(format("%s: the innermost coordinate %d starts the box at byte %lld of a row, not a multiple of 16 "
+                       "bytes (%s)",
+                       where.c_str(), coords[0], start,
+                       store ? "as for a load, which on an H100 is an illegal instruction"
+                             : "on an H100 such a load is an illegal instruction"));
+  return f;
+}
+
+size_t box_bytes(const TensorMapFields& f) {
+  size_t elements = 1;
+  for (uint32_t i = 0; i < f.rank; ++i) elements *= f.box[i];
+  return elements * f.elem_bytes;
+}
+
+// The offset in the dynamic buffer of the box of `f` at the view position `spot`, the copy's `role`
+// ("destination" or "source"): the whole box inside the view and the launch's buffer, aligned as
+// the swizzle needs, its rows one swizzle span (the layouts modelled).
+size_t box_offset(const LaunchState& launch, const SharedSpot& spot, const TensorMapFields& f, const char* role,
+                  const std::string& where) {
+  const size_t nbytes = box_bytes(f);
+  const long long first = spot.index * static_cast<long long>(spot.elem_size);
+  if (spot.index < 0 || first + static_cast<long long>(nbytes) > spot.count * static_cast<long long>(spot.elem_size))
+    raise_error(format("%s: the %zu-byte box does not fit shared view '%s' from index %lld (count %lld, %zu-byte "
+                       "elements)",
+                       where.c_str(), nbytes, spot.view, spot.index, spot.count, spot.elem_size));
+  const size_t begin = checked_shared_offset(launch, spot.view, spot.view_offset, spot.count, spot.elem_size,
+                                             spot.index, nbytes);
+  const unsigned address = kSharedWindowBase + static_cast<unsigned>(begin);
+  const unsigned align = f.swizzle == 128 ? 1024 : 128;
+  if (address % align != 0)
+    raise_error(format("%s: the %s, shared view '%s' index %lld (shared address 0x%x), is not %u-byte aligned%s",
+                       where.c_str(), role, spot.view, spot.index, address, align,
+                       f.swizzle == 128 ? " (the 128B swizzle's pattern spans 1024 bytes)" : ""));
+  if (f.swizzle != 0 && f.box[0] * f.elem_bytes != f.swizzle)
+    raise_error(format("%s: the box's innermost extent is %u bytes, less than the %uB swizzle span; the emulator "
+                       "models swizzled boxes whose rows are exactly one span (%s)",
+                       where.c_str(), f.box[0] * f.elem_bytes, f.swizzle, describe_tensor_map(f).c_str()));
+  return begin;
+}
+
+// Calls visit(e, idx, inside, offset) for each element e of the box at `coords`, row-major with the
+// innermost dimension fastest: idx its position in the box, whether every coordinate lies inside
+// the tensor, and then its byte offset from the tensor's base.
+template <class Visit>
+void for_each_box_element(const TensorMapFields& f, const int* coords, Visit visit) {
+  const size_t elements = box_bytes(f) / f.elem_bytes;
+  uint32_t idx[5] = {0, 0, 0, 0, 0};
+  for (size_t e = 0; e < elements; ++e) {
+    bool inside = true;
+    uint64_t offset = 0;
+    for (uint32_t d = 0; d < f.rank; ++d) {
+      const long long c = static_cast<long long>(coords[d]) + idx[d];
+      inside = inside && c >= 0 && static_cast<uint64_t>(c) < f.dims[d];
+      offset += static_cast<uint64_t>(c) * f.strides[d];
+    }
+    visit(e, idx, inside, offset);
+    for (uint32_t d = 0; d < f.rank && ++idx[d] == f.box[d]; ++d) idx[d] = 0;
+  }
+}
+
 // A TMA tile load of the box at `coords` (rank of them) into `dst`, completing on `bar`: into the
 // calling block, or, when `multicast`, into the blocks whose rank bit is set in `mask`, each at the
 // same offsets.  Every destination is checked (mbarrier, pending bytes, wgmma in flight) before the
@@ -628,17 +735,7 @@ void issue_tma(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& 
   LaunchState& launch = *g_launch;
   ThreadState& t = current_thread(primitive);
   const std::string where = format("%s at %s", primitive, describe(site).c_str());
-  TensorMapFields f;
-  if (map == nullptr || !tensor_map_fields(*map, f))
-    raise_error(format("%s: the tensor map was not encoded by welder_encode_tensor_map", where.c_str()));
-  if (static_cast<int>(f.rank) != rank)
-    raise_error(format("%s: a %dd load through a rank-%u tensor map (%s)", where.c_str(), rank, f.rank,
-                       describe_tensor_map(f).c_str()));
-  const long long start = static_cast<long long>(coords[0]) * f.elem_bytes;
-  if (start % 16 != 0)
-    raise_error(format("%s: the innermost coordinate %d starts the box at byte %lld of a row, not a multiple of 16 "
-                       "bytes (on an H100 such a load is an illegal instruction)",
-                       where.c_str(), coords[0], start));
+  const TensorMapFields f = copy_map(map, rank, coords, false, where);
   const std::vector<std::unique_ptr<LaunchState>>& ctas = launch.cluster->ctas;
   if (multicast && (mask == 0 || (mask >> ctas.size()) != 0))
     raise_error(format("%s: the multicast mask 0x%x names %s of the cluster's %zu block%s", where.c_str(), mask,
@@ -666,28 +763,8 @@ void issue_tma(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& 
                          describe_thread(launch.threads[m.init_thread]).c_str(), describe(m.init_site).c_str()));
   }
 
-  // The destination: the whole box inside the view and the launch's buffer, and aligned.
-  size_t elements = 1;
-  for (uint32_t i = 0; i < f.rank; ++i) elements *= f.box[i];
-  const size_t nbytes = elements * f.elem_bytes;
-  const long long first = dst.index * static_cast<long long>(dst.elem_size);
-  if (dst.index < 0 || first + static_cast<long long>(nbytes) > dst.count * static_cast<long long>(dst.elem_size))
-    raise_error(format("%s: the %zu-byte box does not fit shared view '%s' from index %lld (count %lld, %zu-byte "
-                       "elements)",
-                       where.c_str(), nbytes, dst.view, dst.index, dst.count, dst.elem_size));
-  const size_t begin = checked_shared_offset(launch, dst.view, dst.view_offset, dst.count, dst.elem_size, dst.index,
-                                             nbytes);
-  const unsigned address = kSharedWindowBase + static_cast<unsigned>(begin);
-  const unsigned align = f.swizzle == 128 ? 1024 : 128;
-  if (address % align != 0)
-    raise_error(format("%s: the destination, shared view '%s' index %lld (shared address 0x%x), is not %u-byte "
-                       "aligned%s",
-                       where.c_str(), dst.view, dst.index, address, align,
-                       f.swizzle == 128 ? " (the 128B swizzle's pattern spans 1024 bytes)" : ""));
-  if (f.swizzle != 0 && f.box[0] * f.elem_bytes != f.swizzle)
-    raise_error(format("%s: the box's innermost extent is %u bytes, less than the %uB swizzle span; the emulator "
-                       "models swizzled boxes whose rows are exactly one span (%s)",
-                       where.c_str(), f.box[0] * f.elem_bytes, f.swizzle, describe_tensor_map(f).c_str()));
+  const size_t nbytes = box_bytes(f);
+  const size_t begin = box_offset(launch, dst, f, "destination", where);
   for (LaunchState* target : targets) {
     const std::string in = target == &launch ? "" : " in " + describe_cta(*target);
     if (const size_t i = first_pending(*target, begin, nbytes); i < nbytes)
@@ -696,26 +773,17 @@ void issue_tma(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& 
                          target->pending[begin + i] == kMbarrierObject ? "part of" : "also the destination of",
                          describe_pending(*target, begin + i).c_str()));
     const std::string into = target == &launch ? " into" : " into " + describe_block(target->block_index) + "'s";
-    check_wgmma_in_use(*target, begin, nbytes, ViewSpot{dst.view, dst.view_offset, dst.elem_size},
-                       (std::string(primitive) + " at " + describe(site) + into).c_str());
+    check_in_flight_reads(*target, begin, nbytes, ViewSpot{dst.view, dst.view_offset, dst.elem_size},
+                          (std::string(primitive) + " at " + describe(site) + into).c_str());
   }
 
   // Read the box now (out-of-bounds elements are zeros), row-major with the innermost fastest.
   TmaCopy copy{begin, bar_offset, f.swizzle, std::vector<unsigned char>(nbytes, 0), dst.view, dst.index, primitive,
                site, t.linear, launch.rank};
-  uint32_t idx[5] = {0, 0, 0, 0, 0};
-  for (size_t e = 0; e < elements; ++e) {
-    bool inside = true;
-    uint64_t offset = 0;
-    for (uint32_t d = 0; d < f.rank; ++d) {
-      const long long c = static_cast<long long>(coords[d]) + idx[d];
-      inside = inside && c >= 0 && static_cast<uint64_t>(c) < f.dims[d];
-      offset += static_cast<uint64_t>(c) * f.strides[d];
-    }
+  for_each_box_element(f, coords, [&](size_t e, const uint32_t*, bool inside, uint64_t offset) {
     if (inside)
       std::memcpy(copy.data.data() + e * f.elem_bytes, reinterpret_cast<const void*>(f.base + offset), f.elem_bytes);
-    for (uint32_t d = 0; d < f.rank && ++idx[d] == f.box[d]; ++d) idx[d] = 0;
-  }
+  });
   for (LaunchState* target : targets) {
     if (target->check_races) {
       std::memset(target->pending.data() + begin, kPendingTma, nbytes);
@@ -743,6 +811,130 @@ void tma_prefetch(const CUtensorMap* map, const char* primitive, const Site& sit
   if (map == nullptr || !tensor_map_fields(*map, f))
     raise_error(format("%s at %s: the tensor map was not encoded by welder_encode_tensor_map", primitive,
                        describe(site).c_str()));
+}
+
+// ============================================================================ bulk tensor stores
+
+namespace {
+
+// The guarded argument whose copy holds global address `address`, or null.
+const ArgumentBuffer* argument_holding(const ClusterState& cluster, uint64_t address) {
+  for (const ArgumentBuffer& a : cluster.arguments)
+    if (address >= a.begin && address < a.begin + a.bytes) return &a;
+  return nullptr;
+}
+
+// Counts (+1) or releases (-1) the 16-byte units a bulk store reads.
+void mark_store(LaunchState& launch, const BulkStore& s, int delta) {
+  for (size_t unit = s.begin / 16; unit < (s.begin + s.nbytes) / 16; ++unit) {
+    uint16_t& n = launch.store_in_use[unit];
+    if (delta > 0 && n++ == 0) ++launch.store_in_use_units;
+    if (delta < 0 && --n == 0) --launch.store_in_use_units;
+  }
+}
+
+// Checks (race checks on) that the async proxy may read bytes [begin, begin + nbytes), the source of
+// the bulk store `store` that thread `t` issues: each byte the block wrote through the generic proxy
+// was followed by a fence.proxy.async of its writer, and that fence is ordered before the issue.
+void check_store_source(const LaunchState& launch, const ThreadState& t, const SharedSpot& src, size_t begin,
+                        size_t nbytes, const std::string& store) {
+  for (size_t b = begin; b < begin + nbytes; ++b) {
+    const ByteShadow& s = launch.shadow[b];
+    if (s.write.epoch < launch.block_epoch || s.write.thread == kCopyEngine) continue;
+    const ThreadState& writer = launch.threads[s.write.thread];
+    const auto index = static_cast<long long>((b - src.view_offset) / src.elem_size);
+    if (s.write_fences >= writer.proxy_fences.size())
+      raise_error(format("%s reads shared view '%s' index %lld (byte %zu), which %s wrote through the generic proxy "
+                         "with no fence.proxy.async (welder_fence_proxy_async) of that thread after the write, so "
+                         "the copy engine may not see it",
+                         store.c_str(), src.view, index, b, describe_thread(writer).c_str()));
+    const ProxyFence& fence = writer.proxy_fences[s.write_fences];
+    const bool ordered = &writer == &t || fence.epoch != launch.epoch ||
+                         (writer.warp == t.warp && t.clock[writer.lane] >= fence.stamp);
+    if (!ordered)
+      raise_error(format("%s reads shared view '%s' index %lld (byte %zu), which %s wrote and then fenced "
+                         "(fence.proxy.async), but no __syncwarp naming both threads or __syncthreads lies between "
+                         "that fence and the store (%s)",
+                         store.c_str(), src.view, index, b, describe_thread(writer).c_str(),
+                         since_last_barrier(launch).c_str()));
+  }
+}
+
+// "[3, 0]": the position `idx` in a box, offset by `origin` unless that is null; innermost first.
+std::string describe_coords(const uint32_t* idx, uint32_t rank, const int* origin) {
+  std::string out = "[";
+  for (uint32_t d = 0; d < rank; ++d)
+    out += format("%s%lld", d == 0 ? "" : ", ", static_cast<long long>(origin ? origin[d] : 0) + idx[d]);
+  return out + "]";
+}
+
+}  // namespace
+
+void tma_store(const CUtensorMap* map, const SharedSpot& src, const int* coords, int rank, const char* primitive,
+               const Site& site) {
+  LaunchState& launch = *g_launch;
+  ThreadState& t = current_thread(primitive);
+  const std::string where = format("%s at %s", primitive, describe(site).c_str());
+  const TensorMapFields f = copy_map(map, rank, coords, true, where);
+  const std::string store = format("%s through the tensor map (%s)", where.c_str(), describe_tensor_map(f).c_str());
+  const size_t nbytes = box_bytes(f);
+  const size_t begin = box_offset(launch, src, f, "source", where);
+  if (const ArgumentBuffer* a = argument_holding(*launch.cluster, f.base); a != nullptr && a->readonly)
+    raise_error(format("%s: the tensor map points into argument %u (%s), a read-only buffer: the store would change it",
+                       store.c_str(), a->index, a->type.c_str()));
+  if (const size_t i = first_pending(launch, begin, nbytes); i < nbytes)
+    raise_error(format("%s: the source, shared view '%s' index %lld (byte %zu), is %s %s", store.c_str(), src.view,
+                       static_cast<long long>((begin + i - src.view_offset) / src.elem_size), begin + i,
+                       launch.pending[begin + i] == kMbarrierObject ? "part of" : "the destination of",
+                       describe_pending(launch, begin + i).c_str()));
+
+  // The bytes of box element e lie where a load of the box would land them.
+  const auto element_at = [&](size_t e) {
+    const size_t linear = e * f.elem_bytes;
+    return swizzled(begin + linear / 16 * 16, f.swizzle) + linear % 16;
+  };
+  if (launch.check_races) {
+    check_store_source(launch, t, src, begin, nbytes, store);
+    // An element inside the tensor that the block never wrote would put garbage into global memory.
+    for_each_box_element(f, coords, [&](size_t e, const uint32_t* idx, bool inside, uint64_t) {
+      if (!inside) return;
+      const size_t at = element_at(e);
+      for (size_t b = at; b < at + f.elem_bytes; ++b)
+        if (launch.shadow[b].write.epoch < launch.block_epoch)
+          raise_error(format("%s reads shared view '%s' index %lld (byte %zu), which no thread of this block has "
+                             "written, for the box's element %s, inside the tensor at %s (innermost first)",
+                             store.c_str(), src.view, static_cast<long long>((b - src.view_offset) / src.elem_size),
+                             b, describe_coords(idx, f.rank, nullptr).c_str(),
+                             describe_coords(idx, f.rank, coords).c_str()));
+    });
+  }
+
+  // Global memory is written now (its races are not modelled); elements outside the tensor are dropped.
+  for_each_box_element(f, coords, [&](size_t e, const uint32_t*, bool inside, uint64_t offset) {
+    if (inside) std::memcpy(reinterpret_cast<void*>(f.base + offset), launch.smem + element_at(e), f.elem_bytes);
+  });
+  t.stores.push_back(BulkStore{begin, nbytes, t.bulk_groups_committed, src.view, src.view_offset, src.elem_size,
+                               src.index, primitive, site});
+  if (launch.check_races) mark_store(launch, t.stores.back(), +1);
+}
+
+void tma_store_commit() { ++current_thread("cp.async.bulk.commit_group").bulk_groups_committed; }
+
+void tma_store_wait(int pending) {
+  LaunchState& launch = *g_launch;
+  ThreadState& t = current_thread("cp.async.bulk.wait_group");
+  const auto keep = static_cast<uint32_t>(pending < 0 ? 0 : pending);
+  const uint32_t limit = t.bulk_groups_committed > keep ? t.bulk_groups_committed - keep : 0;
+  size_t done = 0;
+  for (; done < t.stores.size() && t.stores[done].group < limit; ++done) {
+    if (!launch.check_races) continue;
+    const BulkStore& s = t.stores[done];
+    mark_store(launch, s, -1);
+    // The read is over as far as this thread knows: another thread that writes the bytes next must
+    // be ordered after this wait (a __syncwarp or barrier), as after any read.
+    shadow_access(launch, t, s.begin, s.nbytes, false, ViewSpot{s.view, s.view_offset, s.elem_size});
+  }
+  t.stores.erase(t.stores.begin(), t.stores.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 // ============================================================================ blocking primitives
@@ -900,6 +1092,7 @@ void wgmma_check_reads(const std::vector<uint32_t>& chunks, const char* primitiv
       if (!launch.check_races) continue;
       const ByteShadow& s = launch.shadow[b];
       if (s.write.epoch == 0 || s.write.epoch < launch.block_epoch) continue;  // not written by this block
+      if (s.write.thread == kCopyEngine) continue;                            // a landed TMA load
       const ThreadState& writer = launch.threads[s.write.thread];
       if (s.write.epoch == launch.epoch)
         raise_error(format("%s reads shared address 0x%x (byte %zu of the dynamic buffer), which %s wrote with no "
@@ -907,7 +1100,7 @@ void wgmma_check_reads(const std::vector<uint32_t>& chunks, const char* primitiv
                            where.c_str(), address, b, describe_thread(writer).c_str(),
                            since_last_barrier(launch).c_str()));
       const bool fenced = s.write_fences < writer.proxy_fences.size() &&
-                          writer.proxy_fences[s.write_fences] < launch.epoch;
+                          writer.proxy_fences[s.write_fences].epoch < launch.epoch;
       if (!fenced)
         raise_error(format("%s reads shared address 0x%x (byte %zu of the dynamic buffer), which %s wrote through the "
                            "generic proxy without a fence.proxy.async (welder_fence_proxy_async) between the write "
@@ -941,7 +1134,7 @@ void wgmma_wait(unsigned warpgroup, int pending) {
 
 void fence_proxy_async() {
   ThreadState& t = current_thread("fence.proxy.async");
-  t.proxy_fences.push_back(g_launch->epoch);
+  t.proxy_fences.push_back(ProxyFence{g_launch->epoch, t.clock[t.lane]});
 }
 
 unsigned current_lane() { return current_thread("current_lane").lane; }
@@ -970,6 +1163,15 @@ void thread_main(void* arg) {
       raise_error(format("exits with wgmma operations of its warpgroup in flight (the %s at %s%s): a "
                          "wgmma.wait_group 0 must cover every committed group before the threads exit",
                          op->primitive, describe(op->site).c_str(), q.open.empty() ? "" : ", never committed"));
+  }
+  if (!t->stores.empty()) {
+    const BulkStore& s = t->stores.front();
+    raise_error(format("exits with a bulk tensor store whose shared source it has not waited for (the %s at %s, from "
+                       "shared view '%s' index %lld%s): a cp.async.bulk.wait_group.read 0 (welder_tma_store_wait_read"
+                       "<0>) must cover every bulk group first, as the block's shared memory may be reused once its "
+                       "threads exit",
+                       s.primitive, describe(s.site).c_str(), s.view, s.index,
+                       s.group == t->bulk_groups_committed ? ", never committed" : ""));
   }
   perform_copies(launch, *t, UINT32_MAX);  // the hardware completes copies still in flight
   t->wait = WaitKind::kExited;
@@ -1352,6 +1554,8 @@ void reset_thread(LaunchState& launch, ThreadState& t) {
   t.copies_head = 0;
   t.groups_committed = 0;
   t.proxy_fences.clear();
+  t.stores.clear();
+  t.bulk_groups_committed = 0;
   t.mbarrier_init_fences.clear();
   context_init(t.context, launch.stacks.stack_lo(t.linear), launch.stacks.stack_bytes(), &thread_main, &t);
 }
@@ -1366,6 +1570,10 @@ void start_block(LaunchState& launch, const uint3& block) {
   if (launch.wgmma_in_use_units != 0) {  // only after a failed block
     std::fill(launch.wgmma_in_use.begin(), launch.wgmma_in_use.end(), 0);
     launch.wgmma_in_use_units = 0;
+  }
+  if (launch.store_in_use_units != 0) {  // only after a failed block
+    std::fill(launch.store_in_use.begin(), launch.store_in_use.end(), 0);
+    launch.store_in_use_units = 0;
   }
   // Fresh shared memory is garbage on the GPU; here it reads as NaN / -1 so that using it shows.
   if (launch.smem_bytes > 0) std::memset(launch.smem, 0xFF, launch.smem_bytes);
@@ -1496,9 +1704,11 @@ std::string prepare_launch(LaunchState& launch, size_t stack_bytes) {
     launch.shadow.assign(launch.smem_bytes, ByteShadow{{0, 0, 0}, {{0, 0, 0}, {0, 0, 0}}, 0});
     launch.pending.assign(launch.smem_bytes, 0);
     launch.wgmma_in_use.assign((launch.smem_bytes + 15) / 16, 0);
+    launch.store_in_use.assign((launch.smem_bytes + 15) / 16, 0);
   }
   launch.pending_bytes = 0;
   launch.wgmma_in_use_units = 0;
+  launch.store_in_use_units = 0;
   return "";
 }
 

@@ -168,6 +168,18 @@ void tma_load(const SharedSpot& dst, const CUtensorMap* map, const SharedSpot& b
               const char* primitive, const Site& site);
 // prefetch.tensormap: only checks that `map` was encoded.
 void tma_prefetch(const CUtensorMap* map, const char* primitive, const Site& site);
+// cp.async.bulk.tensor.Nd.global.shared::cta.bulk_group: writes the box at `coords` (rank of them) of
+// `map` to global memory, clipped to the tensor, from the shared view position `src`, where it lies
+// as a load of the box would land it; now, after checking that the async proxy may read the source.
+// The source stays in use, in the calling thread's open bulk group, until a wait covers that group.
+void tma_store(const CUtensorMap* map, const SharedSpot& src, const int* coords, int rank, const char* primitive,
+               const Site& site);
+// cp.async.bulk.commit_group: closes the calling thread's open bulk group (possibly empty).
+void tma_store_commit();
+// cp.async.bulk.wait_group(.read) n: every bulk group of the calling thread but the `pending` most
+// recent committed ones has finished reading its sources (and writing global memory, which a store
+// does when issued here), so they may be written again.
+void tma_store_wait(int pending);
 
 // ---------------------------------------------------------------------------- clusters
 

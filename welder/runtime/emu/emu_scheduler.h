@@ -38,13 +38,14 @@
 // bytes are marked as an mbarrier object: a plain access of them is an error): the expected
 // arrival count, the arrivals and transaction bytes still pending in the current phase, and the
 // number of completed phases.  A TMA load reads its box from global memory when issued and is
-// queued on its mbarrier; it lands in shared memory (swizzled, recorded as an async-proxy write)
-// only when some thread waits on that mbarrier, or when every thread is blocked and one of them
-// waits on it.  Until then its destination bytes are marked pending, like a cp.async's.  A wait
-// suspends the fiber (WaitKind::kMbarrier) until the phase of its parity completed.  A phase's
-// transaction count may drop below zero while arrivals are pending (a peer's multicast can land
-// before this block's expect_tx); with all arrivals in, or once the block's threads have all exited,
-// below zero is an error.
+// queued on its mbarrier; it lands in shared memory (swizzled, recorded as a write by the copy
+// engine, kCopyEngine, which the wait orders before every later access) only when some thread waits
+// on that mbarrier, or when every thread is blocked and one of them waits on it.  Until then its
+// destination bytes are marked pending, like a cp.async's.  A wait suspends the fiber
+// (WaitKind::kMbarrier) until the phase of its parity completed.  A phase's transaction count may
+// drop below zero while arrivals are pending (a peer's multicast can land before this block's
+// expect_tx); with all arrivals in, or once the block's threads have all exited, below zero is an
+// error.
 //
 // Clusters.  A remote arrival or a multicast load acts on the mbarriers, TMA queue and pending
 // bytes of each target block.  A target mbarrier must have been published to the cluster: a
@@ -55,9 +56,22 @@
 // wgmma (emu_wgmma.h).  Per warpgroup, a queue of operations issued, committed groups, and whether a
 // wgmma.fence came since the last wait.  The 16-byte units an operation reads are counted in
 // wgmma_in_use until the wait that covers it; a write of them is an error.  Each thread records
-// the epoch of every fence.proxy.async it executes, and each byte's shadow records how many the
-// writer had executed before the write, so a wgmma can tell whether a proxy fence and then a
-// barrier lie between the write and the read.
+// the epoch (and its own vector-clock entry) of every fence.proxy.async it executes, and each byte's
+// shadow records how many the writer had executed before the write, so a wgmma (or a bulk store)
+// can tell whether a proxy fence and then a barrier (or __syncwarp) lie between the write and the
+// read.
+//
+// Bulk tensor stores (emu_tma.h).  A store reads its box from shared memory and writes it to global
+// memory (clipped to the tensor) when issued.  Every byte it reads must be ordered before the issue
+// for the async proxy: landed by the copy engine, or written by a thread that then executed
+// fence.proxy.async, that fence ordered before the issue (the same thread, a __syncwarp naming both
+// -- each fence records the thread's own vector-clock entry -- or a barrier); bytes of elements
+// inside the tensor must have been written by the block at all.  The store is then queued on its
+// thread with the thread's open bulk group, and the 16-byte units it read are counted in
+// store_in_use until a cp.async.bulk.wait_group(.read) of that thread covers the group: a write of
+// them by any thread is an error, and the wait records the read in the shadow state as the issuing
+// thread's, so that other threads need a __syncwarp or barrier after the wait before writing.  A
+// thread that exits with stores not covered by a wait is an error.
 #pragma once
 
 #include <cstdint>
@@ -102,6 +116,28 @@ struct AsyncCopy {
   Site site;
 };
 
+// One fence.proxy.async: the block's epoch and the thread's own vector-clock entry when it ran, which
+// tell whether a barrier or a __syncwarp has ordered it before another thread's later operation.
+struct ProxyFence {
+  uint32_t epoch;
+  uint32_t stamp;
+};
+
+// One bulk tensor store whose shared source a wait has not covered yet: the box's bytes in the
+// dynamic buffer, its bulk group, and where it came from (for messages, and for the read the wait
+// records in the shadow state).
+struct BulkStore {
+  size_t begin;  // byte offset in the dynamic buffer
+  size_t nbytes;
+  uint32_t group;
+  const char* view;
+  size_t view_offset;
+  size_t elem_size;
+  long long index;
+  const char* primitive;
+  Site site;
+};
+
 struct ThreadState {
   Context context;
   uint3 index{0, 0, 0};
@@ -128,8 +164,12 @@ struct ThreadState {
   std::vector<AsyncCopy> copies;
   size_t copies_head = 0;
   uint32_t groups_committed = 0;
-  // The epoch of each fence.proxy.async this thread executed, in order.
-  std::vector<uint32_t> proxy_fences;
+  // Each fence.proxy.async this thread executed, in order.
+  std::vector<ProxyFence> proxy_fences;
+  // Bulk tensor stores whose source no wait has covered yet, oldest first, and the number of bulk
+  // groups this thread has committed (the open group's number).
+  std::vector<BulkStore> stores;
+  uint32_t bulk_groups_committed = 0;
   // The cluster epoch at each fence.mbarrier_init this thread executed, in order; and, while
   // waiting at an mbarrier, its byte offset.
   std::vector<uint32_t> mbarrier_init_fences;
@@ -174,6 +214,10 @@ struct Access {
   uint16_t thread;
 };
 
+// Access::thread of a write by the copy engine (a landed TMA load): the mbarrier wait that landed it
+// orders it before every later access, and the async proxy needs no fence to read it.
+constexpr uint16_t kCopyEngine = 0xFFFF;
+
 struct ByteShadow {
   Access write;
   Access read[2];
@@ -214,6 +258,9 @@ struct LaunchState {
   // Per 16-byte unit of the dynamic buffer: how many wgmma in flight read it (race checks on).
   std::vector<uint16_t> wgmma_in_use;
   size_t wgmma_in_use_units = 0;
+  // Per 16-byte unit of the dynamic buffer: how many bulk stores in flight read it (race checks on).
+  std::vector<uint16_t> store_in_use;
+  size_t store_in_use_units = 0;
   std::vector<WarpgroupState> warpgroups;  // nthreads / 128 of them (none for a partial one)
   std::map<size_t, Mbarrier> mbarriers;      // by byte offset, this block's
   std::vector<TmaCopy> tma_copies;           // in flight, in issue order
@@ -234,10 +281,21 @@ struct LaunchState {
   std::string message;
 };
 
+// A guarded pointer argument of the launch (emu_launch.cpp): the kernel's copy, which a tensor map
+// over it points into.
+struct ArgumentBuffer {
+  uintptr_t begin;
+  size_t bytes;
+  unsigned index;
+  std::string type;  // "const float16*"
+  bool readonly;     // the caller's buffer must come back unchanged
+};
+
 // The blocks of the cluster in progress (all of them for cluster dims X, one without).
 struct ClusterState {
   std::vector<std::unique_ptr<LaunchState>> ctas;  // by rank
   uint32_t epoch = 0;                              // cluster barriers completed
+  std::vector<ArgumentBuffer> arguments;           // of the whole launch
   std::string message;                             // the first error
 };
 

@@ -10,10 +10,16 @@
 //    its mbarrier: reading or writing the destination earlier, or a wgmma whose descriptor covers
 //    it, is an error.  The landed bytes count as written by the async proxy and ordered by the
 //    wait, so a wgmma may read them without fence.proxy.async.
+//  - a TMA store writes its box to global memory (clipped to the tensor) when issued, reading it from
+//    shared memory in the layout a load of the box lands: each byte the block wrote there needs a
+//    fence.proxy.async of its writer ordered before the issue (by being the issuing thread, a
+//    __syncwarp or a barrier), and bytes of elements inside the tensor must have been written.  The
+//    source stays in use until a cp.async.bulk.wait_group(.read) of the issuing thread covers the
+//    store's bulk group: a write of it by any thread, or the issuing thread's exit, is an error.
 //  - setmaxnreg checks its count (a multiple of 8 in [24, 256], at compile time) and that the whole
 //    warpgroup executes it; registers are not modelled.
-// The destination of a load is a shared view position of any element type (a void* under nvcc);
-// an mbarrier is a position in a view of uint64_t.
+// The destination of a load and the source of a store are shared view positions of any element type
+// (a void* under nvcc); an mbarrier is a position in a view of uint64_t.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +45,17 @@ inline void tma_load_nd(const SharedPtr<T>& dst, const CUtensorMap* map, const S
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
       "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"};
   tma_load(spot_of(dst), map, spot_of(bar), coords, kRank, kNames[kRank], site);
+}
+
+template <int kRank, class T>
+inline void tma_store_nd(const CUtensorMap* map, const SharedPtr<T>& src, const int (&coords)[kRank],
+                         const Site& site) {
+  static constexpr const char* kNames[] = {"", "cp.async.bulk.tensor.1d.global.shared::cta.bulk_group",
+                                           "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group",
+                                           "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group",
+                                           "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group",
+                                           "cp.async.bulk.tensor.5d.global.shared::cta.bulk_group"};
+  tma_store(map, spot_of(src), coords, kRank, kNames[kRank], site);
 }
 
 inline void setmaxnreg(const char* primitive, const Site& site) {
@@ -113,6 +130,54 @@ inline void welder_tma_load_5d(const welder_emu::SharedPtr<T>& dst, const CUtens
 
 inline void welder_tma_prefetch_map(const CUtensorMap* map, const welder_emu::Site& site = welder_emu::Site::here()) {
   welder_emu::detail::tma_prefetch(map, "prefetch.tensormap", site);
+}
+
+// ---------------------------------------------------------------------------------- TMA stores
+
+template <class T>
+inline void welder_tma_store_1d(const CUtensorMap* map, const welder_emu::SharedPtr<T>& src, int c0,
+                                const welder_emu::Site& site = welder_emu::Site::here()) {
+  welder_emu::detail::tma_store_nd<1>(map, src, {c0}, site);
+}
+
+template <class T>
+inline void welder_tma_store_2d(const CUtensorMap* map, const welder_emu::SharedPtr<T>& src, int c0, int c1,
+                                const welder_emu::Site& site = welder_emu::Site::here()) {
+  welder_emu::detail::tma_store_nd<2>(map, src, {c0, c1}, site);
+}
+
+template <class T>
+inline void welder_tma_store_3d(const CUtensorMap* map, const welder_emu::SharedPtr<T>& src, int c0, int c1, int c2,
+                                const welder_emu::Site& site = welder_emu::Site::here()) {
+  welder_emu::detail::tma_store_nd<3>(map, src, {c0, c1, c2}, site);
+}
+
+template <class T>
+inline void welder_tma_store_4d(const CUtensorMap* map, const welder_emu::SharedPtr<T>& src, int c0, int c1, int c2,
+                                int c3, const welder_emu::Site& site = welder_emu::Site::here()) {
+  welder_emu::detail::tma_store_nd<4>(map, src, {c0, c1, c2, c3}, site);
+}
+
+template <class T>
+inline void welder_tma_store_5d(const CUtensorMap* map, const welder_emu::SharedPtr<T>& src, int c0, int c1, int c2,
+                                int c3, int c4, const welder_emu::Site& site = welder_emu::Site::here()) {
+  welder_emu::detail::tma_store_nd<5>(map, src, {c0, c1, c2, c3, c4}, site);
+}
+
+inline void welder_tma_store_commit() { welder_emu::detail::tma_store_commit(); }
+
+// Both waits cover the same groups here: a store writes global memory when issued, so a group has
+// completed as soon as it has read its source.
+template <int N>
+inline void welder_tma_store_wait_read() {
+  static_assert(N >= 0, "cp.async.bulk.wait_group.read takes a count of groups >= 0");
+  welder_emu::detail::tma_store_wait(N);
+}
+
+template <int N>
+inline void welder_tma_store_wait() {
+  static_assert(N >= 0, "cp.async.bulk.wait_group takes a count of groups >= 0");
+  welder_emu::detail::tma_store_wait(N);
 }
 
 // ---------------------------------------------------------------------------------- setmaxnreg
