@@ -217,15 +217,17 @@ def main(argv: list[str] | None = None) -> int:
             Options(topk=100_000),
         )
         # Per kind, the cost model's best configs of each family, --candidates of each (the
-        # TMA family's persistent or launch-per-tile, clustered or lone ones apart).
+        # TMA family's persistent or launch-per-tile, clustered or lone, TMA-stored or
+        # directly stored ones apart).
         configs = []
         for rule in kinds:
             proposed = rule.propose(group, ctx) or []
             configs += [c for c in proposed if c.stages[0].family == c.stages[0].kind][: args.candidates]
-            tma: dict[tuple[bool, int], list] = {}
+            tma: dict[tuple[bool, int, bool], list] = {}
             for c in proposed:
-                if c.stages[0].family.endswith("/tma"):
-                    tma.setdefault((bool(c.stages[0].persistent), c.stages[0].cluster), []).append(c)
+                st = c.stages[0]
+                if st.family.endswith("/tma"):
+                    tma.setdefault((bool(st.persistent), st.cluster, st.tma_store), []).append(c)
             for variant in tma.values():
                 configs += variant[: args.candidates]
             configs += [c for c in proposed if c.stages[0].splits > 1][: args.candidates]
@@ -330,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                     + (" tma" if getattr(st, "producer", False) else "")
                     + (f" persistent {st.persistent}" if st.persistent else "")
                     + (f" cluster {st.cluster} shares {st.multicast.upper()}" if st.cluster > 1 else "")
+                    + (" tma-store" if getattr(st, "tma_store", False) else "")
                 )
             else:
                 label = f"simt tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads}"
