@@ -33,27 +33,25 @@ from cluster_reference import (
     exchange_case,
     ring_case,
 )
+from kernel_fixtures import EMULATOR, WARNINGS_AS_ERRORS, emulated
+from kernel_fixtures import line_of as kernel_line
 from tma_reference import assert_gemm_close
 
 from welder.runtime import emu
 from welder.runtime.emu import EmulationError, compile_kernels
 
-pytestmark = pytest.mark.skipif(not emu.available(), reason="kernel emulation needs Linux and g++")
+pytestmark = EMULATOR
 
-WARNINGS_AS_ERRORS = ("-Wall", "-Wextra", "-Werror")
 SOURCE = "\n".join(p.read_text() for p in (UNITS, BUGS, RING))
 
 
 def line_of(text: str) -> int:
-    """Line of the first occurrence of `text` in SOURCE, as the emulator names it (kernel.cu:N)."""
-    return SOURCE[: SOURCE.index(text)].count("\n") + 1
+    return kernel_line(SOURCE, text)
 
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory: pytest.TempPathFactory) -> emu.EmulatedModule:
-    cache = tmp_path_factory.mktemp("emu-cluster-cache")
-    names = [*UNIT_KERNELS, *BUG_KERNELS, *RING_KERNELS]
-    return compile_kernels(SOURCE, names, cache_dir=cache, extra_flags=WARNINGS_AS_ERRORS)
+    return emulated(tmp_path_factory, SOURCE, [*UNIT_KERNELS, *BUG_KERNELS, *RING_KERNELS], "cluster")
 
 
 @pytest.fixture()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_fixtures import EMULATOR, emulated
+from kernel_fixtures import line_of as kernel_line
 from mma_reference import (
     BUGS,
     GEMM,
@@ -37,11 +39,10 @@ from mma_reference import (
 )
 
 from welder.runtime import emu
-from welder.runtime.emu import EmulationError, compile_kernels
+from welder.runtime.emu import EmulationError
 
-pytestmark = pytest.mark.skipif(not emu.available(), reason="kernel emulation needs Linux and g++")
+pytestmark = EMULATOR
 
-WARNINGS_AS_ERRORS = ("-Wall", "-Wextra", "-Werror")
 BUG_KERNELS = [
     "cp_async_peek",
     "cp_async_exit_pending",
@@ -56,15 +57,12 @@ SOURCE = "\n".join(p.read_text() for p in (UNITS, BUGS, GEMM))
 
 
 def line_of(text: str) -> int:
-    """Line of the first occurrence of `text` in SOURCE, as the emulator names it (kernel.cu:N)."""
-    return SOURCE[: SOURCE.index(text)].count("\n") + 1
+    return kernel_line(SOURCE, text)
 
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory: pytest.TempPathFactory) -> emu.EmulatedModule:
-    cache = tmp_path_factory.mktemp("emu-mma-cache")
-    names = UNIT_KERNELS + BUG_KERNELS + GEMM_KERNELS
-    return compile_kernels(SOURCE, names, cache_dir=cache, extra_flags=WARNINGS_AS_ERRORS)
+    return emulated(tmp_path_factory, SOURCE, UNIT_KERNELS + BUG_KERNELS + GEMM_KERNELS, "mma")
 
 
 @pytest.fixture()

@@ -25,6 +25,8 @@ import pytest
 from cluster_reference import BUGS as CLUSTER_BUGS
 from cluster_reference import RING as CLUSTER_RING
 from cluster_reference import UNITS as CLUSTER_UNITS
+from kernel_fixtures import EMULATOR, emulated
+from kernel_fixtures import line_of as kernel_line
 from tma_reference import (
     BOX_CASES,
     BUG_KERNELS,
@@ -56,24 +58,25 @@ from wgmma_reference import swizzled, unpack_d
 
 from welder.codegen.tensor_map import TensorMapArg, TensorMapError, tensor_map_problem
 from welder.runtime import emu
-from welder.runtime.emu import EmulationError, compile_kernels
+from welder.runtime.emu import EmulationError
 
-pytestmark = pytest.mark.skipif(not emu.available(), reason="kernel emulation needs Linux and g++")
+pytestmark = EMULATOR
 
-WARNINGS_AS_ERRORS = ("-Wall", "-Wextra", "-Werror")
 SOURCE = "\n".join(p.read_text() for p in (UNITS, BUGS, RING, STORE_UNITS, STORE_BUGS))
 
 
 def line_of(text: str) -> int:
-    """Line of the first occurrence of `text` in SOURCE, as the emulator names it (kernel.cu:N)."""
-    return SOURCE[: SOURCE.index(text)].count("\n") + 1
+    return kernel_line(SOURCE, text)
 
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory: pytest.TempPathFactory) -> emu.EmulatedModule:
-    cache = tmp_path_factory.mktemp("emu-tma-cache")
-    names = [*UNIT_KERNELS, *BUG_KERNELS, *RING_KERNELS, *STORE_UNIT_KERNELS, *STORE_BUG_KERNELS]
-    return compile_kernels(SOURCE, names, cache_dir=cache, extra_flags=WARNINGS_AS_ERRORS)
+    return emulated(
+        tmp_path_factory,
+        SOURCE,
+        [*UNIT_KERNELS, *BUG_KERNELS, *RING_KERNELS, *STORE_UNIT_KERNELS, *STORE_BUG_KERNELS],
+        "tma",
+    )
 
 
 @pytest.fixture()

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_fixtures import EMULATOR, emulated
+from kernel_fixtures import line_of as kernel_line
 from wgmma_reference import (
     BUG_KERNELS,
     BUGS,
@@ -39,25 +41,21 @@ from wgmma_reference import (
 )
 
 from welder.runtime import emu
-from welder.runtime.emu import EmulationError, compile_kernels
+from welder.runtime.emu import EmulationError
 
-pytestmark = pytest.mark.skipif(not emu.available(), reason="kernel emulation needs Linux and g++")
+pytestmark = EMULATOR
 
-WARNINGS_AS_ERRORS = ("-Wall", "-Wextra", "-Werror")
 SOURCE = "\n".join(p.read_text() for p in (UNITS, BUGS, GEMM))
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def line_of(text: str) -> int:
-    """Line of the first occurrence of `text` in SOURCE, as the emulator names it (kernel.cu:N)."""
-    return SOURCE[: SOURCE.index(text)].count("\n") + 1
+    return kernel_line(SOURCE, text)
 
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory: pytest.TempPathFactory) -> emu.EmulatedModule:
-    cache = tmp_path_factory.mktemp("emu-wgmma-cache")
-    names = [*UNIT_KERNELS.values(), *BUG_KERNELS, *GEMM_KERNELS]
-    return compile_kernels(SOURCE, names, cache_dir=cache, extra_flags=WARNINGS_AS_ERRORS)
+    return emulated(tmp_path_factory, SOURCE, [*UNIT_KERNELS.values(), *BUG_KERNELS, *GEMM_KERNELS], "wgmma")
 
 
 @pytest.fixture()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import test_bf16
+from kernel_fixtures import cuda_context, hopper
 from test_bf16 import MMA_CASES, MODELS, WGMMA_CASES, _bf16_case, _context
 from test_gpu import run_native
 
@@ -28,11 +29,6 @@ from welder.frontend.onnx import import_onnx
 from welder.schedule.kinds import mma, wgmma
 from welder.schedule.plan import plan_model
 
-
-def _hopper() -> bool:
-    return gpu_available() and compute_capability() == (9, 0)
-
-
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
@@ -44,13 +40,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def context():
-    import pycuda.driver as drv
-
-    drv.init()
-    ctx = drv.Device(0).make_context()
-    yield ctx
-    ctx.pop()
-    ctx.detach()
+    with cuda_context() as ctx:
+        yield ctx
 
 
 def _check(graph, kernels, arch_specific: bool, feeds: dict) -> list[str]:
@@ -79,7 +70,7 @@ def test_mma_bf16_stages_match_the_interpreter(context, label: str) -> None:
     assert failures == []
 
 
-@pytest.mark.skipif(not _hopper(), reason="wgmma needs compute capability 9.0")
+@pytest.mark.skipif(not hopper(), reason="wgmma needs compute capability 9.0")
 @pytest.mark.parametrize("label", WGMMA_CASES)
 def test_wgmma_bf16_stages_match_the_interpreter(context, label: str) -> None:
     graph, group, feeds = _bf16_case(label)

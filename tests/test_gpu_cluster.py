@@ -22,35 +22,21 @@ from cluster_reference import (
     exchange_case,
     ring_case,
 )
+from kernel_fixtures import HOPPER, cuda_context
 from test_gpu_tma import launch
 from tma_reference import assert_gemm_close
 
-from welder.device.gpu import GpuModule, compile_cubin, compute_capability, gpu_available, sm_arch
+from welder.device.gpu import GpuModule, compile_cubin, compute_capability, sm_arch
 
-
-def _hopper() -> bool:
-    return gpu_available() and compute_capability() == (9, 0)
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _hopper(), reason="needs pycuda and a GPU of compute capability 9.0 (sm_90a)"),
-]
+pytestmark = HOPPER
 
 
 @pytest.fixture(scope="module")
 def module():
     """The unit kernels and the ring, compiled for sm_90a, in a context of this process."""
-    import pycuda.driver as drv
-
-    drv.init()
-    ctx = drv.Device(0).make_context()
-    try:
+    with cuda_context():
         arch = sm_arch(compute_capability(), arch_specific=True)
         yield GpuModule(compile_cubin([UNITS.read_text(), RING.read_text()], arch))
-    finally:
-        ctx.pop()
-        ctx.detach()
 
 
 @pytest.fixture()

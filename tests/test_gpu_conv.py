@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_fixtures import ANY_GPU, cuda_context
 from test_gpu import run_native
 from test_mma_conv import IMPLICIT, KINDS, _implicit, _onnxruntime
 
@@ -19,29 +20,20 @@ from welder.device.gpu import (
     compile_cubin,
     compute_capability,
     device_name,
-    gpu_available,
     sm_arch,
 )
 from welder.frontend.onnx import import_onnx
 from welder.schedule.group import make_group
 from welder.schedule.kinds import Options, ScheduleContext
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not gpu_available(), reason="needs pycuda and an NVIDIA GPU"),
-]
+pytestmark = ANY_GPU
 
 
 @pytest.fixture(scope="module")
 def context():
     """A CUDA context of this process."""
-    import pycuda.driver as drv
-
-    drv.init()
-    ctx = drv.Device(0).make_context()
-    yield ctx
-    ctx.pop()
-    ctx.detach()
+    with cuda_context() as ctx:
+        yield ctx
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

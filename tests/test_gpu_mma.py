@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from kernel_fixtures import ANY_GPU, cuda_context
 from mma_reference import (
     GEMM,
     GEMM_SMEM_BYTES,
@@ -33,28 +34,17 @@ from welder.device.gpu import (
     GpuModule,
     compile_cubin,
     compute_capability,
-    gpu_available,
     sm_arch,
 )
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not gpu_available(), reason="needs pycuda and an NVIDIA GPU"),
-]
+pytestmark = ANY_GPU
 
 
 @pytest.fixture(scope="module")
 def module():
     """The unit kernels and the GEMM, compiled for this GPU, in a context of this process."""
-    import pycuda.driver as drv
-
-    drv.init()
-    ctx = drv.Device(0).make_context()
-    try:
+    with cuda_context():
         yield GpuModule(compile_cubin([UNITS.read_text(), GEMM.read_text()], sm_arch(compute_capability())))
-    finally:
-        ctx.pop()
-        ctx.detach()
 
 
 @pytest.fixture()

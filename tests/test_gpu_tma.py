@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from kernel_fixtures import HOPPER, cuda_context
 from test_gpu import run_native
 from test_wgmma import CLUSTER_CASES, PERSISTENT_CASES, PRODUCER_CASES, _best_per_tile, _persistent
 from test_wgmma import _configs as _wgmma_configs
@@ -43,35 +44,19 @@ from welder.device.gpu import (
     compile_cubin,
     compute_capability,
     encode_tensor_map,
-    gpu_available,
     sm_arch,
 )
 
-
-def _hopper() -> bool:
-    return gpu_available() and compute_capability() == (9, 0)
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _hopper(), reason="needs pycuda and a GPU of compute capability 9.0 (sm_90a)"),
-]
+pytestmark = HOPPER
 
 
 @pytest.fixture(scope="module")
 def module():
     """The unit kernels (loads and stores) and the ring, compiled for sm_90a, in a context of this
     process."""
-    import pycuda.driver as drv
-
-    drv.init()
-    ctx = drv.Device(0).make_context()
-    try:
+    with cuda_context():
         arch = sm_arch(compute_capability(), arch_specific=True)
         yield GpuModule(compile_cubin([UNITS.read_text(), RING.read_text(), STORE_UNITS.read_text()], arch))
-    finally:
-        ctx.pop()
-        ctx.detach()
 
 
 @pytest.fixture()

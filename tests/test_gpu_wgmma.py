@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from kernel_fixtures import HOPPER, cuda_context
 from wgmma_reference import (
     GEMM,
     GEMM_SMEM_BYTES,
@@ -30,35 +31,19 @@ from welder.device.gpu import (
     GpuModule,
     compile_cubin,
     compute_capability,
-    gpu_available,
     sm_arch,
 )
 
-
-def _hopper() -> bool:
-    return gpu_available() and compute_capability() == (9, 0)
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _hopper(), reason="needs pycuda and a GPU of compute capability 9.0 (sm_90a)"),
-]
+pytestmark = HOPPER
 MAJORS = list(itertools.product((0, 1), (0, 1)))
 
 
 @pytest.fixture(scope="module")
 def module():
     """The unit kernels and the GEMM, compiled for sm_90a, in a context of this process."""
-    import pycuda.driver as drv
-
-    drv.init()
-    ctx = drv.Device(0).make_context()
-    try:
+    with cuda_context():
         arch = sm_arch(compute_capability(), arch_specific=True)
         yield GpuModule(compile_cubin([UNITS.read_text(), GEMM.read_text()], arch))
-    finally:
-        ctx.pop()
-        ctx.detach()
 
 
 @pytest.fixture()
