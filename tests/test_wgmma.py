@@ -166,7 +166,7 @@ def test_producer_maps_follow_the_copy_engine_rules() -> None:
             boxes = 0
             for i, m in enumerate(kernel.tensor_maps):
                 assert tensor_map_problem(m, 1 << 20 | m.offset) is None, m  # any 16-byte-aligned buffer
-                loads = kernel.source.count(f"&p{m.pointer}_map{i}, ")
+                loads = kernel.source.count(f"&p{m.pointer}_map{i}, full + slot")  # loads, not stores
                 boxes += loads * m.box_bytes
             # A block of a cluster copies half of the slice the pair shares.
             assert boxes == (st.block_m + st.block_n - st.shared_rows() // st.cluster) * st.block_k * 2
