@@ -467,10 +467,12 @@ def test_mma_why_explains_the_wgmma_kind(tmp_path) -> None:
 
 @needs_emulator
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
-def test_runtime_with_producer_kernels_runs_on_the_emulator(tmp_path) -> None:
+@pytest.mark.parametrize("variant", ["lone", "clustered, persistent, TMA-stored"])
+def test_runtime_with_producer_kernels_runs_on_the_emulator(tmp_path, variant: str) -> None:
     """A runtime whose kernel takes TMA maps encodes them at each launch (and inside the CUDA
     graph it captures), here built for the emulator: twice through the graph, on new inputs
-    the second time, against the interpreter."""
+    the second time, against the interpreter.  The second kernel's maps include one over its
+    output (the TMA store), and its launch carries the cluster dims."""
     import numpy as np
 
     from welder.check import error_metric, threshold_for
@@ -478,12 +480,20 @@ def test_runtime_with_producer_kernels_runs_on_the_emulator(tmp_path) -> None:
     from welder.runtime.emit import emit_runtime
     from welder.runtime.library import RuntimeLibrary
 
-    graph, group, feeds, configs = _configs("A transposed (Gemm)")
-    cfg = _best_per_tile(configs, producer=True)[0]
+    if variant == "lone":
+        graph, group, feeds, configs = _configs("A transposed (Gemm)")
+        cfg = _best_per_tile(configs, producer=True)[0]
+    else:
+        graph, group, feeds, configs = _configs(CLUSTER_CASES["ragged, B a [k][n] weight"]())
+        paired = next(c for c in configs if c.stages[0].multicast and c.stages[0].tma_store)
+        cfg = _persistent(paired, 2)
     kernel = generate_kernel(graph, group, cfg, "welder_k0_y")
     assert kernel.tensor_maps
     out = emit_runtime(tmp_path / "rt", graph, [(group, cfg)], [kernel], "90")
-    assert "welder_encode_tensor_map" in (out / "nnfusion_rt.cu").read_text()
+    source = (out / "nnfusion_rt.cu").read_text()
+    assert "welder_encode_tensor_map" in source
+    if variant != "lone":
+        assert "WELDER_CLUSTER_DIMS(welder_k0_y, 2)" in source and "welder_tma_store_2d(" in source
     build_runtime(out, emulate=True)
     rng = np.random.default_rng(3)
     with RuntimeLibrary(out) as lib:
