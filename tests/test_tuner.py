@@ -879,3 +879,76 @@ def test_a_measured_tune_says_where_its_time_went():
     assert "search and the rest" in format_summary(plan, graph)
     cost_only = plan_model(graph, ARCH, topk=2)
     assert cost_only.phase_seconds == {} and "search and the rest" not in format_summary(cost_only, graph)
+
+
+def test_giant_random_inputs_repeat_a_prime_block(monkeypatch):
+    """Beyond the threshold a random tensor repeats one block of a prime number of draws
+    (cheap, and no tile or row length lines up with it); below it every value is drawn."""
+    from welder import check
+
+    monkeypatch.setattr(check, "REPEAT_ABOVE", 1000)
+    monkeypatch.setattr(check, "REPEAT_PERIOD", 101)
+    rng = np.random.default_rng(0)
+    big = check.normal(rng, (40, 30), np.float16)
+    assert big.shape == (40, 30) and big.dtype == np.float16
+    flat = big.ravel()
+    assert np.array_equal(flat[101:202], flat[:101]) and len(set(flat[:101].tolist())) > 90
+    small = check.normal(rng, (30, 30), np.float32)
+    assert len(set(small.ravel().tolist())) == 900
+
+
+def _rows_graph(rows: int, transpose: bool = False) -> Graph:
+    """x [rows, 16] @ w + b, ReLU: every row of the output from the same row of x -- or, with
+    ``transpose``, a square product written transposed (row r of the output from column r
+    of the product: rows no longer independent)."""
+    rng = np.random.default_rng(1)
+    n = rows if transpose else 24
+    x = rng.standard_normal((rows, 16)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["a"]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["y"], perm=[1, 0])
+        if transpose
+        else helper.make_node("Identity", ["r"], ["y"]),
+    ]
+    consts = {
+        "w": rng.standard_normal((16, n)).astype(np.float32),
+        "b": rng.standard_normal(n).astype(np.float32),
+    }
+    return import_onnx(make_model(nodes, {"x": x}, ["y"], consts, opset=17))
+
+
+def test_large_groups_with_independent_rows_are_checked_on_sampled_rows(monkeypatch):
+    """Past the size threshold a group whose rows are independent is interpreted on its
+    first, a middle and its last rows only, and those rows are what a candidate is compared
+    on: a candidate wrong in its last row is still dropped, a right one kept.  A product
+    written transposed makes the rows dependent: the group is interpreted whole."""
+    from welder.tune import reference as reference_module
+    from welder.tune.tuner import group_inputs
+
+    monkeypatch.setattr(reference_module, "SAMPLED_ABOVE", 1000)
+    monkeypatch.setattr(reference_module, "SAMPLE_ELEMENTS", 24 * 7)  # 7 rows a range
+    graph = _rows_graph(300)
+    group = make_group(graph, list(graph.nodes))
+    feeds = group_inputs(graph, group)
+    ref = reference_module.reference(graph, group, feeds, seed=0)
+    assert ref.rows is not None and ref.rows[0] == 0 and ref.rows[-1] == 299 and len(ref.rows) <= 21
+    whole = reference_module.whole_outputs(graph, group, feeds)["y"]
+    np.testing.assert_array_equal(ref.values["y"], whole[ref.rows])
+
+    class LastRowWrong(ScriptedDevice):
+        def run(self, program, kernel, inputs):
+            outs = super().run(program, kernel, inputs)
+            if candidate_index(kernel.name) == 0:
+                outs[0] = outs[0].copy()
+                outs[0][-1] += 1
+            return outs
+
+    device = LastRowWrong(graph, latency={0: 1.0, 1: 2.0})
+    result = tune_group(graph, group, ARCH, 2, None, device)
+    assert result is not None and result.latency_us == 2.0  # the faster candidate was wrong
+    assert [d.reason for d in result.dropped] == ["wrong"]
+    dependent = _rows_graph(300, transpose=True)
+    dgroup = make_group(dependent, list(dependent.nodes))
+    assert reference_module.reference(dependent, dgroup, group_inputs(dependent, dgroup)).rows is None

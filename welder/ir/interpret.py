@@ -75,26 +75,35 @@ def value_dtype(dtype: str) -> np.dtype:
     return np.dtype(np.float32) if dtype == "bfloat16" else np_dtype(dtype)
 
 
-def evaluate(c: Compute, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Value of compute ``c`` given arrays for every tensor it loads."""
+def evaluate(
+    c: Compute, tensors: Mapping[str, np.ndarray], rows: tuple[int, int] | None = None
+) -> np.ndarray:
+    """Value of compute ``c`` given arrays for every tensor it loads; with ``rows`` =
+    (start, stop), only those indices of its first axis (the tensors are still indexed
+    absolutely: rows the compute reads must hold their values)."""
     for name in c.inputs:
         if name not in tensors:
             raise KeyError(f"{c.name}: no value for input tensor {name!r}")
-    shape = c.shape
+    shape = list(c.shape)
+    if rows is not None:
+        shape[0] = rows[1] - rows[0]
     if 0 in shape or (c.reduce_axes and 0 in [a.extent for a in c.reduce_axes]):
-        return _empty_or_identity(c)
+        return _empty_or_identity(c) if rows is None else np.zeros(shape, np_dtype(c.dtype))
     points = int(np.prod(shape, dtype=np.int64)) * int(
         np.prod([a.extent for a in c.reduce_axes], dtype=np.int64)
     )
     limit = _EINSUM_LIMIT if _factors(c) is not None else _ELEMENTWISE_LIMIT
+    first = rows[0] if rows is not None else 0
     if points <= limit or not shape:
-        return _evaluate_range(c, tensors, 0, shape[0] if shape else 0)
-    # Split the outermost axis that is larger than one.
-    axis = next((k for k, s in enumerate(shape) if s > 1), 0)
+        return _evaluate_range(c, tensors, first, first + shape[0] if shape else 0)
+    # Split the outermost axis that is larger than one (the first, when rows are asked for).
+    axis = 0 if rows is not None else next((k for k, s in enumerate(shape) if s > 1), 0)
+    offset = first if axis == 0 else 0
     step = max(1, int(shape[axis] * limit // points))
     parts = []
     for start in range(0, shape[axis], step):
-        parts.append(_evaluate_range(c, tensors, start, min(shape[axis], start + step), axis))
+        stop = min(shape[axis], start + step)
+        parts.append(_evaluate_range(c, tensors, offset + start, offset + stop, axis))
     return np.concatenate(parts, axis=axis)
 
 

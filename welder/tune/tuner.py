@@ -50,7 +50,6 @@ from welder.codegen import generate_kernel, sanitize_identifier
 from welder.device.gpu import CompileError, GpuDevice, KernelTimeout, LaunchError
 from welder.errors import WelderError
 from welder.graph import Graph
-from welder.ir.interpret import evaluate
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
@@ -60,6 +59,7 @@ from welder.schedule.kinds.mma import config_precision
 from welder.schedule.plan import Plan, PlannedGroup, SplitFailure, library_planned, traffic_of
 from welder.tune.cache import CacheKey, TuningCache
 from welder.tune.phases import Phases
+from welder.tune.reference import Reference, reference
 
 log = logging.getLogger("welder.tune")
 
@@ -246,14 +246,6 @@ def group_inputs(graph: Graph, group: Group, seed: int = 0) -> dict[str, np.ndar
     return out
 
 
-def reference_outputs(graph: Graph, group: Group, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The group's outputs by the reference interpreter, member by member."""
-    env = dict(feeds)
-    for m in group.members:
-        env[m] = evaluate(graph.nodes[m].compute, env)
-    return {o: env[o] for o in group.outputs}
-
-
 def _time_all(device: Device, cands: Candidates, inputs: list[np.ndarray]) -> dict[int, float]:
     timings: dict[int, float] = {}
     for i in sorted(cands.programs):
@@ -273,7 +265,7 @@ def _pick(
     device: Device,
     cands: Candidates,
     inputs: list[np.ndarray],
-    reference: Callable[[], dict[str, np.ndarray]],
+    reference: Callable[[], Reference],
     timings: dict[int, float],
     limits: dict[int, dict[str, float]],
     phases: Phases,
@@ -298,14 +290,14 @@ def _pick(
 
 
 def _compare(
-    kernel: Any, outputs: Sequence[np.ndarray], reference: dict[str, np.ndarray], limits: dict[str, float]
+    kernel: Any, outputs: Sequence[np.ndarray], reference: Reference, limits: dict[str, float]
 ) -> str | None:
     """Why the outputs are wrong, or None."""
     params = [p for p in kernel.params if p.is_output]
     if len(outputs) != len(params):
         return f"{len(outputs)} outputs, expected {len(params)}"
     for p, got in zip(params, outputs):
-        err = error_metric(got, reference[p.tensor])
+        err = error_metric(*reference.compared(p.tensor, got))
         limit = limits[p.tensor]
         if not err <= limit:
             return f"output {p.tensor}: error {err:.3e} > {limit:.0e}"
@@ -399,12 +391,12 @@ def finish_candidates(
     with phases("inputs"):
         feeds = group_inputs(graph, group, seed)
     inputs = [feeds[t] for t in group.inputs]
-    memo: dict[str, dict[str, np.ndarray]] = {}
+    memo: dict[str, Reference] = {}
 
-    def reference() -> dict[str, np.ndarray]:
+    def expected() -> Reference:
         if "ref" not in memo:
             with phases("reference"):
-                memo["ref"] = reference_outputs(graph, group, feeds)
+                memo["ref"] = reference(graph, group, feeds, seed)
         return memo["ref"]
 
     with phases("timing"):
@@ -415,7 +407,7 @@ def finish_candidates(
         for p in {config_precision(cfg) for cfg in cands.configs}
     }
     limits = {i: by_precision[config_precision(cfg)] for i, cfg in enumerate(cands.configs)}
-    winner = _pick(device, cands, inputs, reference, timings, limits, phases)
+    winner = _pick(device, cands, inputs, expected, timings, limits, phases)
     tried = len(cands.configs)
     if winner is None:
         log.warning("group %s: none of %d candidates is valid on %s", group.root, tried, device.name)
