@@ -313,7 +313,7 @@ SPLIT_CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict]]] = {
     "K of 7 slices, the last split shorter": lambda: _matmul(48, 200, 40),
     "ragged K, 4-byte copies": lambda: _matmul(37, 230, 34),
     "B transposed": lambda: _matmul(24, 160, 56, trans_b=True),
-    "later stages on the reduced tile": lambda: _bias_gelu(50, 160, 96),
+    "bias and GELU on the reduced accumulators": lambda: _bias_gelu(50, 160, 96),
     "batched QK^T + softmax": lambda: _attention_scores(2, 2, 24, 96),
 }
 
