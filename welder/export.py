@@ -827,41 +827,46 @@ def check_half_graph(path: Path, dtype: str = "float16") -> None:
 def check_outputs(
     path: Path, module: torch.nn.Module, inputs: Mapping[str, torch.Tensor], names: list[str]
 ) -> dict[str, Any]:
-    """Run the exported graph with onnxruntime on ``args`` and compare every output with
+    """Run the exported graph with onnxruntime on ``inputs`` and compare every output with
     the module's (``max(|a-b|/max(|b|,1))`` against ``welder.check.threshold_for`` of the
     output's dtype: 1e-4 for fp32, 2e-2 for fp16, exact for integers); raise a WelderError
     naming the outputs that miss, else return the metrics for export.json.
 
-    The module runs where it was traced, with TF32 off so an fp32 module on a GPU computes
-    in fp32 as the graph does.  Half graphs traced on a GPU run under onnxruntime's CUDA
-    provider when it is installed (the CPU provider would take minutes on a large batch);
-    everything else under the CPU provider, bf16 graphs converted to fp32 as
-    ``welder.check.onnxruntime_outputs`` does."""
+    Where torch sees a GPU both sides run there -- the module moved to it for the check
+    (and back), the graph under onnxruntime's CUDA provider when it has one -- since on
+    the CPU a large batch takes minutes each way.  TF32 is off on both sides, so an fp32
+    module computes in fp32 as the graph does.  Otherwise, or when the CUDA provider
+    cannot take the graph, onnxruntime's CPU provider runs it (bf16 graphs converted to
+    fp32, as ``welder.check.onnxruntime_outputs`` does)."""
     from welder.check import error_metric, onnxruntime_outputs, threshold_for
 
     torch = _torch()
+    home = next((v.device for v in inputs.values()), torch.device("cpu"))
+    device = torch.device("cuda") if torch.cuda.is_available() else home
+    bf16 = any(v.dtype == torch.bfloat16 for v in inputs.values())
     cuda = torch.backends.cuda.matmul
     saved = (cuda.allow_tf32, torch.backends.cudnn.allow_tf32)
     cuda.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out = module(*inputs.values())
+            out = module.to(device)(*(v.to(device) for v in inputs.values()))
     finally:
         cuda.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-    tensors = out if isinstance(out, tuple) else (out,)
+        module.to(home)
+    tensors = tuple(t.detach().cpu() for t in (out if isinstance(out, tuple) else (out,)))
+    del out
     feeds = to_numpy(inputs)
     provider = "CPUExecutionProvider"
     reference = None
-    if any(v.is_cuda for v in inputs.values()) and any(t.dtype == torch.float16 for t in tensors):
+    if device.type == "cuda" and not bf16:
         reference, provider = _cuda_outputs(path, feeds)
     if reference is None:
         provider = "CPUExecutionProvider"
         reference = onnxruntime_outputs(path, feeds)
     report: dict[str, Any] = {"reference": f"onnxruntime {provider}", "outputs": {}}
     misses = []
-    for name, tensor, ref in zip(names, tensors, reference.values()):
-        got = tensor.detach().cpu()
+    for name, got, ref in zip(names, tensors, reference.values()):
         kind = _dtype_name(got)
         got = got.float().numpy() if got.is_floating_point() else got.numpy()
         want = ref.astype(np.float32) if got.dtype == np.float32 else ref
@@ -878,8 +883,8 @@ def check_outputs(
 
 
 def _cuda_outputs(path: Path, feeds: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """The graph's outputs under onnxruntime's CUDA provider, or None where this
-    onnxruntime has none or the provider cannot take the graph."""
+    """The graph's outputs under onnxruntime's CUDA provider with TF32 off, or None where
+    this onnxruntime has no such provider or it cannot take the graph."""
     import onnxruntime as ort
 
     name = "CUDAExecutionProvider"
@@ -888,7 +893,11 @@ def _cuda_outputs(path: Path, feeds: Mapping[str, Any]) -> tuple[dict[str, Any] 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     try:
-        sess = ort.InferenceSession(str(path), opts, providers=[name, "CPUExecutionProvider"])
+        sess = ort.InferenceSession(
+            str(path), opts, providers=[(name, {"use_tf32": "0"}), "CPUExecutionProvider"]
+        )
+        if sess.get_providers()[0] != name:
+            return None, name
         outputs = [o.name for o in sess.get_outputs()]
         wanted = {i.name for i in sess.get_inputs()}  # the exporter drops unread inputs
         values = sess.run(outputs, {k: v for k, v in feeds.items() if k in wanted})
