@@ -1,12 +1,14 @@
 """Time PyTorch eager and torch.compile on the module an ONNX file was exported from.
 
-    python artifacts/run_torch.py runs/bert_b1 [--systems eager,compile] [--json out.json]
+    python artifacts/run_torch.py runs/bert_b1 [--systems eager,compile,compile-max-autotune] \\
+        [--json out.json]
 
 The module is rebuilt from PREFIX/export.json (same registry entry, options and seed, so
 the same weights) and timed with the benchmark protocol that every system shares:
 inputs and outputs on the GPU, warm-up, then CUDA-event time of back-to-back calls,
-median over repeats.  ``torch.compile`` uses mode="reduce-overhead" (CUDA graphs); its
-compile time is the wall time of the first call.
+median over repeats.  ``compile`` is ``torch.compile(mode="reduce-overhead")`` (CUDA
+graphs), ``compile-max-autotune`` is ``mode="max-autotune"`` (Triton templates and their
+autotuning, CUDA graphs too); a compile time is the wall time of the first call.
 
 This file also holds that protocol (``measure``, the clocks, ``Timing``) for
 run_onnxrt.py and scripts/benchmark.py.  torch is imported only where it is used.
@@ -209,11 +211,16 @@ def load(prefix: str | Path, device: str) -> tuple[Any, tuple[Any, ...], Any, li
     return module.to(device), args, info, version_mismatches(info)
 
 
-def _compiled(module: Any) -> Callable[..., object]:
+#: The torch.compile systems and their modes.
+COMPILE_MODES = {"compile": "reduce-overhead", "compile-max-autotune": "max-autotune"}
+TORCH_SYSTEMS = ("eager", *COMPILE_MODES)
+
+
+def _compiled(module: Any, mode: str) -> Callable[..., object]:
     import torch
 
     torch._dynamo.reset()  # a fresh compile per model, not one grown across models
-    return torch.compile(module, mode="reduce-overhead")
+    return torch.compile(module, mode=mode)
 
 
 def _step(fn: Callable[..., object], args: tuple[Any, ...], cudagraphs: bool) -> Callable[[], object]:
@@ -234,7 +241,7 @@ def _step(fn: Callable[..., object], args: tuple[Any, ...], cudagraphs: bool) ->
 def time_system(
     system: str, module: Any, args: tuple[Any, ...], device: str, plan: TimingPlan | None = None
 ) -> tuple[Timing, float | None]:
-    """``(timing, compile seconds or None)`` of ``eager`` or ``compile`` under
+    """``(timing, compile seconds or None)`` of one of TORCH_SYSTEMS under
     inference_mode."""
     import torch
 
@@ -242,9 +249,9 @@ def time_system(
     with torch.inference_mode():
         if system == "eager":
             return measure(_step(module, args, False), clock, plan), None
-        if system != "compile":
-            raise ValueError(f"unknown torch system {system!r}")
-        fn = _compiled(module)
+        if system not in COMPILE_MODES:
+            raise ValueError(f"unknown torch system {system!r}; choose from {', '.join(TORCH_SYSTEMS)}")
+        fn = _compiled(module, COMPILE_MODES[system])
         call = _step(fn, args, device.startswith("cuda"))
         sync = WallClock(torch.cuda.synchronize if device.startswith("cuda") else None)
         sync.start()
@@ -283,7 +290,7 @@ def torch_setup_notes() -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prefix", help="folder written by welder export (model.onnx + export.json)")
-    p.add_argument("--systems", default="eager,compile", help="comma list of eager, compile")
+    p.add_argument("--systems", default="eager,compile", help=f"comma list of {', '.join(TORCH_SYSTEMS)}")
     p.add_argument("--device", help="cuda (default when present) or cpu (a smoke test, not the protocol)")
     p.add_argument("--budget-s", type=float, default=15.0, help="measuring time cap per system (default 15)")
     p.add_argument("--json", help="also write the results as JSON to this file")

@@ -3,7 +3,8 @@
     python artifacts/torch2onnx.py --model bert --prefix runs/bert_b1 --bs 1 [--fp16 | --bf16]
 
 Writes PREFIX/model.onnx and PREFIX/export.json (what run_torch.py needs to rebuild the
-same module).  Models are built with random weights from a fixed seed: nothing is
+same module), after checking with onnxruntime that the graph computes the module's
+outputs (``--no-check`` skips it).  Models are built with random weights from a fixed seed: nothing is
 downloaded.  ``--option KEY=VALUE`` changes a model knob (``--option points=65536`` for
 the NeRF MLP, ``--option num_hidden_layers=2`` for a small BERT).
 """
@@ -32,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--option", action="append", type=parse_option, default=[], metavar="KEY=VALUE", help="model knob"
     )
+    p.add_argument(
+        "--no-check",
+        action="store_true",
+        help="do not compare the graph's outputs under onnxruntime with the module's (checked by default)",
+    )
     p.add_argument("--list", action="store_true", help="list the models and exit")
     return p
 
@@ -55,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bf16=args.bf16,
             options=dict(args.option),
             seed=args.seed,
+            check=not args.no_check,
         )
     except WelderError as e:
         print(f"torch2onnx: error: {e}", file=sys.stderr)

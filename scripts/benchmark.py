@@ -6,6 +6,9 @@
 For each config (model:batch:dtype) this exports the model if PREFIX does not already
 hold the same export, tunes and times welder, then times the peers on the very module the
 ONNX came from -- all in one run on one machine, so the ratios compare like with like.
+The peers are PyTorch eager, torch.compile in its ``reduce-overhead`` (``compile``) and
+``max-autotune`` (``compile-max-autotune``) modes, and onnxruntime with the CUDA provider;
+an onnxruntime without it leaves its cell ``absent`` rather than timing the CPU.
 Every system uses the protocol of artifacts/run_torch.py (inputs and outputs on the GPU,
 warm-up, CUDA-event or synchronous wall time, median of repeats).  A system that fails
 on a model leaves its error in that cell and the run goes on.
@@ -36,13 +39,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "artifacts"))
 sys.path.insert(0, str(ROOT))
 
-from run_onnxrt import run_onnxrt  # noqa: E402
-from run_torch import TimingPlan, load, time_system  # noqa: E402
+from run_onnxrt import PROVIDERS, run_onnxrt  # noqa: E402
+from run_torch import TORCH_SYSTEMS, TimingPlan, load, time_system  # noqa: E402
 
-SYSTEMS = ("welder", "eager", "compile", "onnxruntime")
-PEERS = ("eager", "compile", "onnxruntime")
+SYSTEMS = ("welder", "eager", "compile", "compile-max-autotune", "onnxruntime")
+PEERS = ("eager", "compile", "compile-max-autotune", "onnxruntime")
 DTYPES = {"fp32": "float32", "fp16": "float16"}
-TABLE_MODELS = ("bert", "vit_small_p32", "swin_tiny", "mobilenet_v2", "mobilevit_s", "nerf")
+TABLE_MODELS = ("bert", "vit_small_p32", "swin_tiny", "mobilenet_v2", "mobilevit_s", "nerf_large")
+#: Models whose batch multiplies a point count: the tables run them at batch 1 only.
+SINGLE_BATCH = ("nerf", "nerf_large")
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ def reference_configs() -> list[Config]:
     """The rows of the reference latency table: every model at batch 1, all but the NeRF
     MLP at batch 64, each in fp32 and fp16."""
     rows = [Config(m, 1, d) for m in TABLE_MODELS for d in DTYPES]
-    return rows + [Config(m, 64, d) for m in TABLE_MODELS if m != "nerf" for d in DTYPES]
+    return rows + [Config(m, 64, d) for m in TABLE_MODELS if m not in SINGLE_BATCH for d in DTYPES]
 
 
 @dataclass
@@ -90,6 +95,10 @@ class Cell:
     main_test_ms: float | None = None  # main_test's Summary mean: single runs, no CUDA graph
     accuracy: str | None = None  # test_acc: PASS, FAIL, or "error: why it could not run"
     max_error: float | None = None  # test_acc's max(|a-b|/max(|b|,1)) over every output
+    # Why the system was not run on this machine (onnxruntime without its CUDA provider
+    # beside a GPU, welder without a GPU): not a failure of the system, and not timed
+    # elsewhere instead, which would compare a CPU with a GPU.
+    absent: str | None = None
 
 
 @dataclass
@@ -164,6 +173,24 @@ def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(f"{flag}=") for a in args)
 
 
+def welder_env(options: WelderOptions) -> dict[str, str]:
+    """The environment of welder's child steps: the run's tuning cache, when it has one."""
+    return {"WELDER_CACHE_DIR": str(options.cache_dir)} if options.cache_dir else {}
+
+
+def tune_and_build(prefix: Path, options: WelderOptions) -> tuple[float, float]:
+    """``welder tune`` then ``welder build`` on PREFIX in child processes; returns their
+    wall times in seconds (build 0 when the tune arguments hold --no-build, as a plan-only
+    run on a machine without a GPU does)."""
+    env = welder_env(options)
+    start = time.perf_counter()
+    _python(["-m", "welder.cli", *welder_tune_command(prefix, options)], options.timeout_s, env)
+    tuned = time.perf_counter()
+    if not _has_flag(options.tune_args, "--no-build"):
+        _python(["-m", "welder.cli", "build", str(prefix), *options.build_args], options.timeout_s, env)
+    return tuned - start, time.perf_counter() - tuned
+
+
 def run_welder(prefix: Path, options: WelderOptions) -> Cell:
     """Tune and build PREFIX with the welder command line, then time the runtime, run its
     main_test and check it with test_acc.  The one place that knows how welder is driven:
@@ -172,22 +199,25 @@ def run_welder(prefix: Path, options: WelderOptions) -> Cell:
     Every step runs in a child process, so a kernel that faults cannot poison the CUDA
     context the peers are timed in afterwards; the tuning cache is the run's own
     (``options.cache_dir``), so tune times are cold, as Welder's published ones are."""
-    env = {"WELDER_CACHE_DIR": str(options.cache_dir)} if options.cache_dir else {}
-    start = time.perf_counter()
-    _python(["-m", "welder.cli", *welder_tune_command(prefix, options)], options.timeout_s, env)
-    tuned = time.perf_counter()
-    _python(["-m", "welder.cli", "build", str(prefix), *options.build_args], options.timeout_s, env)
-    built = time.perf_counter()
+    tune_s, build_s = tune_and_build(prefix, options)
+    return measure_built(prefix, options, tune_s, build_s)
+
+
+def measure_built(prefix: Path, options: WelderOptions, tune_s: float, build_s: float) -> Cell:
+    """The built runtime under PREFIX: test_acc's verdict, main_test's mean and the
+    latency with the peers' protocol, in welder's cell (``tune_s``/``build_s``: what
+    building it took, for the cell's record)."""
+    env = welder_env(options)
     accuracy = check_accuracy(prefix, env)
     # main_test without CUDA graphs: launch by launch, beside the library's graph replays.
     main_test_ms, main_test_error = run_main_test(prefix, ["--no-cuda-graph"])
     budget_ms = str(1e3 * options.budget_s)
     out = _python(["-c", WELDER_TIMING, str(prefix), "1" if options.cuda_graph else "0", budget_ms], 600, env)
-    notes = [f"tune {tuned - start:.0f} s + build {built - tuned:.0f} s", f"topk {options.topk}"]
+    notes = [f"tune {tune_s:.0f} s + build {build_s:.0f} s", f"topk {options.topk}"]
     notes += [accuracy.describe()] + ([f"main_test: {main_test_error}"] if main_test_error else [])
     return Cell(
         ms=float(out.split()[-1]),
-        build_s=built - start,
+        build_s=tune_s + build_s,
         detail=", ".join(notes) + (", CUDA graph" if options.cuda_graph else ""),
         main_test_ms=main_test_ms,
         accuracy=accuracy.verdict,
@@ -287,8 +317,9 @@ def _tail(proc: subprocess.CompletedProcess[str], lines: int) -> str:
 
 
 def run_torch_peers(prefix: Path, systems: Sequence[str], device: str, plan: TimingPlan) -> dict[str, Cell]:
-    """Eager and/or compile on one rebuilt module (built once: bert-base takes seconds)."""
-    wanted = [s for s in ("eager", "compile") if s in systems]
+    """The torch systems asked for (eager and the torch.compile modes) on one rebuilt
+    module (built once: bert-base takes seconds)."""
+    wanted = [s for s in TORCH_SYSTEMS if s in systems]
     if not wanted:
         return {}
     try:
@@ -307,8 +338,27 @@ def run_torch_peers(prefix: Path, systems: Sequence[str], device: str, plan: Tim
     return cells
 
 
+def ort_provider_for(device: str, requested: str | None = None) -> str | None:
+    """The onnxruntime provider that matches the torch device: CUDA beside a GPU, the CPU
+    provider in a CPU run; ``requested`` (--ort-provider) overrides."""
+    if requested:
+        return requested
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
 def run_ort_peer(prefix: Path, provider: str | None, plan: TimingPlan) -> Cell:
+    """onnxruntime's cell.  A provider this onnxruntime lacks leaves the cell ``absent``
+    (saying which providers it has) instead of timing another device."""
     try:
+        import onnxruntime as ort
+
+        available = ort.get_available_providers()
+        wanted = PROVIDERS.get(provider or "", provider)
+        if wanted and wanted not in available:
+            return Cell(
+                absent=f"{wanted} absent (onnxruntime {ort.__version__} has {', '.join(available)})",
+                detail=f"onnxruntime-{provider}",
+            )
         res = run_onnxrt(prefix, provider, plan)
     except Exception as e:
         return Cell(error=_error(e))
@@ -372,13 +422,15 @@ def measure_row(config: Config, args: argparse.Namespace, device_name: str) -> R
         row.cells[system] = cell
         _log(config, system, cell)
     if "onnxruntime" in args.systems:
-        row.cells["onnxruntime"] = run_ort_peer(prefix, args.ort_provider, plan)
+        provider = ort_provider_for(args.device, args.ort_provider)
+        row.cells["onnxruntime"] = run_ort_peer(prefix, provider, plan)
         _log(config, "onnxruntime", row.cells["onnxruntime"])
     return row
 
 
 def _log(config: Config, system: str, cell: Cell) -> None:
     what = f"{cell.ms:.3f} ms" if cell.ms is not None else f"ERROR {cell.error}"
+    what = f"absent: {cell.absent}" if cell.absent else what
     build = f" (build {cell.build_s:.1f} s)" if cell.build_s is not None else ""
     print(f"[{config.key}] {system}: {what}{build}", file=sys.stderr, flush=True)
 
@@ -389,6 +441,8 @@ def _log(config: Config, system: str, cell: Cell) -> None:
 def _ms(cell: Cell | None) -> str:
     if cell is None:
         return "-"
+    if cell.absent is not None:
+        return "absent"
     if cell.error is not None:
         short = cell.error.replace("|", "/").replace("\n", " ")
         return f"error: {short[:60]}{'...' if len(short) > 60 else ''}"
@@ -418,19 +472,23 @@ def render_markdown(rows: Sequence[Row], meta: dict[str, str]) -> str:
         "onnxruntime",
     )
     header = (
-        f"| model | bs | dtype | welder ms | eager ms | compile ms | {ort_name} ms "
-        "| vs eager | vs compile | vs ort | welder tune+build s | compile s |"
+        f"| model | bs | dtype | welder ms | eager ms | compile ms | max-autotune ms | {ort_name} ms "
+        "| vs eager | vs compile | vs max-autotune | vs ort | welder tune+build s | compile s "
+        "| max-autotune compile s |"
     )
     lines = [f"{k}: {v}  " for k, v in meta.items()]
-    lines += ["", header, "|" + "---|" * 12]
+    lines += ["", header, "|" + "---|" * 15]
     for r in rows:
         c = r.cells
         w = c.get("welder")
+        peers = [c.get(p) for p in PEERS]
+        compiled, autotune = c.get("compile"), c.get("compile-max-autotune")
         lines.append(
-            f"| {r.config.model} | {r.config.batch} | {r.config.dtype} | {_ms(w)} | {_ms(c.get('eager'))} "
-            f"| {_ms(c.get('compile'))} | {_ms(c.get('onnxruntime'))} | {_speedup(w, c.get('eager'))} "
-            f"| {_speedup(w, c.get('compile'))} | {_speedup(w, c.get('onnxruntime'))} | {_seconds(w)} "
-            f"| {_seconds(c.get('compile'))} |"
+            f"| {r.config.model} | {r.config.batch} | {r.config.dtype} | {_ms(w)} | "
+            + " | ".join(_ms(p) for p in peers)
+            + " | "
+            + " | ".join(_speedup(w, p) for p in peers)
+            + f" | {_seconds(w)} | {_seconds(compiled)} | {_seconds(autotune)} |"
         )
     lines += _runtime_table(rows)
     devices = sorted({r.device for r in rows if r.device})
@@ -442,6 +500,9 @@ def render_markdown(rows: Sequence[Row], meta: dict[str, str]) -> str:
     errors = _error_lines(rows)
     if errors:
         lines += ["", "Errors:", "", *errors]
+    absent = [f"- {r.config.key} ({s}): {c.absent}" for r in rows for s, c in r.cells.items() if c.absent]
+    if absent:
+        lines += ["", "Not run on this machine:", "", *absent]
     lines.append("")
     lines.append(
         "Speedups are peer latency / welder latency (above 1: welder is faster), per row from one run."
@@ -582,7 +643,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--budget-s", type=float, default=10.0, help="measuring time cap per peer (default 10)")
     p.add_argument("--device", help="torch device: cuda (default when present) or cpu (a smoke test only)")
-    p.add_argument("--ort-provider", choices=("cuda", "cpu"), help="default: cuda when available")
+    p.add_argument(
+        "--ort-provider",
+        choices=("cuda", "cpu"),
+        help="default: the torch device's (cuda beside a GPU: the cell says absent when this "
+        "onnxruntime has no CUDA provider; cpu with --device cpu)",
+    )
     p.add_argument(
         "--model-options",
         type=json.loads,

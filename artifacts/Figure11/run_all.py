@@ -1,0 +1,183 @@
+"""Figure 11: latency, kernel count and DRAM traffic per model, for welder, welder
+without tile-graph fusion (``--nofusion``) and the baselines.
+
+    python artifacts/Figure11/run_all.py [--models bert,nerf] [--bs 1] [--dtype fp16] [--ncu PATH]
+
+Each case is measured as in Figure 9 (RUNS/welder and RUNS/welder-nofusion, the persistent
+tuning cache and earlier builds reused), then every system that ran is profiled once with
+Nsight Compute: ``ncu --profile-from-start off --metrics dram__bytes_read.sum,
+dram__bytes_write.sum`` around one warmed-up inference (profile_once.py), which gives the
+number of kernels launched and the bytes read from and written to DRAM.  A system ncu
+cannot profile (no ncu, no permission for the GPU counters, a failure) keeps its latency
+and says why in the ``profile`` column.
+
+Writes to artifacts/results/<GPU>/: figure11.csv (latency, kernels, dram_read_bytes,
+dram_write_bytes per case and system), figure11.md, figure11.meta.json and
+figure11_<dtype>_b<bs>.png (three panels: latency, kernels, DRAM MB read + written, log
+scales).  Cases already in the CSV are skipped; ``--device cpu`` is a smoke run (nothing
+is profiled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import paper
+
+benchmark = paper.benchmark
+
+NAME = "figure11"
+SYSTEMS = ("welder", "welder-nofusion", *paper.BASELINES)
+FIELDS = (*paper.LATENCY_FIELDS, "kernels", "dram_read_bytes", "dram_write_bytes", "profile")
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+CHILD = Path(__file__).with_name("profile_once.py")
+UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def ncu_command(ncu: str, system: str, prefix: Path) -> list[str]:
+    return [
+        ncu,
+        "--profile-from-start",
+        "off",
+        "--metrics",
+        ",".join(METRICS),
+        "--csv",
+        "--page",
+        "raw",
+        "--print-units",
+        "base",
+        sys.executable,
+        str(CHILD),
+        system,
+        str(prefix),
+    ]
+
+
+def parse_ncu_csv(text: str) -> tuple[int, float, float]:
+    """(kernels, DRAM bytes read, DRAM bytes written) from ``ncu --csv --page raw``: one
+    line per profiled kernel after the header (and a units line, whose scale applies);
+    the program's own output and ncu's ``==PROF==`` lines around it are skipped."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise ValueError("no ncu CSV in the output")
+    table = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    header = table[0]
+    try:
+        columns = [header.index(m) for m in METRICS]
+    except ValueError:
+        raise ValueError(f"ncu CSV lacks {METRICS}: {header[:8]}...") from None
+    scale = [1.0, 1.0]
+    kernels, totals = 0, [0.0, 0.0]
+    for row in table[1:]:
+        if len(row) < len(header):
+            continue
+        if not row[0].strip():  # the units line
+            scale = [UNITS.get(row[c].strip(), 1.0) for c in columns]
+            continue
+        kernels += 1
+        for k, c in enumerate(columns):
+            totals[k] += float(row[c].replace(",", "") or 0.0) * scale[k]
+    return kernels, totals[0], totals[1]
+
+
+def profile(system: str, prefix: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The ncu columns of one system on one case, or ``profile`` saying why there are none."""
+    if not args.device.startswith("cuda"):
+        return {"profile": "absent: no CUDA GPU"}
+    ncu = args.ncu or shutil.which("ncu")
+    if ncu is None:
+        return {"profile": "absent: ncu not found (--ncu PATH)"}
+    try:
+        proc = benchmark._run_child(ncu_command(ncu, system, prefix), args.profile_timeout_s)
+    except benchmark.StepTimeout as e:
+        return {"profile": f"error: {e}"}
+    try:
+        kernels, read, written = parse_ncu_csv(proc.stdout)
+    except ValueError as e:
+        return {"profile": f"error: exit {proc.returncode}, {e}: {benchmark._tail(proc, 2)}"}
+    if kernels == 0:
+        return {"profile": f"error: ncu profiled no kernel: {benchmark._tail(proc, 2)}"}
+    return {"kernels": kernels, "dram_read_bytes": read, "dram_write_bytes": written, "profile": "ncu"}
+
+
+def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    cells = paper.measure_case(case, todo, args)
+    gpu = paper.gpu_folder(args.device)
+    rows = []
+    for system in todo:
+        row = paper.cell_row(case, system, cells[system], gpu)
+        if row["status"] == "ok":
+            export = Path(args.runs) / "exports" / case.key
+            prefix = Path(args.runs) / system / case.key if system in paper.WELDER_VARIANTS else export
+            row.update(profile(system, prefix, args))
+        else:
+            row["profile"] = f"not profiled: {row['status']}"
+        rows.append(row)
+    return rows
+
+
+def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
+    systems = [s for s in SYSTEMS if s in args.systems]
+    by_key = {paper.ResultsCsv.key(r): r for r in rows}
+    for dtype, bs in sorted({(r["dtype"], r["bs"]) for r in rows}):
+        png = args.out / f"figure11_{dtype}_b{bs}.png"
+        plt = paper.pyplot(png)
+        if plt is None:
+            return
+        models = [m for m in paper.PAPER_MODELS if any(r["model"] == m for r in rows)]
+        models += sorted({r["model"] for r in rows} - set(models))
+
+        def value(field: str, scale: float = 1.0, dtype: str = dtype, bs: str = bs) -> Any:
+            def get(model: str, system: str) -> float | None:
+                row = by_key.get((model, bs, dtype, system))
+                if field == "dram":
+                    parts = [paper.number(row, "dram_read_bytes"), paper.number(row, "dram_write_bytes")]
+                    return None if None in parts else sum(parts) / scale  # type: ignore[arg-type]
+                v = paper.number(row, field)
+                return None if v is None or (field == "latency_ms" and row["status"] != "ok") else v / scale
+
+            return get
+
+        fig, axes = plt.subplots(3, 1, figsize=(max(8, 1.1 * len(models) + 3), 10))
+        panels = [
+            ("latency_ms", 1.0, "latency (ms, log)"),
+            ("kernels", 1.0, "kernels per inference (log)"),
+            ("dram", 1e6, "DRAM read + written (MB, log)"),
+        ]
+        for ax, (field, scale, label) in zip(axes, panels):
+            paper.grouped_bars(ax, models, systems, value(field, scale), ylabel=label, log=True)
+        gpu = next((r["gpu"] for r in rows if r["gpu"]), "")
+        axes[0].set_title(f"Figure 11 -- {gpu} {dtype}, batch {bs}", fontsize=10)
+        paper.finish(fig, axes, png, "x: not measured or not profiled (the CSV's status and profile say why)")
+        plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = paper.build_parser(__doc__, systems=SYSTEMS)
+    parser.add_argument("--ncu", help="Nsight Compute's ncu (default: the one on PATH)")
+    parser.add_argument("--profile-timeout-s", type=float, default=900.0, help="cap on one ncu run (900)")
+    args = paper.parse_args(parser, argv)
+    store = paper.ResultsCsv(args.out / f"{NAME}.csv", FIELDS)
+    if not args.plot_only:
+        paper.write_meta(args, NAME, argv)
+        paper.run_cases(args, store, lambda case, todo: measure(case, todo, args))
+    rows = store.rows()
+    plot(rows, args)
+    fields = ("latency_ms", "kernels", "dram_read_bytes", "dram_write_bytes")
+    (args.out / f"{NAME}.md").write_text(paper.markdown_table(rows, args.systems, fields))
+    print(f"{store.path}: {len(rows)} lines", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

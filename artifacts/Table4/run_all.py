@@ -1,0 +1,141 @@
+"""Table 4: compile time per model -- welder with a cold and a warm tuning cache, the
+candidates it measured, and torch.compile max-autotune's compile time beside it.
+
+    python artifacts/Table4/run_all.py [--models bert,nerf] [--bs 1] [--dtype fp16]
+
+For each case welder tunes and builds the export twice in its own prefix
+(RUNS/table4/<case>) with a tuning cache of its own (RUNS/table4-cache/<case>): first
+emptied (``welder-cold``: every candidate compiled and measured, as Welder's published
+compile times are), then again on the cache the first run filled (``welder-warm``: what a
+user pays the second time).  ``tune_s`` is ``welder tune``'s wall time, ``build_s`` tune
+plus the runtime build; ``candidates`` is the number of configs the tuner measured over
+all groups (tuned.json), ``cached_groups`` how many groups came from the cache.
+``compile-max-autotune`` is the wall time of torch.compile(mode="max-autotune")'s first
+call with TorchInductor's caches disabled (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1, set by
+this script), so it is cold too; its latency is recorded beside it.
+
+Writes table4.csv, table4.md, table4.meta.json and table4_<dtype>_b<bs>.png (compile
+seconds per model, log scale) to artifacts/results/<GPU>/.  Cases already in the CSV are
+skipped; ``--device cpu`` is a smoke run (welder plans from the H100 cost model: its times
+are of that, not of tuning).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before torch is imported anywhere: compile times must not come from Inductor's caches.
+os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import paper
+
+benchmark = paper.benchmark
+
+NAME = "table4"
+SYSTEMS = ("welder-cold", "welder-warm", "compile-max-autotune")
+FIELDS = (*paper.COMMON_FIELDS, "tune_s", "candidates", "cached_groups", "groups")
+
+
+def plan_counts(prefix: Path) -> dict[str, Any]:
+    """What tuned.json says of the tuning: candidates measured, groups from the cache."""
+    groups = json.loads((prefix / "tuned.json").read_text())["groups"]
+    return {
+        "candidates": sum(int(g.get("candidates") or 0) for g in groups),
+        "cached_groups": sum(1 for g in groups if g.get("from_cache")),
+        "groups": len(groups),
+    }
+
+
+def tune(prefix: Path, cache: Path, args: argparse.Namespace) -> tuple[float, float]:
+    options = replace(paper.welder_options(args, "welder"), cache_dir=cache)
+    return benchmark.tune_and_build(prefix, options)
+
+
+def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    gpu = paper.gpu_folder(args.device)
+    runs = Path(args.runs)
+    try:
+        export = paper.export_case(case, args)
+    except Exception as e:
+        cell = benchmark.Cell(error=f"export failed: {benchmark._error(e)}")
+        return [paper.cell_row(case, s, cell, gpu) for s in todo]
+    prefix = paper.variant_prefix(export, "table4", runs)
+    cache = runs / "table4-cache" / case.key
+    rows = []
+    for system in ("welder-cold", "welder-warm"):
+        if system not in todo:
+            continue
+        row = {k: v for k, v in paper.cell_row(case, system, benchmark.Cell(), gpu).items() if k in FIELDS}
+        try:
+            if system == "welder-cold" or not cache.is_dir():
+                shutil.rmtree(cache, ignore_errors=True)  # cold: an empty cache
+                tune_s, build_s = tune(prefix, cache, args)
+            if system == "welder-warm":
+                tune_s, build_s = tune(prefix, cache, args)
+            row.update(tune_s=tune_s, build_s=tune_s + build_s, **plan_counts(prefix))
+            if not args.device.startswith("cuda"):
+                row.update(status="absent", detail="no CUDA GPU: plan from the H100 cost model, not tuned")
+        except Exception as e:
+            row.update(status="error", detail=benchmark._error(e))
+        what = f"{row['build_s']:.1f} s, {row.get('candidates')} candidates" if row.get("build_s") else ""
+        print(f"[{case.key}] {system}: {row['status']} {what} {row['detail'] or ''}", file=sys.stderr)
+        rows.append(row)
+    if "compile-max-autotune" in todo:
+        plan = paper.TimingPlan(budget_s=args.budget_s)
+        system = "compile-max-autotune"
+        cell = benchmark.run_torch_peers(export, [system], args.device, plan)[system]
+        benchmark._log(case, system, cell)
+        rows.append({k: v for k, v in paper.cell_row(case, system, cell, gpu).items() if k in FIELDS})
+    return rows
+
+
+def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
+    systems = [s for s in SYSTEMS if s in args.systems]
+    by_key = {paper.ResultsCsv.key(r): r for r in rows}
+    for dtype, bs in sorted({(r["dtype"], r["bs"]) for r in rows}):
+        png = args.out / f"table4_{dtype}_b{bs}.png"
+        plt = paper.pyplot(png)
+        if plt is None:
+            return
+        models = [m for m in paper.PAPER_MODELS if any(r["model"] == m for r in rows)]
+        models += sorted({r["model"] for r in rows} - set(models))
+
+        def seconds(model: str, system: str, dtype: str = dtype, bs: str = bs) -> float | None:
+            return paper.number(by_key.get((model, bs, dtype, system)), "build_s")
+
+        fig, ax = plt.subplots(1, 1, figsize=(max(8, 1.1 * len(models) + 3), 4.2))
+        paper.grouped_bars(ax, models, systems, seconds, ylabel="compile time (s, log)", log=True)
+        gpu = next((r["gpu"] for r in rows if r["gpu"]), "")
+        ax.set_title(f"Table 4 -- {gpu} {dtype}, batch {bs}", fontsize=10)
+        note = "welder: tune + build; torch.compile: first call, Inductor caches off; x: no value (the CSV)"
+        paper.finish(fig, [ax], png, note)
+        plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = paper.parse_args(paper.build_parser(__doc__, systems=SYSTEMS), argv)
+    store = paper.ResultsCsv(args.out / f"{NAME}.csv", FIELDS)
+    if not args.plot_only:
+        paper.write_meta(args, NAME, argv)
+        paper.run_cases(args, store, lambda case, todo: measure(case, todo, args))
+    rows = store.rows()
+    plot(rows, args)
+    fields = ("build_s", "tune_s", "candidates", "latency_ms")
+    (args.out / f"{NAME}.md").write_text(paper.markdown_table(rows, args.systems, fields))
+    print(f"{store.path}: {len(rows)} lines", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,627 @@
+"""What the paper's figure and table scripts (artifacts/Figure*/, artifacts/Table*/) share.
+
+Each script measures *cases* -- a registry model at a batch size and precision -- on a set
+of *systems* (welder's variants and the baselines), writes one CSV line per case and
+system to ``artifacts/results/<GPU>/<name>.csv`` as soon as that system is measured, and
+draws its PNG from the whole CSV.  Run again, it skips the lines already there (``--redo``
+measures them again, ``--retry-errors`` only the failed ones), so a long reproduction is
+filled by several calls of a few minutes each.
+
+Measuring is scripts/benchmark.py's -- its export, its welder adapter (tune, build,
+test_acc, main_test, the timing child) and its peers on the timing protocol of
+run_torch.py -- so every figure times the systems exactly as the benchmark table does.
+This module only adds what the scripts have in common on top: welder's variants in their
+own prefixes (a build is reused when its export and tune command are the same), the
+persistent tuning cache, the CSV store, the command line and the plots.  matplotlib is
+imported only to draw: without it the CSV is written and the script says the PNG was
+skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import io
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT / "scripts", ROOT / "artifacts", ROOT):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import benchmark  # noqa: E402
+from benchmark import Cell, Config  # noqa: E402
+from run_torch import TimingPlan  # noqa: E402
+
+#: The paper's ten models (issue 15), in the order of its figures.
+PAPER_MODELS = (
+    "bert",
+    "vit_small_p32",
+    "swin_tiny",
+    "mobilenet_v2",
+    "mobilevit_s",
+    "bsrn",
+    "nafnet",
+    "restormer",
+    "conformer",
+    "nerf",
+)
+BATCHES = (1, 64)
+DTYPES = ("fp32", "fp16")
+BASELINES = ("eager", "compile", "compile-max-autotune", "onnxruntime")
+#: welder's variants: system name -> the ``welder tune`` flags that make it.
+WELDER_VARIANTS: dict[str, tuple[str, ...]] = {
+    "welder": (),
+    "welder-nofusion": ("--nofusion",),
+    "welder-skip-dot": ("--skip-dot",),
+    "welder-no-tc": ("--no-tc",),
+}
+#: Legend names.
+LABELS = {
+    "welder": "welder",
+    "welder-nofusion": "welder --nofusion",
+    "welder-skip-dot": "welder --skip-dot (cuBLAS)",
+    "welder-no-tc": "welder --no-tc",
+    "eager": "PyTorch eager",
+    "compile": "torch.compile reduce-overhead",
+    "compile-max-autotune": "torch.compile max-autotune",
+    "onnxruntime": "onnxruntime",
+    "per-op": "one kernel per op",
+}
+#: The plan a machine without a GPU makes for welder's variants in a smoke run.
+CPU_PLAN_ARGS = ("--cost-model", "--arch", "H100", "--no-build")
+KEY = ("model", "bs", "dtype", "system")
+#: The columns every script writes, before its own.
+COMMON_FIELDS = (*KEY, "status", "latency_ms", "build_s", "detail", "gpu", "date")
+LATENCY_FIELDS = (*COMMON_FIELDS, "accuracy", "max_error", "main_test_ms")
+BUILD_MARK = "paper_build.json"
+
+
+# -- cases and systems -----------------------------------------------------------------------
+
+
+def gpu_folder(device: str) -> str:
+    """The results folder's name for this machine: welder.arch's short name of the GPU
+    (``H100``), the driver's name made path-safe for a GPU welder does not describe, or
+    ``cpu`` for a CPU run."""
+    if not device.startswith("cuda"):
+        return "cpu"
+    import torch
+
+    from welder.arch import match_gpu_name
+    from welder.errors import WelderError
+
+    name = torch.cuda.get_device_name()
+    try:
+        return match_gpu_name(name).name
+    except WelderError:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+
+
+def cases(args: argparse.Namespace) -> list[Config]:
+    """Every (model, batch, dtype) asked for.  The NeRF MLPs run at batch 1 only (their
+    batch multiplies two million points), as in the paper; the others are said once."""
+    out, left = [], []
+    for model in args.models:
+        for batch in args.bs:
+            if batch > 1 and model in benchmark.SINGLE_BATCH:
+                left.append(f"{model}:{batch}")
+                continue
+            out += [Config(model, batch, dtype) for dtype in args.dtype]
+    if left:
+        print(f"# batch 1 only for the NeRF MLPs: {', '.join(left)} left out", file=sys.stderr)
+    return out
+
+
+def status_of(cell: Cell) -> str:
+    return "absent" if cell.absent else "error" if cell.error else "ok"
+
+
+def cell_row(case: Config, system: str, cell: Cell, gpu: str) -> dict[str, Any]:
+    """A Cell as a CSV line of LATENCY_FIELDS (the error or the reason it was not run in
+    ``detail``)."""
+    return {
+        "model": case.model,
+        "bs": case.batch,
+        "dtype": case.dtype,
+        "system": system,
+        "status": status_of(cell),
+        "latency_ms": cell.ms,
+        "build_s": cell.build_s,
+        "detail": cell.absent or cell.error or cell.detail,
+        "gpu": gpu,
+        "date": now(),
+        "accuracy": cell.accuracy,
+        "max_error": cell.max_error,
+        "main_test_ms": cell.main_test_ms,
+    }
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# -- measuring, on benchmark.py's machinery --------------------------------------------------
+
+
+def export_case(case: Config, args: argparse.Namespace) -> Path:
+    """The case's export under RUNS/exports (kept when already there, as benchmark does)."""
+    options = args.model_options.get(case.model, {})
+    prefix, _ = benchmark.ensure_export(case, Path(args.runs) / "exports", options)
+    return prefix
+
+
+def variant_prefix(export: Path, system: str, runs: Path) -> Path:
+    """RUNS/<system>/<case>: the export copied where this variant of welder is tuned and
+    built, so the variants of one case never overwrite each other's runtime."""
+    prefix = runs / system / export.name
+    prefix.mkdir(parents=True, exist_ok=True)
+    if (prefix / "export.json").is_file() and (prefix / "export.json").read_text() == (
+        export / "export.json"
+    ).read_text():
+        return prefix
+    for name in ("model.onnx", "export.json"):
+        shutil.copy2(export / name, prefix / name)
+    (prefix / BUILD_MARK).unlink(missing_ok=True)
+    return prefix
+
+
+def welder_options(args: argparse.Namespace, system: str) -> benchmark.WelderOptions:
+    """The run's welder options plus the variant's flags (and, without a GPU, the flags of
+    a plan-only run from the H100's cost model)."""
+    flags = [*args.welder.tune_args, *WELDER_VARIANTS[system]]
+    if not args.device.startswith("cuda"):
+        flags += CPU_PLAN_ARGS
+    return replace(args.welder, tune_args=tuple(flags))
+
+
+def build_welder(prefix: Path, options: benchmark.WelderOptions) -> tuple[float, float, bool]:
+    """Tune and build PREFIX unless it already holds a build of this export with this tune
+    command (recorded in PREFIX/paper_build.json); returns (tune s, build s, reused).  The
+    other scripts reuse what one built: the same variant of the same case is one build."""
+    from welder.runtime.layout import library_path
+
+    command = benchmark.welder_tune_command(prefix, options)
+    mark = prefix / BUILD_MARK
+    export = (prefix / "export.json").read_text()
+    plan_only = benchmark._has_flag(options.tune_args, "--no-build")
+    if mark.is_file() and (plan_only or library_path(prefix).is_file()):
+        done = json.loads(mark.read_text())
+        if done.get("command") == command and done.get("export") == export:
+            return float(done["tune_s"]), float(done["build_s"]), True
+    mark.unlink(missing_ok=True)
+    tune_s, build_s = benchmark.tune_and_build(prefix, options)
+    record = {"command": command, "export": export, "tune_s": tune_s, "build_s": build_s, "date": now()}
+    mark.write_text(json.dumps(record, indent=1) + "\n")
+    return tune_s, build_s, False
+
+
+def welder_cell(prefix: Path, system: str, args: argparse.Namespace) -> Cell:
+    """One welder variant on PREFIX: built (or reused) and measured as benchmark.py does.
+    Without a GPU the plan is made from the H100's cost model and the cell is absent: a
+    smoke run exercises the scripts, it times nothing."""
+    options = welder_options(args, system)
+    try:
+        tune_s, build_s, reused = build_welder(prefix, options)
+        if not args.device.startswith("cuda"):
+            return Cell(absent="no CUDA GPU: plan from the H100 cost model, not timed", build_s=tune_s)
+        cell = benchmark.measure_built(prefix, options, tune_s, build_s)
+    except Exception as e:
+        return Cell(error=benchmark._error(e))
+    if reused:
+        cell.detail += ", build reused"
+    return cell
+
+
+def measure_case(case: Config, systems: Sequence[str], args: argparse.Namespace) -> dict[str, Cell]:
+    """Every system asked for on one case, welder's variants first and then the peers
+    (the torch module is rebuilt once for all torch systems).  A failed export fails each
+    system with its message; a failing system leaves its error and the others go on."""
+    try:
+        export = export_case(case, args)
+    except Exception as e:
+        return {s: Cell(error=f"export failed: {benchmark._error(e)}") for s in systems}
+    cells: dict[str, Cell] = {}
+    runs = Path(args.runs)
+    for system in systems:
+        if system in WELDER_VARIANTS:
+            cells[system] = welder_cell(variant_prefix(export, system, runs), system, args)
+            benchmark._log(case, system, cells[system])
+    plan = TimingPlan(budget_s=args.budget_s)
+    for system, cell in benchmark.run_torch_peers(export, systems, args.device, plan).items():
+        cells[system] = cell
+        benchmark._log(case, system, cell)
+    if "onnxruntime" in systems:
+        provider = benchmark.ort_provider_for(args.device, args.ort_provider)
+        cells["onnxruntime"] = benchmark.run_ort_peer(export, provider, plan)
+        benchmark._log(case, "onnxruntime", cells["onnxruntime"])
+    return cells
+
+
+# -- the CSV ---------------------------------------------------------------------------------
+
+
+class ResultsCsv:
+    """One script's results: a CSV of ``fields`` keyed by (model, bs, dtype, system),
+    rewritten whole (through a temporary file) after every new line, so an interrupted
+    run loses at most the line it was measuring."""
+
+    def __init__(self, path: Path, fields: Sequence[str]) -> None:
+        self.path = path
+        self.fields = list(fields)
+        self._rows: dict[tuple[str, ...], dict[str, str]] = {}
+        if path.is_file():
+            with path.open(newline="") as f:
+                for row in csv.DictReader(f):
+                    self._rows[self.key(row)] = {k: row.get(k) or "" for k in self.fields}
+
+    @staticmethod
+    def key(row: Mapping[str, Any]) -> tuple[str, ...]:
+        return tuple(str(row[k]) for k in KEY)
+
+    def get(self, case: Config, system: str) -> dict[str, str] | None:
+        return self._rows.get((case.model, str(case.batch), case.dtype, system))
+
+    def done(self, case: Config, system: str, retry_errors: bool = False) -> bool:
+        """Whether the CSV holds this case and system (an error counts unless retried)."""
+        row = self.get(case, system)
+        return row is not None and not (retry_errors and row["status"] == "error")
+
+    def put(self, row: Mapping[str, Any]) -> None:
+        self._rows[self.key(row)] = {k: _text(row.get(k)) for k in self.fields}
+        self.save()
+
+    def drop(self, case: Config, systems: Iterable[str]) -> None:
+        for system in systems:
+            self._rows.pop((case.model, str(case.batch), case.dtype, system), None)
+
+    def rows(self) -> list[dict[str, str]]:
+        return list(self._rows.values())
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        out = io.StringIO()
+        writer = csv.DictWriter(out, self.fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(self._rows.values())
+        tmp = self.path.with_suffix(".csv.tmp")
+        tmp.write_text(out.getvalue())
+        os.replace(tmp, self.path)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def number(row: Mapping[str, str] | None, field: str) -> float | None:
+    """A numeric CSV cell, None when empty or absent."""
+    if row is None or not row.get(field):
+        return None
+    try:
+        return float(row[field])
+    except ValueError:
+        return None
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in _names(text)]
+
+
+def build_parser(
+    description: str,
+    *,
+    models: Sequence[str] = PAPER_MODELS,
+    batches: Sequence[int] = BATCHES,
+    dtypes: Sequence[str] = DTYPES,
+    systems: Sequence[str],
+    choices: Sequence[str] | None = None,
+) -> argparse.ArgumentParser:
+    """The options every script takes.  ``systems`` is the default set, ``choices`` what
+    --systems may name (default: the same)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    listed = ",".join(map(str, batches))
+    p.add_argument("--models", type=_names, default=list(models), help=f"comma list ({','.join(models)})")
+    p.add_argument("--bs", type=_ints, default=list(batches), help=f"comma list of batch sizes ({listed})")
+    p.add_argument("--dtype", type=_names, default=list(dtypes), help=f"fp32, fp16 ({','.join(dtypes)})")
+    p.add_argument("--systems", type=_names, default=list(systems), help=f"comma list ({','.join(systems)})")
+    p.set_defaults(system_choices=list(choices or systems))
+    p.add_argument("--out", help="results folder (default: artifacts/results/<GPU>, cpu without one)")
+    p.add_argument(
+        "--runs", default="runs/paper", help="exports and welder builds, reused across scripts (runs/paper)"
+    )
+    p.add_argument("--cache-dir", help="welder tuning cache (default: welder's persistent one)")
+    p.add_argument(
+        "--device",
+        help="cuda (default when present) or cpu: a smoke run, peers timed on the CPU, welder only planned",
+    )
+    p.add_argument("--topk", type=int, default=20, help="welder tune --topk (default 20)")
+    p.add_argument("--tune-args", default="", help="more welder tune flags for every variant (joined by '=')")
+    p.add_argument("--tune-timeout-s", type=float, default=3600.0, help="cap on one welder step (3600)")
+    p.add_argument("--budget-s", type=float, default=10.0, help="measuring time cap per system (default 10)")
+    p.add_argument("--ort-provider", choices=("cuda", "cpu"), help="default: the device's, absent if missing")
+    p.add_argument(
+        "--model-options",
+        type=json.loads,
+        default={},
+        help='per-model export options as JSON, e.g. \'{"nerf": {"points": 4096}}\'',
+    )
+    p.add_argument("--deadline-s", type=float, help="start no new case after this many seconds")
+    p.add_argument("--redo", action="store_true", help="measure the selected cases again though in the CSV")
+    p.add_argument("--retry-errors", action="store_true", help="measure again the selected lines that failed")
+    p.add_argument("--plot-only", action="store_true", help="draw the PNG from the CSV and measure nothing")
+    return p
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse and complete the options: names checked, the device, the results folder, and
+    welder's options with the persistent tuning cache unless --cache-dir names another."""
+    from welder.export import MODELS
+
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.models if m not in MODELS]
+    unknown += [d for d in args.dtype if d not in benchmark.DTYPES]
+    unknown += [s for s in args.systems if s not in args.system_choices]
+    if unknown:
+        parser.error(f"unknown model, dtype or system: {', '.join(unknown)}")
+    args.device = args.device or benchmark._default_device()
+    args.out = Path(args.out) if args.out else ROOT / "artifacts" / "results" / gpu_folder(args.device)
+    args.no_cuda_graph = False
+    args.build_args = ""
+    args.welder = benchmark.welder_options(args, Path(args.cache_dir) if args.cache_dir else None)
+    return args
+
+
+def run_cases(
+    args: argparse.Namespace,
+    store: ResultsCsv,
+    measure: Callable[[Config, list[str]], list[dict[str, Any]]],
+) -> None:
+    """Measure every case's systems that the CSV lacks, a case at a time, adding each
+    returned line to the CSV at once; --deadline-s stops before a new case."""
+    start = time.perf_counter()
+    for case in cases(args):
+        if args.redo:
+            store.drop(case, args.systems)
+        todo = [s for s in args.systems if not store.done(case, s, args.retry_errors)]
+        if not todo:
+            print(f"[{case.key}] in {store.path.name}, skipped", file=sys.stderr)
+            continue
+        if args.deadline_s is not None and time.perf_counter() - start > args.deadline_s:
+            print(f"deadline reached: {case.key} and later cases not measured", file=sys.stderr)
+            break
+        for row in measure(case, todo):
+            store.put(row)
+
+
+def write_meta(args: argparse.Namespace, name: str, argv: Sequence[str] | None) -> None:
+    """Append this run's machine, versions, date and command to ``<name>.meta.json``: the
+    CSV's lines may come from several runs, each line dated, each run described here."""
+    path = args.out / f"{name}.meta.json"
+    runs = json.loads(path.read_text()).get("runs", []) if path.is_file() else []
+    meta = benchmark.machine_meta(args)
+    meta["command"] = " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
+    args.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"runs": [*runs, meta]}, indent=1) + "\n")
+
+
+# -- plots -----------------------------------------------------------------------------------
+
+
+def pyplot(png: Path) -> Any:
+    """matplotlib's pyplot on the Agg backend, or None (saying the PNG is skipped) when
+    matplotlib cannot be imported: the CSV is the result, the plot its picture."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:
+        print(
+            f"matplotlib cannot be imported ({type(e).__name__}): {png.name} skipped, the CSV is written; "
+            "pip install matplotlib to draw it",
+            file=sys.stderr,
+        )
+        return None
+    return plt
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    vals = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def grouped_bars(
+    ax: Any,
+    groups: Sequence[str],
+    series: Sequence[str],
+    value: Callable[[str, str], float | None],
+    *,
+    ylabel: str,
+    log: bool = False,
+) -> None:
+    """Bars of ``value(group, series)`` side by side within each group; a missing value
+    (failed, absent, not measured) is an ``x`` on the axis, so it cannot pass for zero."""
+    from matplotlib.transforms import blended_transform_factory
+
+    width = 0.8 / max(len(series), 1)
+    below = blended_transform_factory(ax.transData, ax.transAxes)
+    drawn = False
+    for k, name in enumerate(series):
+        xs = [g + (k - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        heights = [value(group, name) for group in groups]
+        heights = [h if h is None or h > 0 or not log else None for h in heights]
+        drawn = drawn or any(h is not None for h in heights)
+        ax.bar(
+            [x for x, h in zip(xs, heights) if h is not None],
+            [h for h in heights if h is not None],
+            width,
+            label=LABELS.get(name, name),
+            color=f"C{k}",
+        )
+        for x, h in zip(xs, heights):
+            if h is None:
+                ax.text(x, 0.01, "x", transform=below, ha="center", va="bottom", fontsize=7, color=f"C{k}")
+    ax.set_xlim(-0.5, len(groups) - 0.5)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    if not drawn:
+        ax.text(0.5, 0.5, "no values measured", transform=ax.transAxes, ha="center", color="dimgray")
+        ax.set_yticks([])
+    elif log:
+        ax.set_yscale("log")
+    ax.grid(axis="y", alpha=0.3, which="both")
+
+
+def latency_of(rows: Sequence[Mapping[str, str]]) -> dict[tuple[str, str, str, str], float]:
+    """(model, bs, dtype, system) -> latency ms, for the lines that measured one."""
+    ok = [r for r in rows if r["status"] == "ok" and number(r, "latency_ms")]
+    return {ResultsCsv.key(r): float(r["latency_ms"]) for r in ok}
+
+
+def speedup_figure(
+    rows: Sequence[Mapping[str, str]],
+    png: Path,
+    dtype: str,
+    systems: Sequence[str],
+    title: str,
+    models: Sequence[str] = PAPER_MODELS,
+) -> bool:
+    """The paper's Figures 9 and 10: per batch size, grouped bars of each system's speedup
+    over PyTorch eager (eager / system latency; log scale) per model, and their geometric
+    mean over the models where both were measured.  Returns whether the PNG was drawn."""
+    latency = latency_of(rows)
+    batches = sorted({int(r["bs"]) for r in rows if r["dtype"] == dtype})
+    if not batches:
+        return False
+    plt = pyplot(png)
+    if plt is None:
+        return False
+    present = {r["model"] for r in rows if r["dtype"] == dtype}
+    order = [m for m in models if m in present] + sorted(present - set(models))
+    fig, axes = plt.subplots(len(batches), 1, figsize=(max(8, 1.1 * len(order) + 3), 3.6 * len(batches)))
+    axes = [axes] if len(batches) == 1 else list(axes)
+    gpu = next((r["gpu"] for r in rows if r["gpu"]), "")
+    for ax, batch in zip(axes, batches):
+        models_here = [m for m in order if any(r["model"] == m and int(r["bs"]) == batch for r in rows)]
+        value = _speedups(latency, models_here, batch, dtype)
+        groups = [*models_here, "geomean"]
+        grouped_bars(ax, groups, systems, value, ylabel="speedup over eager (x, log)", log=True)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_title(f"{title} -- {gpu} {dtype}, batch {batch}", fontsize=10)
+    finish(fig, axes, png, "x: no latency (failed, absent or not run; the CSV says why)")
+    plt.close(fig)
+    return True
+
+
+def finish(fig: Any, axes: Sequence[Any], png: Path, note: str) -> None:
+    """One legend above the panels (from the first), a footnote, and the PNG written."""
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), fontsize=8, frameon=False)
+    fig.text(0.01, 0.005, note, fontsize=7, color="dimgray")
+    top = 1 - 0.35 / fig.get_size_inches()[1] * (1 + (len(labels) - 1) // 4)
+    fig.tight_layout(rect=(0, 0.02, 1, top))
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    print(f"wrote {png}", file=sys.stderr)
+
+
+def _speedups(
+    latency: Mapping[tuple[str, str, str, str], float], models: Sequence[str], batch: int, dtype: str
+) -> Callable[[str, str], float | None]:
+    """``value(model or "geomean", system)``: eager latency / the system's."""
+
+    def speedup(model: str, system: str) -> float | None:
+        base = latency.get((model, str(batch), dtype, "eager"))
+        ms = latency.get((model, str(batch), dtype, system))
+        return base / ms if base and ms else None
+
+    def value(group: str, system: str) -> float | None:
+        if group == "geomean":
+            return geomean(v for v in (speedup(m, system) for m in models) if v is not None)
+        return speedup(group, system)
+
+    return value
+
+
+def markdown_table(
+    rows: Sequence[Mapping[str, str]], systems: Sequence[str], fields: Sequence[str] = ("latency_ms",)
+) -> str:
+    """The CSV as a table: one line per case, one column per system and field (an
+    absent or failed cell says so); for reading the results beside the plot."""
+    cases_seen: dict[tuple[str, str, str], dict[str, Mapping[str, str]]] = {}
+    for r in rows:
+        cases_seen.setdefault((r["model"], r["bs"], r["dtype"]), {})[r["system"]] = r
+    head = ["model", "bs", "dtype", *(f"{s} {f}" for s in systems for f in fields)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (model, bs, dtype), by_system in cases_seen.items():
+        cells = []
+        for system in systems:
+            r = by_system.get(system)
+            for f in fields:
+                if r is None:
+                    cells.append("-")
+                elif r["status"] != "ok" and not r.get(f):
+                    cells.append(r["status"])
+                else:
+                    cells.append(r.get(f) or "-")
+        lines.append("| " + " | ".join([model, bs, dtype, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# -- the latency scripts (Figures 9, 10a, 10b, Table 5) --------------------------------------
+
+
+def latency_script(
+    name: str,
+    description: str,
+    argv: Sequence[str] | None,
+    *,
+    systems: Sequence[str],
+    plot: Callable[[Sequence[Mapping[str, str]], argparse.Namespace], None],
+    models: Sequence[str] = PAPER_MODELS,
+    batches: Sequence[int] = BATCHES,
+    dtypes: Sequence[str] = DTYPES,
+) -> int:
+    """A script that times ``systems`` on every case: ``<name>.csv`` (LATENCY_FIELDS),
+    ``<name>.md`` (the same as a table), ``<name>.meta.json`` and the PNGs ``plot``
+    draws from the CSV's lines."""
+    parser = build_parser(description, models=models, batches=batches, dtypes=dtypes, systems=systems)
+    args = parse_args(parser, argv)
+    store = ResultsCsv(args.out / f"{name}.csv", LATENCY_FIELDS)
+    if not args.plot_only:
+        write_meta(args, name, argv)
+        gpu = gpu_folder(args.device)
+
+        def measure(case: Config, todo: list[str]) -> list[dict[str, Any]]:
+            cells = measure_case(case, todo, args)
+            return [cell_row(case, s, cells[s], gpu) for s in todo if s in cells]
+
+        run_cases(args, store, measure)
+    rows = store.rows()
+    plot(rows, args)
+    (args.out / f"{name}.md").write_text(markdown_table(rows, [s for s in systems if s in args.systems]))
+    print(f"{store.path}: {len(rows)} lines", file=sys.stderr)
+    return 0

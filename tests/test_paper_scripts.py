@@ -1,0 +1,358 @@
+"""The paper's figure and table scripts (artifacts/Figure*/, artifacts/Table*/ and their
+machinery, artifacts/paper.py) without a GPU.
+
+Most tests replace the measuring functions by fakes, so they exercise what the scripts
+themselves do -- cases and systems, the CSV and its resumption, the ncu and plan parsing,
+the plots -- in a second and without torch; the plots skip where matplotlib cannot be
+imported.  The smoke tests at the end run the real scripts on the CPU (the peers timed
+there, welder only planned from the H100's cost model) and skip without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "artifacts"))
+
+import paper  # noqa: E402
+
+benchmark = paper.benchmark
+SCRIPTS = ("Figure9_10", "Figure10b", "Figure11", "Figure13", "Table4", "Table5")
+TINY = json.dumps({"nerf": {"points": 64}})
+
+
+def script(folder: str) -> ModuleType:
+    """artifacts/<folder>/run_all.py as a module (the folders are not packages)."""
+    path = ROOT / "artifacts" / folder / "run_all.py"
+    spec = importlib.util.spec_from_file_location(f"paper_{folder.lower()}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def need(*packages: str) -> None:
+    for package in packages:
+        try:
+            importlib.import_module(package)
+        except Exception as e:
+            pytest.skip(f"{package} cannot be imported here ({type(e).__name__})")
+
+
+def fake_cells(calls: list[tuple[str, tuple[str, ...]]]) -> Any:
+    """A measure_case that records its calls: welder 1 ms, eager 4 ms, compile 2 ms,
+    max-autotune fails, onnxruntime absent; everything else 3 ms."""
+
+    def measure_case(case: benchmark.Config, systems: list[str], args: Any) -> dict[str, benchmark.Cell]:
+        calls.append((case.key, tuple(systems)))
+        ms = {"welder": 1.0, "welder-no-tc": 1.5, "eager": 4.0 * case.batch, "compile": 2.0}
+        cells = {}
+        for s in systems:
+            if s == "compile-max-autotune":
+                cells[s] = benchmark.Cell(error="RuntimeError: no triton")
+            elif s == "onnxruntime":
+                cells[s] = benchmark.Cell(absent="CUDAExecutionProvider absent")
+            else:
+                cells[s] = benchmark.Cell(ms=ms.get(s, 3.0), build_s=1.0)
+        return cells
+
+    return measure_case
+
+
+# -- without torch ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("folder", SCRIPTS)
+def test_every_script_has_help_naming_its_outputs(folder: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, f"artifacts/{folder}/run_all.py", "--help"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    for option in ("--models", "--bs", "--dtype", "--systems", "--device", "--redo", "--plot-only"):
+        assert option in proc.stdout
+    assert f"{folder.lower()}" in proc.stdout.lower() and ".csv" in proc.stdout
+
+
+def test_cases_leave_nerf_at_batch_one_and_unknown_names_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = paper.build_parser("t", systems=("welder", "eager"))
+    args = paper.parse_args(
+        parser, ["--models", "nerf,bert", "--bs", "1,64", "--dtype", "fp16", "--device", "cpu"]
+    )
+    assert [c.key for c in paper.cases(args)] == ["nerf_b1_fp16", "bert_b1_fp16", "bert_b64_fp16"]
+    assert "nerf:64 left out" in capsys.readouterr().err
+    assert args.out == ROOT / "artifacts" / "results" / "cpu" and args.welder.cache_dir is None
+    for bad in (["--models", "gpt7"], ["--dtype", "int8"], ["--systems", "tvm"]):
+        with pytest.raises(SystemExit):
+            paper.parse_args(parser, [*bad, "--device", "cpu"])
+
+
+def test_results_csv_round_trip_and_retry(tmp_path: Path) -> None:
+    store = paper.ResultsCsv(tmp_path / "r.csv", paper.LATENCY_FIELDS)
+    case = benchmark.Config("bert", 1, "fp16")
+    store.put(paper.cell_row(case, "welder", benchmark.Cell(ms=0.123456789, build_s=2.0), "H100"))
+    store.put(paper.cell_row(case, "eager", benchmark.Cell(error="boom"), "H100"))
+    again = paper.ResultsCsv(tmp_path / "r.csv", paper.LATENCY_FIELDS)
+    assert again.get(case, "welder")["latency_ms"] == "0.123457"
+    assert again.get(case, "eager")["status"] == "error" and again.get(case, "eager")["detail"] == "boom"
+    assert again.done(case, "welder") and again.done(case, "eager") and not again.done(case, "compile")
+    assert not again.done(case, "eager", retry_errors=True)
+    assert paper.number(again.get(case, "welder"), "build_s") == 2.0 and paper.number(None, "x") is None
+
+
+def test_figure9_10_writes_csv_resumes_and_retries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every case and system measured once into the CSV; a second run measures nothing;
+    --retry-errors measures only the failed system, --redo everything selected again."""
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(paper, "measure_case", fake_cells(calls))
+    fig = script("Figure9_10")
+    argv = ["--models", "bert,nerf", "--bs", "1,64", "--dtype", "fp32,fp16", "--device", "cpu"]
+    argv += ["--out", str(tmp_path), "--runs", str(tmp_path / "runs")]
+    assert fig.main(argv) == 0
+    assert len(calls) == 6 and all(len(systems) == 5 for _, systems in calls)
+    lines = (tmp_path / "figure9_10.csv").read_text().splitlines()
+    assert lines[0].startswith("model,bs,dtype,system,status,latency_ms") and len(lines) == 1 + 30
+    assert "bert,64,fp16,onnxruntime,absent,,,CUDAExecutionProvider absent,cpu," in "\n".join(lines)
+    assert json.loads((tmp_path / "figure9_10.meta.json").read_text())["runs"][0]["command"]
+    assert "| bert | 1 | fp32 | 1 | 4 | 2 | error | absent |" in (tmp_path / "figure9_10.md").read_text()
+
+    assert fig.main(argv) == 0 and len(calls) == 6
+    assert fig.main([*argv, "--retry-errors"]) == 0
+    assert calls[6:] == [(k, ("compile-max-autotune",)) for k, _ in calls[:6]]
+    assert fig.main([*argv, "--redo", "--models", "nerf", "--systems", "eager"]) == 0
+    assert calls[12:] == [("nerf_b1_fp32", ("eager",)), ("nerf_b1_fp16", ("eager",))]
+    assert len((tmp_path / "figure9_10.csv").read_text().splitlines()) == 31
+    assert len(json.loads((tmp_path / "figure9_10.meta.json").read_text())["runs"]) == 4
+
+
+def test_figure9_10_draws_speedups_with_a_geomean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    need("matplotlib")
+    monkeypatch.setattr(paper, "measure_case", fake_cells([]))
+    argv = ["--models", "bert,vit_small_p32", "--device", "cpu", "--out", str(tmp_path)]
+    assert script("Figure9_10").main(argv) == 0
+    for png in ("figure9_fp32.png", "figure10a_fp16.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    rows = paper.ResultsCsv(tmp_path / "figure9_10.csv", paper.LATENCY_FIELDS).rows()
+    value = paper._speedups(paper.latency_of(rows), ["bert", "vit_small_p32"], 64, "fp32")
+    assert value("bert", "welder") == 256.0 and value("bert", "onnxruntime") is None
+    assert (
+        value("geomean", "compile") == pytest.approx(128.0)
+        and value("geomean", "compile-max-autotune") is None
+    )
+
+
+def test_without_matplotlib_the_csv_is_written_and_the_png_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(paper, "measure_case", fake_cells([]))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    argv = ["--models", "bert", "--bs", "1", "--device", "cpu", "--out", str(tmp_path)]
+    assert script("Figure10b").main(argv) == 0
+    assert (tmp_path / "figure10b.csv").is_file() and not list(tmp_path.glob("*.png"))
+    assert "figure10b_fp16.png skipped, the CSV is written" in capsys.readouterr().err
+    assert "welder-no-tc" in (tmp_path / "figure10b.csv").read_text()
+
+
+NCU_HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+NCU_OUTPUT = f"""==PROF== Connected to process 123
+some program output
+{NCU_HEADER}"dram__bytes_read.sum","dram__bytes_write.sum"
+"","","","","","","","Kbyte","byte"
+"0","123","python","h","gemm_kernel","1","7","1,024.5","2048"
+"1","123","python","h","add_kernel","1","7","0.5","0"
+==PROF== Disconnected from process 123
+"""
+
+
+def test_ncu_csv_gives_kernels_and_dram_bytes() -> None:
+    fig11 = script("Figure11")
+    kernels, read, written = fig11.parse_ncu_csv(NCU_OUTPUT)
+    assert (kernels, read, written) == (2, 1025.0e3, 2048.0)
+    with pytest.raises(ValueError, match="no ncu CSV"):
+        fig11.parse_ncu_csv("==ERROR== ERR_NVGPUCTRPERM")
+    command = fig11.ncu_command("ncu", "welder", Path("p"))
+    assert "dram__bytes_read.sum,dram__bytes_write.sum" in command and command[-2:] == ["welder", "p"]
+
+
+def test_figure11_profiles_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Systems that ran get ncu's columns (here faked); the others say why not."""
+    fig11 = script("Figure11")
+    monkeypatch.setattr(paper, "measure_case", fake_cells([]))
+    seen: list[tuple[str, Path]] = []
+
+    def profile(system: str, prefix: Path, args: Any) -> dict[str, Any]:
+        seen.append((system, prefix))
+        return {"kernels": 7, "dram_read_bytes": 2e6, "dram_write_bytes": 1e6, "profile": "ncu"}
+
+    monkeypatch.setattr(fig11, "profile", profile)
+    argv = ["--models", "bert", "--bs", "1", "--dtype", "fp16", "--device", "cpu", "--out", str(tmp_path)]
+    assert fig11.main([*argv, "--runs", str(tmp_path / "runs")]) == 0
+    rows = {r["system"]: r for r in paper.ResultsCsv(tmp_path / "figure11.csv", fig11.FIELDS).rows()}
+    assert rows["welder"]["kernels"] == "7" and rows["welder"]["dram_read_bytes"] == "2e+06"
+    assert rows["onnxruntime"]["profile"] == "not profiled: absent" and not rows["onnxruntime"]["kernels"]
+    assert (tmp_path / "runs" / "welder-nofusion" / "bert_b1_fp16") in [p for _, p in seen]
+    assert (tmp_path / "runs" / "exports" / "bert_b1_fp16") in [p for _, p in seen]
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "figure11_fp16_b1.png").is_file()
+
+
+def _fake_plan(prefix: Path) -> None:
+    """tuned.json and model.json of a two-group plan over three float32 nodes: a [4, 8]
+    matmul output fused into the group of its activation, which is the model output."""
+    prefix.mkdir(parents=True, exist_ok=True)
+    nodes = [
+        {"name": "mm", "shape": [4, 8], "dtype": "float32"},
+        {"name": "act", "shape": [4, 8], "dtype": "float32"},
+        {"name": "out", "shape": [4, 8], "dtype": "float16"},
+    ]
+    (prefix / "model.json").write_text(json.dumps({"nodes": nodes, "outputs": [{"name": "out"}]}))
+    groups = [
+        {"outputs": ["act"], "candidates": 12, "from_cache": False},
+        {"outputs": ["out"], "candidates": 3, "from_cache": True},
+    ]
+    totals = {"kernels": 2, "library_calls": 0, "traffic_bytes": 500, "unfused_kernels": 3}
+    totals |= {"unfused_traffic_bytes": 900, "unfused_latency_us": 30.0, "unfused_basis": "measured"}
+    (prefix / "tuned.json").write_text(json.dumps({"groups": groups, "totals": totals}))
+
+
+def test_figure13_reads_kernels_and_intermediate_bytes_from_the_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fig13 = script("Figure13")
+    facts = fig13.plan_facts(_plan_dir(tmp_path))
+    assert facts["kernels"] == 2 and facts["intermediate_bytes"] == 128 and facts["traffic_bytes"] == 500
+    assert facts["per_op_kernels"] == 3 and facts["per_op_intermediate_bytes"] == 256
+    assert facts["per_op_latency_ms"] == 0.03 and "measured" in facts["per_op_basis"]
+
+    monkeypatch.setattr(paper, "measure_case", fake_cells([]))
+    for system in ("welder", "welder-nofusion"):
+        _fake_plan(tmp_path / "runs" / system / "nerf_b1_fp32")
+    argv = ["--models", "nerf", "--bs", "1", "--dtype", "fp32", "--device", "cpu"]
+    assert fig13.main([*argv, "--out", str(tmp_path), "--runs", str(tmp_path / "runs")]) == 0
+    rows = {r["system"]: r for r in paper.ResultsCsv(tmp_path / "figure13.csv", fig13.FIELDS).rows()}
+    assert set(rows) == {"per-op", "welder-nofusion", "welder"}
+    assert rows["per-op"]["kernels"] == "3" and rows["per-op"]["latency_ms"] == "0.03"
+    assert rows["welder"]["latency_ms"] == "1" and rows["welder"]["latency_basis"] == "runtime end to end"
+
+
+def _plan_dir(tmp_path: Path) -> Path:
+    _fake_plan(tmp_path / "plan")
+    return tmp_path / "plan"
+
+
+def test_table4_tunes_cold_then_warm_on_one_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cold empties the case's cache before tuning, warm tunes again on it; candidates
+    come from tuned.json; max-autotune's compile time is its cell's build time."""
+    table4 = script("Table4")
+    runs = tmp_path / "runs"
+    export = runs / "exports" / "nerf_b1_fp32"
+    export.mkdir(parents=True)
+    (export / "export.json").write_text("{}")
+    (export / "model.onnx").write_text("")
+    tunes: list[tuple[Path, bool]] = []
+
+    def tune_and_build(prefix: Path, options: Any) -> tuple[float, float]:
+        tunes.append((options.cache_dir, (options.cache_dir / "entry").exists()))
+        options.cache_dir.mkdir(parents=True, exist_ok=True)
+        (options.cache_dir / "entry").write_text("x")
+        _fake_plan(prefix)
+        return 10.0, 2.0
+
+    monkeypatch.setattr(benchmark, "tune_and_build", tune_and_build)
+    monkeypatch.setattr(paper, "export_case", lambda case, args: export)
+    peers = lambda prefix, systems, device, plan: {s: benchmark.Cell(ms=0.5, build_s=99.0) for s in systems}  # noqa: E731
+    monkeypatch.setattr(benchmark, "run_torch_peers", peers)
+    argv = ["--models", "nerf", "--bs", "1", "--dtype", "fp32", "--device", "cpu", "--out", str(tmp_path)]
+    (runs / "table4-cache" / "nerf_b1_fp32").mkdir(parents=True)
+    (runs / "table4-cache" / "nerf_b1_fp32" / "entry").write_text("stale")
+    assert table4.main([*argv, "--runs", str(runs)]) == 0
+    assert [warm for _, warm in tunes] == [False, True]
+    rows = {r["system"]: r for r in paper.ResultsCsv(tmp_path / "table4.csv", table4.FIELDS).rows()}
+    assert rows["welder-cold"]["build_s"] == "12" and rows["welder-cold"]["tune_s"] == "10"
+    assert rows["welder-cold"]["candidates"] == "15" and rows["welder-warm"]["cached_groups"] == "1"
+    assert rows["compile-max-autotune"]["build_s"] == "99" and rows["compile-max-autotune"]["status"] == "ok"
+    assert table4.main([*argv, "--runs", str(runs)]) == 0 and len(tunes) == 2  # resumed: nothing new
+
+
+def test_table5_defaults_are_the_compute_intensive_cases(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(paper, "measure_case", fake_cells(calls))
+    assert script("Table5").main(["--device", "cpu", "--out", str(tmp_path)]) == 0
+    assert [k for k, _ in calls] == [
+        "resnet50_b64_fp32",
+        "resnet50_b64_fp16",
+        "bert_b64_fp32",
+        "bert_b64_fp16",
+    ]
+    assert calls[0][1][:2] == ("welder", "welder-skip-dot")
+
+
+# -- on the CPU, with torch ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_figure9_10_smoke_run_on_the_cpu(tmp_path: Path) -> None:
+    """The real script on a tiny NeRF: eager and onnxruntime timed on the CPU, welder
+    planned from the H100 cost model (absent, with its plan time); run again, it skips."""
+    need("torch")
+    cmd = [
+        sys.executable,
+        "artifacts/Figure9_10/run_all.py",
+        "--models",
+        "nerf",
+        "--bs",
+        "1",
+        "--dtype",
+        "fp32",
+    ]
+    cmd += ["--systems", "welder,eager,onnxruntime", "--device", "cpu", "--budget-s", "0.2"]
+    cmd += [
+        "--out",
+        str(tmp_path / "out"),
+        "--runs",
+        str(tmp_path / "runs"),
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
+    cmd += ["--model-options", TINY]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = {
+        r["system"]: r
+        for r in paper.ResultsCsv(tmp_path / "out" / "figure9_10.csv", paper.LATENCY_FIELDS).rows()
+    }
+    assert rows["eager"]["status"] == "ok" and float(rows["eager"]["latency_ms"]) > 0
+    assert rows["onnxruntime"]["status"] == "ok" and rows["onnxruntime"]["detail"] == "onnxruntime-cpu"
+    assert rows["welder"]["status"] == "absent" and float(rows["welder"]["build_s"]) > 0
+    assert (tmp_path / "runs" / "welder" / "nerf_b1_fp32" / "tuned.json").is_file()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0 and "[nerf_b1_fp32] in figure9_10.csv, skipped" in proc.stderr
+
+
+@pytest.mark.slow
+def test_figure13_smoke_run_counts_the_plans_kernels(tmp_path: Path) -> None:
+    """On the CPU the plans come from the H100 cost model: fusion leaves fewer kernels and
+    intermediate bytes than --nofusion, which leaves fewer than one kernel per op."""
+    need("torch")
+    fig13 = script("Figure13")
+    argv = ["--models", "nerf", "--bs", "1", "--dtype", "fp32", "--device", "cpu", "--model-options", TINY]
+    argv += ["--out", str(tmp_path), "--runs", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "c")]
+    assert fig13.main(argv) == 0
+    rows = {r["system"]: r for r in paper.ResultsCsv(tmp_path / "figure13.csv", fig13.FIELDS).rows()}
+    kernels = [int(rows[s]["kernels"]) for s in ("per-op", "welder-nofusion", "welder")]
+    assert kernels[0] > kernels[1] > kernels[2] >= 1
+    inter = [int(rows[s]["intermediate_bytes"]) for s in ("per-op", "welder-nofusion", "welder")]
+    assert inter[0] > inter[1] > inter[2]
