@@ -779,6 +779,32 @@ class FlakyExecutor:
         return 0.0125
 
 
+def test_arrays_cross_to_the_worker_and_back_intact():
+    """Arrays travel out of band through the worker's pipes: contiguous and strided ones,
+    empty ones, every float width (bf16 included) and nested in other values, equal after
+    the round trip and writable on arrival."""
+    from ml_dtypes import bfloat16
+
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((1 << 20,)).astype(np.float16)
+    values = [
+        big,
+        big.reshape(1024, 1024)[:, ::3],
+        np.zeros((0, 7), np.float32),
+        rng.standard_normal((5, 3)).astype(bfloat16),
+        {"ids": np.arange(9, dtype=np.int64), "mask": np.ones(4, bool)},
+    ]
+    worker = WorkerProcess(FlakyExecutor, timeout_s=60)
+    try:
+        echoed, _ = worker.call("echo", values)
+    finally:
+        worker.close()
+    for got, sent in zip(echoed[:4], values[:4]):
+        assert got.dtype == sent.dtype and got.shape == sent.shape and np.array_equal(got, sent)
+        assert got.flags.writeable
+    assert all(np.array_equal(echoed[4][k], values[4][k]) for k in values[4])
+
+
 def test_worker_process_survives_crashes_hangs_and_errors():
     worker = WorkerProcess(FlakyExecutor, timeout_s=60)
     try:
