@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             tma: dict[tuple[bool, int, bool], list] = {}
             for c in proposed:
                 st = c.stages[0]
-                if st.family.endswith("/tma"):
+                if "/tma" in st.family:
                     tma.setdefault((bool(st.persistent), st.cluster, st.tma_store), []).append(c)
             for variant in tma.values():
                 configs += variant[: args.candidates]

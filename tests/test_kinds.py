@@ -136,7 +136,7 @@ def test_every_family_of_candidates_gets_measured() -> None:
     everything = propose(group, ctx(10_000))
     by_estimate = sorted(everything, key=lambda c: c.estimate.latency_us)
     families = {c.stages[0].family for c in everything}
-    assert families == {"wgmma", "wgmma/split-k", "wgmma/tma", "mma", "mma/split-k", "simt"}
+    assert families == {"wgmma", "wgmma/split-k", "wgmma/tma", "wgmma/tma+", "mma", "mma/split-k", "simt"}
     for topk in (6, 12, 18):
         chosen = propose(group, ctx(topk))
         assert len(chosen) == topk

@@ -139,8 +139,10 @@ class WgmmaConfig(MmaConfig):
     @property
     def family(self) -> str:
         if self.producer:
-            # Persistent or not, clustered or not: the estimate ranks them (see _placed).
-            return "wgmma/tma"
+            # The forms only a lone contraction takes (persistent blocks, clusters, TMA
+            # stores) apart from the plain one: they tie with it in the estimate and are
+            # listed first, and a tune should measure the plain form beside them.
+            return "wgmma/tma+" if self.persistent or self.multicast or self.tma_store else "wgmma/tma"
         return "wgmma/split-k" if self.splits > 1 else "wgmma"
 
     @property
