@@ -109,6 +109,22 @@ def _epilogue_chain(m: int, k: int, n: int) -> tuple[onnx.ModelProto, dict]:
     }
 
 
+def _concat_after(before: int, m: int, k: int, n: int) -> tuple[onnx.ModelProto, dict]:
+    """A product written after another tensor's rows (Concat along M, as MobileViT joins a
+    convolution's channels to a skip's): the product's origins run negative in the blocks
+    that hold the other tensor, whose copies and stores must stay off memory before it."""
+    x, other = _h(1, m, k), _h(1, before, n)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Relu", ["mm"], ["r"]),
+        helper.make_node("Concat", ["other", "r"], ["y"], axis=1),
+    ]
+    return make_model(nodes, {"x": x, "other": other}, ["y"], {"w": _h(k, n)}, opset=17), {
+        "x": x,
+        "other": other,
+    }
+
+
 def _attention_scores(batch: int, heads: int, seq: int, dim: int) -> tuple[onnx.ModelProto, dict]:
     """softmax(Q K^T * scale): B is K transposed (K-contiguous rows), a row softmax after it."""
     q, k = _h(batch, heads, seq, dim), _h(batch, heads, seq, dim)
@@ -203,6 +219,7 @@ CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict]]] = {
     "A through a Transpose node": lambda: _transposed_input(32, 72, 48),
     "bias + GELU, product also written": lambda: _bias_gelu(50, 64, 96),
     "bias, residual, ReLU, cast to fp32, ragged": lambda: _epilogue_chain(70, 48, 72),
+    "product concatenated after other rows": lambda: _concat_after(96, 72, 64, 64),
     "QK^T + softmax": lambda: _attention_scores(2, 3, 40, 16),
     "broadcast batch": lambda: _broadcast_batch(3, 20, 32, 24),
     "odd N, scalar global stores": lambda: _matmul(24, 40, 33, trans_b=True),

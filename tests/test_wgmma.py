@@ -51,6 +51,7 @@ WGMMA_CASES = [
     "tokens written out as NCHW",
     "residual add + LayerNorm, sum also written",
     "classifier, M = 1",
+    "product concatenated after other rows",
 ]
 
 
