@@ -30,8 +30,8 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -427,6 +427,31 @@ def write_meta(args: argparse.Namespace, name: str, argv: Sequence[str] | None) 
 
 
 # -- plots -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Panel:
+    """One picture of a script's rows: a (dtype, batch) case, its PNG, the models in the
+    paper's order, and pyplot to draw it with."""
+
+    dtype: str
+    bs: str
+    png: Path
+    models: list[str]
+    plt: Any
+
+
+def panels(rows: Sequence[Mapping[str, str]], out: Path, stem: str) -> Iterator[Panel]:
+    """A :class:`Panel` per (dtype, batch) of ``rows``, its PNG ``out/<stem>_<dtype>_b<bs>.png``;
+    none where matplotlib is missing (``pyplot`` says so)."""
+    for dtype, bs in sorted({(r["dtype"], r["bs"]) for r in rows}):
+        png = out / f"{stem}_{dtype}_b{bs}.png"
+        plt = pyplot(png)
+        if plt is None:
+            return
+        models = [m for m in PAPER_MODELS if any(r["model"] == m for r in rows)]
+        models += sorted({r["model"] for r in rows} - set(models))
+        yield Panel(dtype, bs, png, models, plt)
 
 
 def pyplot(png: Path) -> Any:

@@ -103,13 +103,8 @@ def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -
 def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
     systems = [s for s in SYSTEMS if s in args.systems]
     by_key = {paper.ResultsCsv.key(r): r for r in rows}
-    for dtype, bs in sorted({(r["dtype"], r["bs"]) for r in rows}):
-        png = args.out / f"table4_{dtype}_b{bs}.png"
-        plt = paper.pyplot(png)
-        if plt is None:
-            return
-        models = [m for m in paper.PAPER_MODELS if any(r["model"] == m for r in rows)]
-        models += sorted({r["model"] for r in rows} - set(models))
+    for panel in paper.panels(rows, args.out, "table4"):
+        dtype, bs, png, plt, models = panel.dtype, panel.bs, panel.png, panel.plt, panel.models
 
         def seconds(model: str, system: str, dtype: str = dtype, bs: str = bs) -> float | None:
             return paper.number(by_key.get((model, bs, dtype, system)), "build_s")
