@@ -44,19 +44,8 @@ import benchmark  # noqa: E402
 from benchmark import Cell, Config  # noqa: E402
 from run_torch import TimingPlan  # noqa: E402
 
-#: The paper's ten models (issue 15), in the order of its figures.
-PAPER_MODELS = (
-    "bert",
-    "vit_small_p32",
-    "swin_tiny",
-    "mobilenet_v2",
-    "mobilevit_s",
-    "bsrn",
-    "nafnet",
-    "restormer",
-    "conformer",
-    "nerf",
-)
+from welder.export import PAPER_MODELS  # noqa: E402
+
 BATCHES = (1, 64)
 DTYPES = ("fp32", "fp16")
 BASELINES = ("eager", "compile", "compile-max-autotune", "onnxruntime")
@@ -616,6 +605,31 @@ def markdown_table(
     return "\n".join(lines) + "\n"
 
 
+def run_script(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    name: str,
+    fields: Sequence[str],
+    measure: Callable[[Config, list[str]], list[dict[str, Any]]],
+    plot: Callable[[Sequence[Mapping[str, str]], argparse.Namespace], None],
+    systems: Sequence[str],
+    table_fields: Sequence[str] = ("latency_ms",),
+) -> int:
+    """What every script does with its parsed ``args``: measure the cases ``<name>.csv``
+    lacks (unless ``--plot-only``, recording the run in ``<name>.meta.json``), then draw
+    every line (``plot``) and write them as ``<name>.md`` (``table_fields`` per system)."""
+    store = ResultsCsv(args.out / f"{name}.csv", fields)
+    if not args.plot_only:
+        write_meta(args, name, argv)
+        run_cases(args, store, measure)
+    rows = store.rows()
+    plot(rows, args)
+    shown = [s for s in systems if s in args.systems]
+    (args.out / f"{name}.md").write_text(markdown_table(rows, shown, table_fields))
+    print(f"{store.path}: {len(rows)} lines", file=sys.stderr)
+    return 0
+
+
 # -- the latency scripts (Figures 9, 10a, 10b, Table 5) --------------------------------------
 
 
@@ -635,18 +649,10 @@ def latency_script(
     draws from the CSV's lines."""
     parser = build_parser(description, models=models, batches=batches, dtypes=dtypes, systems=systems)
     args = parse_args(parser, argv)
-    store = ResultsCsv(args.out / f"{name}.csv", LATENCY_FIELDS)
-    if not args.plot_only:
-        write_meta(args, name, argv)
+
+    def measure(case: Config, todo: list[str]) -> list[dict[str, Any]]:
+        cells = measure_case(case, todo, args)
         gpu = gpu_folder(args.device)
+        return [cell_row(case, s, cells[s], gpu) for s in todo if s in cells]
 
-        def measure(case: Config, todo: list[str]) -> list[dict[str, Any]]:
-            cells = measure_case(case, todo, args)
-            return [cell_row(case, s, cells[s], gpu) for s in todo if s in cells]
-
-        run_cases(args, store, measure)
-    rows = store.rows()
-    plot(rows, args)
-    (args.out / f"{name}.md").write_text(markdown_table(rows, [s for s in systems if s in args.systems]))
-    print(f"{store.path}: {len(rows)} lines", file=sys.stderr)
-    return 0
+    return run_script(args, argv, name, LATENCY_FIELDS, measure, plot, systems)

@@ -26,6 +26,7 @@ from welder.check import error_metric, onnxruntime_outputs, threshold_for
 from welder.errors import WelderError
 from welder.export import (
     MODELS,
+    PAPER_MODELS,
     ExportInfo,
     export_onnx,
     get_spec,
@@ -71,19 +72,6 @@ SMALL: dict[str, dict[str, Any]] = {
     "restormer": {"img_size": 32, "dim": 8, "blocks": [1, 1, 1, 1], "heads": [1, 2, 1, 2], "refinement": 1},
     "conformer": {"input_dim": 64, "num_heads": 2, "ffn_dim": 64, "num_layers": 2, "frames": 16},
 }
-#: The paper's ten models (issue 15) and the registry's extras.
-PAPER_MODELS = (
-    "bert",
-    "vit_small_p32",
-    "swin_tiny",
-    "mobilenet_v2",
-    "mobilevit_s",
-    "bsrn",
-    "nafnet",
-    "restormer",
-    "conformer",
-    "nerf",
-)
 TOLERANCE = 1e-4
 
 

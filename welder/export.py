@@ -708,6 +708,22 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+#: The paper's ten models (Welder, OSDI'23), in the order of its figures; the registry
+#: holds a few more (nerf_large, resnet50).
+PAPER_MODELS = (
+    "bert",
+    "vit_small_p32",
+    "swin_tiny",
+    "mobilenet_v2",
+    "mobilevit_s",
+    "bsrn",
+    "nafnet",
+    "restormer",
+    "conformer",
+    "nerf",
+)
+
+
 def get_spec(name: str) -> ModelSpec:
     spec = MODELS.get(name)
     if spec is None:

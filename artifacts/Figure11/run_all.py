@@ -162,16 +162,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ncu", help="Nsight Compute's ncu (default: the one on PATH)")
     parser.add_argument("--profile-timeout-s", type=float, default=900.0, help="cap on one ncu run (900)")
     args = paper.parse_args(parser, argv)
-    store = paper.ResultsCsv(args.out / f"{NAME}.csv", FIELDS)
-    if not args.plot_only:
-        paper.write_meta(args, NAME, argv)
-        paper.run_cases(args, store, lambda case, todo: measure(case, todo, args))
-    rows = store.rows()
-    plot(rows, args)
-    fields = ("latency_ms", "kernels", "dram_read_bytes", "dram_write_bytes")
-    (args.out / f"{NAME}.md").write_text(paper.markdown_table(rows, args.systems, fields))
-    print(f"{store.path}: {len(rows)} lines", file=sys.stderr)
-    return 0
+    return paper.run_script(
+        args,
+        argv,
+        NAME,
+        FIELDS,
+        lambda case, todo: measure(case, todo, args),
+        plot,
+        SYSTEMS,
+        ("latency_ms", "kernels", "dram_read_bytes", "dram_write_bytes"),
+    )
 
 
 if __name__ == "__main__":

@@ -120,16 +120,16 @@ def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = paper.parse_args(paper.build_parser(__doc__, systems=SYSTEMS), argv)
-    store = paper.ResultsCsv(args.out / f"{NAME}.csv", FIELDS)
-    if not args.plot_only:
-        paper.write_meta(args, NAME, argv)
-        paper.run_cases(args, store, lambda case, todo: measure(case, todo, args))
-    rows = store.rows()
-    plot(rows, args)
-    fields = ("build_s", "tune_s", "candidates", "latency_ms")
-    (args.out / f"{NAME}.md").write_text(paper.markdown_table(rows, args.systems, fields))
-    print(f"{store.path}: {len(rows)} lines", file=sys.stderr)
-    return 0
+    return paper.run_script(
+        args,
+        argv,
+        NAME,
+        FIELDS,
+        lambda case, todo: measure(case, todo, args),
+        plot,
+        SYSTEMS,
+        ("build_s", "tune_s", "candidates", "latency_ms"),
+    )
 
 
 if __name__ == "__main__":
