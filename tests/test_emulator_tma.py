@@ -37,6 +37,7 @@ from tma_reference import (
     RING_KERNELS,
     RING_SMEM_BYTES,
     RING_THREADS,
+    STORE_BOX_CASES,
     STORE_BUG_KERNELS,
     STORE_BUGS,
     STORE_UNIT_KERNELS,
@@ -322,7 +323,7 @@ def test_a_load_into_operands_of_a_wgmma_in_flight_is_reported(module, rng):
 # ------------------------------------------------------------------------------------- stores
 
 
-@pytest.mark.parametrize("case", BOX_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", STORE_BOX_CASES, ids=lambda c: c.name)
 def test_tma_stores_write_their_swizzled_box_clipped_to_the_tensor(module, rng, case: BoxCase):
     args, tensor, expected = store_box_case(case, rng)
     before, image = tensor.copy(), args[2]
@@ -337,6 +338,40 @@ def test_tma_stores_write_their_swizzled_box_clipped_to_the_tensor(module, rng, 
         assert not box_elements(spec, case.coords)[0].all()
     if case.swizzle:
         assert not np.array_equal(expected, scatter_box(before, spec, case.coords, image))
+
+
+def test_a_store_box_starting_before_the_tensor_is_reported(module, rng):
+    # Loads may start before the tensor; on an H100 such a store is an illegal instruction.
+    case = STORE_BOX_CASES[2]
+    args, tensor, _ = store_box_case(case, rng)
+    before = tensor.copy()
+    args[7] = np.int32(-5)  # the outer coordinate of 2d-64B as its load case has it
+    expected = r"coordinate -5 \(dimension 1, innermost first\) starts the box before the tensor"
+    with pytest.raises(EmulationError, match=expected):
+        module.launch("tma_store_box", 1, 128, case.smem_bytes, args)
+    np.testing.assert_array_equal(tensor, before)
+
+
+def test_a_store_writes_rows_in_whole_16_byte_units(module, rng):
+    # 50 fp32 columns end 8 bytes into a 16-byte unit: the store writes columns 50 and 51 too
+    # (into the row padding, as the H100 does), which an exact clip would leave NaN.
+    case = next(c for c in STORE_BOX_CASES if c.name == "2d-128B-fp32")
+    args, tensor, expected = store_box_case(case, rng)
+    module.launch("tma_store_box", 1, 128, case.smem_bytes, args)
+    np.testing.assert_array_equal(tensor, expected)
+    rows = tensor.view(np.float32).reshape(case.shape[0], case.pitch)
+    written = rows[case.coords[1] : case.shape[0], 50:52]
+    assert np.isfinite(written).all() and written.size
+
+
+def test_a_store_unit_past_the_end_of_its_buffer_is_reported(module, rng):
+    # A tensor of 10 fp16 ends 4 bytes into its second unit: the store would write past the array.
+    case = BoxCase("1d-short", 2, (10,), 10, (16,), 0, (0,))
+    data, spec = case.tensor(rng)
+    image = np.zeros(case.box_bytes, np.uint8)
+    args = case.args(data.view(np.uint8).reshape(-1), spec, image)
+    with pytest.raises(EmulationError, match="beyond the end of argument 1"):
+        module.launch("tma_store_box", 1, 128, case.smem_bytes, args)
 
 
 @pytest.mark.parametrize("threads", [1, 40])

@@ -24,6 +24,7 @@ from tma_reference import (
     RING,
     RING_SMEM_BYTES,
     RING_THREADS,
+    STORE_BOX_CASES,
     STORE_UNITS,
     UNITS,
     BoxCase,
@@ -105,7 +106,7 @@ def test_a_generated_kernel_shape_copies_through_boxes(module, rng):
     np.testing.assert_array_equal(y, x)
 
 
-@pytest.mark.parametrize("case", BOX_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", STORE_BOX_CASES, ids=lambda c: c.name)
 def test_tma_stores_write_their_swizzled_box_clipped_to_the_tensor(module, rng, case: BoxCase):
     args, tensor, expected = store_box_case(case, rng)
     launch(module, "tma_store_box", 1, 128, case.smem_bytes, args)

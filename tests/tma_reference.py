@@ -9,7 +9,7 @@ Shared by the emulator tests (test_emulator_tma.py) and the GPU tests (test_gpu_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -52,17 +52,24 @@ def swizzle_chunks(start: int, nbytes: int, swizzle: int) -> np.ndarray:
     return (span_start + 16 * (in_span ^ line) - start) // 16
 
 
-def box_elements(spec: TensorMapArg, coords: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+def box_elements(
+    spec: TensorMapArg, coords: tuple[int, ...], store: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """For each element e of the box at `coords`, row-major with the innermost fastest: whether
     its coordinates coords + e all lie inside [0, dim), and then the byte offset of its bytes
-    (of the `elem_bytes` rows returned) from the tensor's base."""
+    (of the `elem_bytes` rows returned) from the tensor's base.  A `store` writes the innermost
+    axis in whole 16-byte units (measured on an H100): there, dim[0] counts up to the end of the
+    unit holding the tensor's last element."""
     strides = (spec.elem_bytes, *spec.strides)
     index = np.indices(spec.box[::-1]).reshape(spec.rank, -1)[::-1]  # innermost first
     inside = np.ones(index.shape[1], bool)
     offset = np.zeros(index.shape[1], np.int64)
     for d in range(spec.rank):
         c = coords[d] + index[d]
-        inside &= (c >= 0) & (c < spec.dims[d])
+        extent = spec.dims[d]
+        if store and d == 0:
+            extent = -(-extent * spec.elem_bytes // 16) * 16 // spec.elem_bytes
+        inside &= (c >= 0) & (c < extent)
         offset += np.where(inside, c, 0) * strides[d]
     return inside, offset[inside][:, None] + np.arange(spec.elem_bytes)
 
@@ -83,9 +90,11 @@ def scatter_box(
 ) -> np.ndarray:
     """The bytes of `tensor` (from its base) after a store of the box at `coords` whose elements,
     row-major with the innermost fastest, are the bytes `values`: an element inside the tensor
-    replaces the one at its coordinates, the others are dropped, every other byte stays."""
+    (rows rounded up to 16 bytes) replaces the one at its coordinates, the others are dropped,
+    every other byte stays."""
+    assert min(coords) >= 0, "a store box starting before the tensor is an illegal instruction"
     out = np.ascontiguousarray(tensor).view(np.uint8).reshape(-1).copy()
-    inside, rows = box_elements(spec, coords)
+    inside, rows = box_elements(spec, coords, store=True)
     out[rows] = values.reshape(-1, spec.elem_bytes)[inside]
     return out
 
@@ -173,6 +182,19 @@ BOX_CASES = [
 ]
 
 
+def _past_the_far_edge(case: BoxCase) -> BoxCase:
+    """`case` with each negative outer coordinate moved so that half the box lies past the far edge
+    instead: an H100 faults on a store box that starts before the tensor."""
+    assert case.coords[0] >= 0, "the innermost coordinate must stay a multiple of 16 bytes"
+    dims = case.shape[::-1]
+    coords = tuple(c if c >= 0 else dims[d] - case.box[d] // 2 for d, c in enumerate(case.coords))
+    return replace(case, coords=coords)
+
+
+#: the boxes stored back: BOX_CASES, with no coordinate below zero
+STORE_BOX_CASES = [_past_the_far_edge(c) for c in BOX_CASES]
+
+
 def store_box_case(case: BoxCase, rng: np.random.Generator) -> tuple[list, np.ndarray, np.ndarray]:
     """tma_store_box's arguments for `case`: a tensor of random data with NaN row padding, and a box
     of fresh random elements laid out in shared memory as a load of the box would land them; then
@@ -204,7 +226,7 @@ class EpilogueCase:
     @property
     def pitch(self) -> int:
         """A row pitch of whole 16-byte units with at least 8 columns of padding, which the
-        clipped stores must leave alone."""
+        clipped stores must leave alone past the 16-byte unit of column n - 1."""
         return (self.n + 15) // 8 * 8
 
     @property
@@ -222,6 +244,9 @@ class EpilogueCase:
         spec = TensorMapArg(1, 2, (self.n, self.m), (2 * self.pitch,), (64, 16), 128)
         expected = c.copy()
         expected[:, : self.n] = (2 * x + 1).astype(np.float16)
+        # The stores write rows in whole 16-byte units: the kernel's -7 for columns past n lands
+        # in the padding up to the next multiple of 8 columns.
+        expected[:, self.n : -(-self.n // 8) * 8] = -7.0
         return [x, c, spec, np.int32(self.m), np.int32(self.n)], c, expected
 
 

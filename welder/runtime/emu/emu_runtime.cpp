@@ -663,6 +663,14 @@ TensorMapFields copy_map(const CUtensorMap* map, int rank, const int* coords, bo
   if (static_cast<int>(f.rank) != rank)
     raise_error(format("%s: a %dd %s through a rank-%u tensor map (%s)", where.c_str(), rank,
                        store ? "store" : "load", f.rank, describe_tensor_map(f).c_str()));
+  // Seen on an H100: a store may end past the tensor (it is clipped) but not start before it.
+  if (store)
+    for (int d = 0; d < rank; ++d)
+      if (coords[d] < 0)
+        raise_error(format("%s: coordinate %d (dimension %d, innermost first) starts the box before the tensor; a "
+                           "load may (its elements there are zeros) but on an H100 such a store is an illegal "
+                           "instruction",
+                           where.c_str(), coords[d], d));
   const long long start = static_cast<long long>(coords[0]) * f.elem_bytes;
   // Seen on an H100 for loads; stores are held to the same rule.
   if (start % 16 != 0)
@@ -709,8 +717,9 @@ size_t box_offset(const LaunchState& launch, const SharedSpot& spot, const Tenso
 // Calls visit(e, idx, inside, offset) for each element e of the box at `coords`, row-major with the
 // innermost dimension fastest: idx its position in the box, whether every coordinate lies inside
 // the tensor, and then its byte offset from the tensor's base.
+// `inner_extent` bounds the innermost coordinate instead of dims[0] where it is nonzero.
 template <class Visit>
-void for_each_box_element(const TensorMapFields& f, const int* coords, Visit visit) {
+void for_each_box_element(const TensorMapFields& f, const int* coords, Visit visit, uint64_t inner_extent = 0) {
   const size_t elements = box_bytes(f) / f.elem_bytes;
   uint32_t idx[5] = {0, 0, 0, 0, 0};
   for (size_t e = 0; e < elements; ++e) {
@@ -718,7 +727,8 @@ void for_each_box_element(const TensorMapFields& f, const int* coords, Visit vis
     uint64_t offset = 0;
     for (uint32_t d = 0; d < f.rank; ++d) {
       const long long c = static_cast<long long>(coords[d]) + idx[d];
-      inside = inside && c >= 0 && static_cast<uint64_t>(c) < f.dims[d];
+      const uint64_t extent = d == 0 && inner_extent != 0 ? inner_extent : f.dims[d];
+      inside = inside && c >= 0 && static_cast<uint64_t>(c) < extent;
       offset += static_cast<uint64_t>(c) * f.strides[d];
     }
     visit(e, idx, inside, offset);
@@ -909,10 +919,25 @@ void tma_store(const CUtensorMap* map, const SharedSpot& src, const int* coords,
     });
   }
 
-  // Global memory is written now (its races are not modelled); elements outside the tensor are dropped.
-  for_each_box_element(f, coords, [&](size_t e, const uint32_t*, bool inside, uint64_t offset) {
-    if (inside) std::memcpy(reinterpret_cast<void*>(f.base + offset), launch.smem + element_at(e), f.elem_bytes);
-  });
+  // Global memory is written now (its races are not modelled); elements outside the tensor are dropped,
+  // but in whole 16-byte units along the innermost axis, as an H100 does: a row of 300 fp16 elements
+  // gets elements 300..303 too (written past its end, into the row's padding).
+  const uint64_t inner = (f.dims[0] * f.elem_bytes + 15) / 16 * 16 / f.elem_bytes;
+  const ArgumentBuffer* holder = argument_holding(*launch.cluster, f.base);
+  for_each_box_element(
+      f, coords,
+      [&](size_t e, const uint32_t* idx, bool inside, uint64_t offset) {
+        if (!inside) return;
+        const uint64_t address = f.base + offset;
+        if (holder != nullptr && address + f.elem_bytes > holder->begin + holder->bytes)
+          raise_error(format("%s writes the box's element %s, past the tensor's innermost extent but in the 16-byte "
+                             "unit of its last elements (a store writes whole units), beyond the end of argument %u "
+                             "(%s)",
+                             store.c_str(), describe_coords(idx, f.rank, coords).c_str(), holder->index,
+                             holder->type.c_str()));
+        std::memcpy(reinterpret_cast<void*>(address), launch.smem + element_at(e), f.elem_bytes);
+      },
+      inner);
   t.stores.push_back(BulkStore{begin, nbytes, t.bulk_groups_committed, src.view, src.view_offset, src.elem_size,
                                src.index, primitive, site});
   if (launch.check_races) mark_store(launch, t.stores.back(), +1);

@@ -10,7 +10,8 @@
 //    its mbarrier: reading or writing the destination earlier, or a wgmma whose descriptor covers
 //    it, is an error.  The landed bytes count as written by the async proxy and ordered by the
 //    wait, so a wgmma may read them without fence.proxy.async.
-//  - a TMA store writes its box to global memory (clipped to the tensor) when issued, reading it from
+//  - a TMA store writes its box to global memory when issued (clipped to the tensor, the innermost
+//    axis in whole 16-byte units; a negative coordinate is an error, as on an H100), reading it from
 //    shared memory in the layout a load of the box lands: each byte the block wrote there needs a
 //    fence.proxy.async of its writer ordered before the issue (by being the issuing thread, a
 //    __syncwarp or a barrier), and bytes of elements inside the tensor must have been written.  The
