@@ -177,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--ptxas", action="store_true", help="print ptxas' register and spill report")
     parser.add_argument(
+        "--clusters",
+        action="store_true",
+        help="also time the clustered (TMA multicast) variants, which the search leaves out by default",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="launch each kernel (and cuBLAS) once inside a profiler range instead of timing it: "
@@ -214,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda t, g=graph: g.tensor(t).shape,
             lambda t, g=graph: g.tensor(t).dtype,
             arch,
-            Options(topk=100_000),
+            Options(topk=100_000, clusters=args.clusters),
         )
         # Per kind, the cost model's best configs of each family, --candidates of each (the
         # TMA family's persistent or launch-per-tile, clustered or lone, TMA-stored or

@@ -33,7 +33,7 @@ from welder.codegen import generate_kernel
 from welder.frontend.onnx import import_onnx
 from welder.resources import TEMPLATE_DIR
 from welder.schedule.config import GroupConfig
-from welder.schedule.kinds import ScheduleContext, propose, wgmma
+from welder.schedule.kinds import Options, ScheduleContext, propose, wgmma
 from welder.schedule.kinds.mma import contraction, split_choices
 from welder.schedule.kinds.wgmma import WgmmaConfig
 from welder.tile.propagate import propagate_group
@@ -59,7 +59,8 @@ def _configs(label_or_model, topk: int = 400) -> tuple:
     model, feeds = CASES[label_or_model]() if isinstance(label_or_model, str) else label_or_model
     graph = import_onnx(model)
     group = _whole_group(graph)
-    return graph, group, feeds, wgmma.KIND.propose(group, _context(graph, topk=topk))
+    ctx = replace(_context(graph, topk=topk), options=Options(topk=topk, clusters=True))
+    return graph, group, feeds, wgmma.KIND.propose(group, ctx)
 
 
 def _best_per_tile(
@@ -118,6 +119,13 @@ def test_every_block_tile_and_both_majornesses() -> None:
     for trans_a, trans_b in ((False, False), (False, True), (True, False)):
         graph, group, feeds, configs = _configs(_matmul(200, 104, 136, trans_a=trans_a, trans_b=trans_b))
         chosen = _best_per_tile(configs)
+        # Tiles whose slices the cp.async threads cannot split evenly have the producer's only.
+        copied = {(c.stages[0].block, c.stages[0].warps) for c in chosen}
+        chosen += [
+            c
+            for c in _best_per_tile(configs, producer=True)
+            if (c.stages[0].block, c.stages[0].warps) not in copied
+        ]
         tiles |= {(c.stages[0].block, c.stages[0].warps) for c in chosen}
         failures += _run(graph, group, chosen, feeds)
     assert {(bm, bn, wm) for bm, bn, wm, _ in wgmma.BLOCK_TILES} <= {(*b, w[0]) for b, w in tiles}
@@ -271,15 +279,20 @@ def test_clusters_share_an_operand_and_match_the_interpreter(label: str) -> None
 
 
 def test_cluster_variant_where_tiles_pair_up() -> None:
-    """A large product gets clustered producer configs, sharing the larger slice ranked first
-    (it saves the more L2 traffic); the pairing axis varies fastest in ``blockIdx.x`` and
-    has an even number of blocks.  An odd number of tiles along both axes, a cp.async ring or
-    a later stage gets none."""
+    """A large product gets clustered producer configs (when asked for), sharing the larger
+    slice estimated no slower than sharing the smaller (it saves the more L2 traffic); the
+    pairing axis varies fastest in ``blockIdx.x`` and has an even number of blocks.  An odd
+    number of tiles along both axes, a cp.async ring or a later stage gets none."""
     graph, group, _, configs = _configs(_matmul(8192, 768, 3072), topk=1000)
     clustered = [c for c in configs if c.stages[0].multicast]
     assert clustered and all(c.stages[0].producer and c.stages[0].cluster == 2 for c in clustered)
-    best = configs[0].stages[0]
-    assert best.multicast == ("b" if best.block_n > best.block_m else "a"), best
+    for cfg in clustered:
+        st = cfg.stages[0]
+        if st.block_m == st.block_n or st.multicast != ("b" if st.block_n > st.block_m else "a"):
+            continue
+        other = replace(st, multicast="a" if st.multicast == "b" else "b")
+        for twin in (c for c in clustered if c.stages[0] == other):
+            assert cfg.estimate.latency_us <= twin.estimate.latency_us, (st, other)
     shape_of = lambda t: graph.tensor(t).shape  # noqa: E731
     region = propagate_group([group.computes[group.root]], group.root, clustered[0].block_tile, shape_of)
     for cfg in clustered:
@@ -293,6 +306,17 @@ def test_cluster_variant_where_tiles_pair_up() -> None:
     # One tile (square 64), later stages (the other two): no pairs.
     for other in ("square 64", "QK^T + softmax", "residual add + LayerNorm, sum also written"):
         assert not any(c.stages[0].multicast for c in _configs(other, topk=1000)[3]), other
+
+
+def test_clusters_are_proposed_only_when_asked_for() -> None:
+    """Clustered kernels measured slower than their lone twins on the H100, so the search
+    leaves them out unless ``Options.clusters`` is set; the lone variants stay the same."""
+    graph, group, _, asked = _configs(_matmul(8192, 768, 3072), topk=1000)
+    default = wgmma.KIND.propose(group, _context(graph, topk=1000))
+    assert any(c.stages[0].multicast for c in asked)
+    assert default and not any(c.stages[0].multicast for c in default)
+    lone = [c.stages[0] for c in asked if not c.stages[0].multicast]
+    assert [c.stages[0] for c in default][:20] == lone[:20]
 
 
 #: The mma kind's split-K cases that wgmma takes (16-byte copies, N of 64 or more), and a

@@ -39,6 +39,10 @@ class Options:
     max_candidates: int = 256
     max_threads: int = MAX_THREADS
     kinds: tuple[str, ...] = ("wgmma", "mma", "simt")
+    # Clusters of blocks sharing an operand through TMA multicast: off by default, as the
+    # clustered kernels measured 2-3.5x slower than their lone twins on the H100
+    # (docs/tensor_cores.md, "Clusters").
+    clusters: bool = False
 
 
 @dataclass(frozen=True)

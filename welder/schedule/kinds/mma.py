@@ -849,7 +849,7 @@ def _placed(
         split = replace(stage, splits=splits)
         lone = splits == 1 and not later
         shapes = [(split, order)]
-        if lone:  # clustered variants: the pairing axis varies fastest
+        if lone and ctx.options.clusters:  # clustered variants: the pairing axis varies fastest
             shapes += [
                 (paired, (*(a for a in order if a != axis), axis))
                 for paired, axis in rule.cluster_variants(split, con, regions.members[first], grid)

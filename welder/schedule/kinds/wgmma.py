@@ -50,6 +50,8 @@ ATOM_BYTES = 1024
 BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
     (128, 256, 8, 1),
     (256, 128, 8, 1),
+    (128, 192, 8, 1),
+    (192, 128, 12, 1),
     (128, 128, 8, 1),
     (128, 128, 4, 1),
     (128, 64, 8, 1),
@@ -236,7 +238,7 @@ class WgmmaKind(MmaKind):
         return cfg.pipeline - 1 if _producer(cfg) else cfg.pipeline - 2
 
     def variants(self, stage: MmaConfig, con: Contraction) -> list[MmaConfig]:
-        found = [stage] if stage.pipeline >= MIN_CP_ASYNC_PIPELINE else []
+        found = [stage] if stage.pipeline >= MIN_CP_ASYNC_PIPELINE and _copies_divide(stage, con) else []
         if tma_maps_fit(con):
             found.append(replace(stage, producer=True))
         return found
@@ -281,6 +283,23 @@ class WgmmaKind(MmaKind):
     def registers(self, cfg: MmaConfig) -> int:
         assert isinstance(cfg, WgmmaConfig)
         return BASE_REGISTERS + cfg.wg_m * cfg.block_n // 128
+
+
+def _copies_divide(stage: MmaConfig, con: Contraction) -> bool:
+    """Whether the cp.async variant's threads split each operand slice evenly: rows of
+    16-byte units, each thread a whole number of them (a gathered operand: of element
+    pairs).  Three-warpgroup tiles and 192-wide slices need not: they are the producer
+    variant's."""
+    for role, op in (("m", con.a), ("n", con.b)):
+        block = stage.block_m if role == "m" else stage.block_n
+        rows, cols = (BLOCK_K, block) if op.contiguous == role else (block, BLOCK_K)
+        chunks = cols // 8
+        if op.gathered:
+            if rows * cols // 2 % stage.threads:
+                return False
+        elif stage.threads % chunks or rows % (stage.threads // chunks):
+            return False
+    return True
 
 
 def _pairing_axis(region: Region, partner: int, grid: tuple[int, ...]) -> int | None:
