@@ -502,6 +502,26 @@ def test_cuda_graph_replays_on_new_inputs(builds: Builds, name: str) -> None:
 
 
 @needs_emulated_build
+@pytest.mark.parametrize("name", ["bert_layer", "views_unfused"])
+def test_each_step_is_timed_apart_and_named_after_its_group(builds: Builds, name: str) -> None:
+    """measure_steps times every launch on its own and says which kernel and plan group each
+    is; the runtime's outputs stay right after it (it reruns steps out of order)."""
+    emitted = builds(name)
+    kernels = [k for k in emitted.spec.steps if k.kind == "kernel"]
+    with RuntimeLibrary(emitted.prefix) as lib:
+        assert [(s.name, s.group) for s in lib.steps] == [(k.name, k.group) for k in kernels]
+        assert all(k.group and k.comment == k.group for k in kernels)  # the kernel computes its root
+        assert len({s.group for s in lib.steps}) == len(kernels)
+        feeds = random_inputs(emitted.graph, seed=3)
+        lib.run(feeds)
+        times = lib.time_steps(number=2, warmup=1)
+        assert len(times) == len(kernels) and all(t > 0 for t in times)
+        assert_matches(lib.run(feeds), onnxruntime_outputs(emitted.model, feeds, emitted.graph.outputs))
+        with pytest.raises(RuntimeLibraryError, match="number >= 1"):
+            lib.time_steps(number=0)
+
+
+@needs_emulated_build
 def test_inference_session_replays_a_graph_unless_told_not_to(builds: Builds) -> None:
     emitted = builds("bert_layer")
     for options, state in (({}, "captured"), ({"cuda_graph": False}, "off")):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import warnings
@@ -153,6 +154,21 @@ def _add_runtime_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     p.add_argument("--no-cuda-graph", action="store_true", help="do not replay each run as a CUDA graph")
 
+    p = sub.add_parser(
+        "profile", help="per-kernel time, rates and floors of the model tuned into PREFIX (docs/profile.md)"
+    )
+    p.add_argument("prefix", help="the folder `welder tune` wrote")
+    p.add_argument(
+        "--source",
+        choices=("run", "tuning", "predicted"),
+        help="times from the built runtime on the GPU (run), tuned.json's measurements (tuning) or the "
+        "cost model (predicted); default: run with a GPU, else tuning where measured, else predicted",
+    )
+    p.add_argument("--number", type=int, default=20, help="launches per step timing (default: 20)")
+    p.add_argument("--top", type=int, default=25, help="rows shown, slowest first (default: 25; 0: all)")
+    p.add_argument("--arch", help="GPU whose ceilings apply (default: the GPU timed, else the tuned arch)")
+    p.add_argument("--json", help="also write the profile here as JSON")
+
 
 def _add_demo_command(sub: argparse._SubParsersAction) -> None:
     from welder.demo import MODELS
@@ -286,6 +302,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from welder.profile import ProfileError, format_profile, profile_prefix
+
+    if args.number < 1 or args.top < 0:
+        raise ProfileError(f"--number must be >= 1 and --top >= 0 (got {args.number} and {args.top})")
+    profile = profile_prefix(args.prefix, args.source, number=args.number, arch=args.arch)
+    print(format_profile(profile, top=args.top or None))
+    if args.json:
+        Path(args.json).write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from welder.demo import format_report, run_demo
 
@@ -319,6 +348,7 @@ COMMANDS = {
     "export": cmd_export,
     "build": cmd_build,
     "run": cmd_run,
+    "profile": cmd_profile,
     "demo": cmd_demo,
 }
 

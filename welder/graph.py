@@ -223,6 +223,7 @@ class Graph:
                     "kind": "reduction" if n.compute.is_reduction else "injective",
                     "shape": list(n.compute.shape),
                     "dtype": n.compute.dtype,
+                    "flops": n.compute.flops,
                     "inputs": list(n.inputs),
                     "compute": str(n.compute),
                 }

@@ -12,6 +12,7 @@ structurally identical computes print and hash identically whatever the model ca
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ import numpy as np
 from welder.ir.expr import (
     BOOL,
     INDEX,
+    Binary,
+    Call,
     Expr,
     Load,
     Var,
@@ -31,6 +34,7 @@ from welder.ir.expr import (
     loads,
     rename_tensors,
     substitute,
+    walk,
 )
 
 REDUCE_OPS = ("sum", "prod", "max", "min", "argmax", "argmin")
@@ -121,6 +125,21 @@ class Compute:
 
     def loads(self) -> list[Load]:
         return loads(self.body)
+
+    @property
+    def point_flops(self) -> int:
+        """Arithmetic per output point: the body's operations once per reduction point, plus
+        the reduction's own combine (the add of a multiply-add: a matmul of M x N x K is
+        2*M*N*K flops, as peak rates count them).  An injective copy counts one."""
+        ops = sum(1 for n in walk(self.body) if isinstance(n, (Binary, Call)) and n.dtype != INDEX)
+        if not self.is_reduction:
+            return max(1, ops)
+        return (ops + 1) * math.prod(a.extent for a in self.reduce_axes)
+
+    @property
+    def flops(self) -> int:
+        """Arithmetic of the whole tensor (:attr:`point_flops` per output point)."""
+        return math.prod(self.shape) * self.point_flops
 
     @property
     def inputs(self) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
+from welder.codegen.cprint import c_string
 from welder.codegen.kernel import Kernel
 from welder.errors import WelderError
 from welder.graph import Graph
@@ -63,12 +64,14 @@ def normalize_cuda_arch(arch: str | None) -> str | None:
 
 @cache
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(RUNTIME_TEMPLATE_DIR)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["c_string"] = c_string
+    return env
 
 
 def render(spec: RuntimeSpec) -> dict[str, str]:

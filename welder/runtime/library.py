@@ -86,8 +86,24 @@ def parse_summary(text: str) -> tuple[float, float, float] | None:
 
 # get_input_fill's answers (0 is normal floats).
 _FILL_INTEGERS, _FILL_ONES, _FILL_BITS = 1, 2, 3
-_INT_FUNCTIONS = ("cuda_init", "cuda_free", "get_num_inputs", "get_num_outputs")
-_QUERY_FUNCTIONS = ("get_input_name", "get_output_name", "get_input_dtype", "get_output_dtype")
+_INT_FUNCTIONS = ("cuda_init", "cuda_free", "get_num_inputs", "get_num_outputs", "get_num_steps")
+_QUERY_FUNCTIONS = (
+    "get_input_name",
+    "get_output_name",
+    "get_input_dtype",
+    "get_output_dtype",
+    "get_step_name",
+    "get_step_group",
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a run: a kernel (its name) or a library call (``cublas``), and the root of
+    the plan's group it runs (tuned.json's ``root``)."""
+
+    name: str
+    group: str
 
 
 class RuntimeLibrary:
@@ -152,6 +168,8 @@ class RuntimeLibrary:
             lib.kernel_entry_host.argtypes = [pointers, pointers]
             lib.measure_latency.restype = ctypes.c_int
             lib.measure_latency.argtypes = [ctypes.c_int] * 3 + [ctypes.POINTER(ctypes.c_float)]
+            lib.measure_steps.restype = ctypes.c_int
+            lib.measure_steps.argtypes = [ctypes.c_int] * 2 + [ctypes.POINTER(ctypes.c_float)]
             lib.set_use_cuda_graph.restype = ctypes.c_int
             lib.set_use_cuda_graph.argtypes = [ctypes.c_int]
             lib.get_cuda_graph_state.restype = ctypes.c_int
@@ -239,6 +257,24 @@ class RuntimeLibrary:
         times = (ctypes.c_float * iters)()
         self._check(self._lib.measure_latency(warmup, iters, number, times), "measure_latency")
         return Latency(tuple(float(t) for t in times))
+
+    @property
+    def steps(self) -> list[Step]:
+        """The steps of a run, in order: what each runs and the plan group it belongs to."""
+        lib = self._lib
+        count = lib.get_num_steps()
+        return [Step(lib.get_step_name(i).decode(), lib.get_step_group(i).decode()) for i in range(count)]
+
+    def time_steps(self, number: int = 20, warmup: int = 2) -> list[float]:
+        """Milliseconds per launch of each step (:attr:`steps`' order), each timed apart as
+        ``number`` back-to-back launches replayed as one CUDA graph after ``warmup`` replays, on
+        the inputs of the last :meth:`run`.  Runs after it recompute every intermediate."""
+        self._require_open()
+        if number < 1 or warmup < 0:
+            raise RuntimeLibraryError(f"need number >= 1 and warmup >= 0, got {number} and {warmup}")
+        times = (ctypes.c_float * max(self._lib.get_num_steps(), 1))()
+        self._check(self._lib.measure_steps(warmup, number, times), "measure_steps")
+        return [float(times[i]) for i in range(self._lib.get_num_steps())]
 
     def use_cuda_graph(self, enable: bool = True) -> None:
         """Capture each run as a CUDA graph and replay it (fewer launch overheads), or not."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from welder.check import integer_input_bounds
@@ -93,6 +93,7 @@ class LaunchSpec:
     smem_bytes: int
     args: tuple[ArgSpec, ...]
     maps: tuple[TensorMapArg, ...] = ()  # CUtensorMap arguments, encoded before the launch
+    group: str = ""  # the root of the plan's group it runs (tuned.json's "root")
 
     @property
     def needs_smem_opt_in(self) -> bool:
@@ -125,6 +126,7 @@ class GemmCallSpec:
     batch: int
     data_type: str  # CUDA_R_32F, CUDA_R_16F
     compute_type: str  # CUBLAS_COMPUTE_32F
+    group: str = ""  # the root of the plan's group it runs (tuned.json's "root")
 
     @property
     def label(self) -> str:
@@ -224,7 +226,8 @@ def runtime_spec(
     order = execution_order([g for g, _ in groups_with_configs])
     ordered = [groups_with_configs[k] for k in order]
     views = find_views(graph, [g for g, _ in ordered])
-    runs = [_run(cfg, kernel_of.get(g.root)) for g, cfg in ordered if g.root not in views]
+    kept = [(g, cfg) for g, cfg in ordered if g.root not in views]
+    runs = [_run(cfg, kernel_of.get(g.root)) for g, cfg in kept]
     memory = plan_memory(graph, [_io(r) for r in runs], views)
     inputs, outputs, shapes, staging_bytes = _interface(graph)
     libraries = [*cuda_libraries, *(["cublas"] if any(isinstance(r, GemmSpec) for r in runs) else [])]
@@ -233,7 +236,7 @@ def runtime_spec(
         inputs=inputs,
         outputs=outputs,
         shapes=shapes,
-        steps=[step for r in runs for step in _steps(r, memory)],
+        steps=[replace(step, group=g.root) for (g, _), r in zip(kept, runs) for step in _steps(r, memory)],
         copies=[CopySpec(c.output, _address(c.source), c.nbytes) for c in memory.copies if c.nbytes > 0],
         weights=[_weight(k, name, offset, graph) for k, (name, offset) in enumerate(memory.weights.items())],
         memory=memory,

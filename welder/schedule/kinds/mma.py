@@ -1015,8 +1015,7 @@ def _estimate(
     fills = 1 if stage.persistent else waves
     chain_us = (waves * split_tiles / rule.in_flight(stage) + fills) * slice_latency_us
     simt_flops = sum(
-        math.prod(regions.members[st.node].extents) * simt.point_flops(group.computes[st.node])
-        for st in later
+        math.prod(regions.members[st.node].extents) * group.computes[st.node].point_flops for st in later
     )
     simt_us = -(-tiles // arch.sm_count) * simt_flops / (arch.fp32_tflops * 1e12 / arch.sm_count) * 1e6
     operand_block = rule.l2_operand_rows(stage) * split_tiles * stage.block_k * item

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, TypeVar
 
 from welder.arch import Arch
 from welder.ir.compute import Compute
-from welder.ir.expr import Binary, Call, Load, free_vars, walk
+from welder.ir.expr import Load, free_vars, walk
 from welder.ir.interpret import np_dtype
 from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
 from welder.schedule.group import Group
@@ -313,7 +313,7 @@ def group_info(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -
             [(ld.tensor, itemsize(ld.tensor)) for ld in stageable],
             min((itemsize(ld.tensor) for ld in stageable), default=4),
             coalescing_units(c, stageable, itemsize, arch),
-            point_flops(c),
+            c.point_flops,
         )
     return _GroupInfo(stages, io_bytes(group, shape_of, dtype_of), itemsize)
 
@@ -874,16 +874,6 @@ def _kernel_time(
         active = min(arch.sm_count, rest)
         t += wave(-(-rest // active), active)
     return t + LAUNCH_OVERHEAD_US
-
-
-def point_flops(c: Compute) -> int:
-    """Arithmetic per output point: the body's operations once per reduction point, plus
-    the reduction's own combine (the add of a multiply-add: a matmul of M x N x K is
-    2*M*N*K flops, as peak rates count them).  An injective copy counts one."""
-    ops = sum(1 for n in walk(c.body) if isinstance(n, (Binary, Call)) and n.dtype != "index")
-    if not c.is_reduction:
-        return max(1, ops)
-    return (ops + 1) * math.prod(a.extent for a in c.reduce_axes)
 
 
 def _smem_traffic(info: _GroupInfo, st: SimtConfig) -> int:
