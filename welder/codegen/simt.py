@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from welder.ir.compute import Compute, reduce_identity
-from welder.ir.expr import Load, is_half
+from welder.ir.expr import Binary, Const, Expr, Load, Select, Var, free_vars, is_half, walk
 from welder.ir.interpret import np_dtype
 from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.kinds.simt import SimtConfig, StagedInput, vector_aligned
@@ -60,6 +60,17 @@ class _Dim:
     axis: int
     local: str
     origin: str
+    suffix: str = ""  # "v" on a vectorised stage's innermost axis: l<axis>v is a vector's start
+
+
+@dataclass
+class _VectorLoad:
+    """One vector of a global input, loaded before the stage's per-element loop."""
+
+    name: str
+    type: str
+    param: str
+    flat: str
 
 
 @dataclass
@@ -134,6 +145,11 @@ class SimtStageCtx(StageCtx):
     warps_per_output: int = 1
     red_view: str = ""
     redi_view: str = ""
+    vector: int = 1  # elements per vector on the innermost axis (an elementwise stage)
+    vaxis: int = 0
+    vloads: list[_VectorLoad] = field(default_factory=list)
+    vout_type: str = ""
+    vflat: str = ""  # the output's flat index of a vector's first element
 
     def combine(self, a: str, b: str) -> str:
         op = self.reduce_op
@@ -172,23 +188,22 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
         stride *= st.thread_shape[d]
     dims, rstride = [], 1
     valid = []
+    last = len(shape) - 1
     for d in reversed(range(len(shape))):
-        dims.append(
-            _Dim(
-                d,
-                f"t{d} + (j / {rstride} % {st.reg_tile[d]}) * {st.thread_shape[d]}"
-                if st.reg_tile[d] > 1
-                else f"t{d}",
-                kb.origin_name(k, d),
-            )
-        )
+        local = f"t{d}"
+        if st.reg_tile[d] > 1:
+            local = f"t{d} + (j / {rstride} % {st.reg_tile[d]}) * {st.thread_shape[d]}"
+        width, suffix = (st.vector, "v") if d == last and st.vector > 1 else (1, "")
+        if width > 1:
+            local = f"({local}) * {width}"
+        dims.append(_Dim(d, local, kb.origin_name(k, d), suffix))
         rstride *= st.reg_tile[d]
-        if st.thread_shape[d] * st.reg_tile[d] != st.tile[d]:
-            valid.append(f"l{d} < {st.tile[d]}")
+        if st.thread_shape[d] * st.reg_tile[d] * width != st.tile[d]:
+            valid.append(f"l{d}{suffix} < {st.tile[d]}")
         if not nonneg_origin:
-            valid.append(f"i{d} >= 0")
+            valid.append(f"i{d}{suffix} >= 0")
         if not _tile_inside(region.dims[d], st.tile[d], shape[d], kb.cfg):
-            valid.append(f"i{d} < {shape[d]}")
+            valid.append(f"i{d}{suffix} < {shape[d]}")
     dims.reverse()
     out_dtype = c.dtype
     is_arg = c.reduce_op in ("argmax", "argmin")
@@ -215,7 +230,105 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
     )
     if c.reduce_op:
         _reduction(kb, ctx, k, c, st, staged_names, is_arg)
+    elif st.vector > 1:
+        _vectorize(kb, ctx, st, c, printer)
     return ctx
+
+
+def _vectorize(kb: KernelBuilder, ctx: SimtStageCtx, st: SimtConfig, c: Compute, scalar: CPrinter) -> None:
+    """An elementwise stage that moves ``st.vector`` contiguous elements per instruction:
+    each input read at the output's innermost index plus a multiple of the width is loaded
+    as one vector before the per-element loop (the others stay scalar reads), and the
+    results are stored as one vector.  The policy proposes it only where rows and tiles are
+    whole vectors (``welder.schedule.kinds.simt.elementwise_vector``)."""
+    width, axis = st.vector, len(c.shape) - 1
+    ctx.vector, ctx.vaxis = width, axis
+    ctx.vout_type = _vec_type(c.dtype, width)
+    ctx.vflat = flat_index([f"i{d}" + ("v" if d == axis else "") for d in range(len(c.shape))], c.shape)
+    at_start = CPrinter(kb.global_load, var={f"i{axis}": f"i{axis}v"}, nonneg=scalar.nonneg)
+    names: dict[Load, str] = {}
+    for ld in _unconditional_loads(c.body):
+        if ld in names or not _vector_loadable(kb, ld, axis, width):
+            continue
+        names[ld] = f"vl{len(names)}"
+        param = kb.params[ld.tensor]
+        idx = [at_start(i) for i in ld.indices]
+        ctx.vloads.append(
+            _VectorLoad(names[ld], _vec_type(ld.dtype, width), param.name, flat_index(idx, param.shape))
+        )
+
+    def load(ld: Load, p: CPrinter) -> str:
+        if ld in names:
+            return read_value(f"{names[ld]}.v[e]", ld.dtype)
+        return scalar(ld)
+
+    ctx.body = CPrinter(load, nonneg=scalar.nonneg)(c.body)
+
+
+def _unconditional_loads(e: Expr) -> list[Load]:
+    """The loads every element evaluates: not those in a branch of a Select (a Concat's or
+    a Pad's other side, whose indices may lie outside its tensor where it is not taken),
+    nor those addressed by other loads (a gather's)."""
+    found: list[Load] = []
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Load):
+            if not any(isinstance(x, Load) for i in n.indices for x in walk(i)):
+                found.append(n)
+        elif isinstance(n, Select):
+            stack.append(n.cond)
+        else:
+            stack.extend(n.children())
+    return found
+
+
+def _vec_type(dtype: str, width: int) -> str:
+    return f"welder_vec<{STORAGE_TYPES[dtype]}, {width}>"
+
+
+def _vector_loadable(kb: KernelBuilder, ld: Load, axis: int, width: int) -> bool:
+    """Whether ``ld`` reads ``width`` contiguous, aligned elements as the stage's innermost
+    index ``i<axis>`` steps through a vector: a global parameter of a float type at most 16
+    bytes a vector, whose innermost index is ``i<axis>`` plus a multiple of the width (no
+    other index using it), in rows of whole vectors."""
+    param = kb.params.get(ld.tensor)
+    if param is None or ld.tensor in kb.tile_views or not ld.indices:
+        return False
+    if ld.dtype not in ("float16", "bfloat16", "float32"):
+        return False
+    if np_dtype(ld.dtype).itemsize * width > MAX_VECTOR_BYTES or param.shape[-1] % width:
+        return False
+    own = f"i{axis}"
+    terms = _linear(ld.indices[-1])
+    if terms is None or terms.get(own) != 1 or any(v % width for n, v in terms.items() if n != own):
+        return False
+    return not any(own in free_vars(i) for i in ld.indices[:-1])
+
+
+def _linear(e: Expr) -> dict[str, int] | None:
+    """An index expression as {variable: coefficient, "": constant}, or None if it is not
+    an integer combination of variables."""
+    if isinstance(e, Var):
+        return {e.name: 1}
+    if isinstance(e, Const) and isinstance(e.value, int):
+        return {"": e.value}
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+        a, b = _linear(e.a), _linear(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "mul":
+            if set(a) == {""}:
+                a, b = b, a
+            if set(b) != {""}:
+                return None
+            return {n: v * b[""] for n, v in a.items()}
+        sign = -1 if e.op == "sub" else 1
+        out = dict(a)
+        for n, v in b.items():
+            out[n] = out.get(n, 0) + sign * v
+        return out
+    return None
 
 
 def _reduction(

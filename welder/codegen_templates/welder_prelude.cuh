@@ -14,6 +14,9 @@
 //                                               address of p[i]; p is a global pointer or a view,
 //                                               the address must be aligned to V
 //   welder_vstore(p, i, v)                      writes v at the address of p[i]
+//   welder_vec<T, N>                            N elements of T aligned as one vector (.v[k]):
+//                                               what welder_vload / welder_vstore move for an
+//                                               elementwise stage in vectors (16 bytes: LDG.128)
 //
 // Also available in both modes: __half/__half2 (cuda_fp16), __nv_bfloat16/__nv_bfloat162
 // (cuda_bf16), nvcuda::wmma (mma.h) and device
@@ -60,3 +63,8 @@ __device__ __forceinline__ void welder_vstore(T* p, long long i, const V& v) {
 }
 
 #endif
+
+template <class T, int N>
+struct alignas(sizeof(T) * N) welder_vec {
+  T v[N];
+};

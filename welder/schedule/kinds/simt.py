@@ -83,7 +83,10 @@ class SimtConfig(StageConfig):
     Threads are laid out over the tile's axes (``thread_shape``, innermost axis fastest);
     thread ``t`` handles elements ``t_d + j_d * thread_shape[d]`` for ``j_d <
     reg_tile[d]``.  Threads beyond ``prod(thread_shape)`` split the reduction
-    (``reduce_threads`` per output, combined with shuffles).
+    (``reduce_threads`` per output, combined with shuffles).  With ``vector`` > 1 (an
+    elementwise stage: see :func:`vector_twin`) the innermost axis counts vectors of that
+    many contiguous elements: a thread's ``j``-th vector starts at element
+    ``(t + j * thread_shape) * vector``, loaded and stored 16 bytes at a time.
     """
 
     kind: ClassVar[str] = "simt"
@@ -97,6 +100,7 @@ class SimtConfig(StageConfig):
     smem_offset: int | None = None  # where its tile lives when consumed inside the group
     reduce_offset: int | None = None  # scratch for combining warps of a cross-warp reduction
     write_global: bool = False
+    vector: int = 1  # contiguous elements per thread along the innermost axis
 
     def renamed(self, names: Mapping[str, str]) -> SimtConfig:
         staged = [replace(sd, tensor=names.get(sd.tensor, sd.tensor)) for sd in self.staged]
@@ -161,7 +165,30 @@ def schedule_group(
     results.extend(c for _, _, c in heap)
     results.sort(key=_rank_key)
     alternates.sort(key=_rank_key)
-    return diverse_topk(results, options.topk, alternates)
+    ranked = [*results, *alternates]
+    return _both_forms(diverse_topk(results, options.topk, alternates), ranked, options.topk)
+
+
+def _both_forms(chosen: list[GroupConfig], pool: Sequence[GroupConfig], k: int) -> list[GroupConfig]:
+    """``chosen`` with up to half of its places (at least one) given to the best
+    vectorised configs and at least one to a scalar one, where the pool has both: the
+    estimate does not model what vectors save (load and store instructions), so the
+    measurement must see both forms.  In estimate order, a twin before its scalar config."""
+    vector = [c for c in pool if c.stages[0].vector > 1]
+    scalar = [c for c in pool if c.stages[0].vector == 1]
+    if k < 2 or not vector or not scalar:
+        return chosen
+
+    def first(configs: Sequence[GroupConfig], n: int) -> list[GroupConfig]:
+        out: list[GroupConfig] = []
+        for c in configs:
+            if len(out) < n and all(c is not x for x in out):
+                out.append(c)
+        return out
+
+    vectors = first([*(c for c in chosen if c.stages[0].vector > 1), *vector], max(1, k // 2))
+    scalars = first([*(c for c in chosen if c.stages[0].vector == 1), *scalar], k - len(vectors))
+    return sorted([*vectors, *scalars], key=_rank_key)
 
 
 def _memo(fn: Callable[[str], T]) -> Callable[[str], T]:
@@ -511,6 +538,8 @@ def tile_configs(
     configs = [c for t in sizes if (c := _config(group, info, facts, t, shape_of, arch)) is not None]
     if not configs:
         return []
+    # Vectorised twins first, so that they win ties with the scalar configs they copy.
+    configs = [*_vector_twins(group, info, facts, configs, shape_of, dtype_of, arch), *configs]
     best = min(c.estimate.latency_us for c in configs)
     near = [c for c in configs if c.estimate.latency_us <= best * (1 + BLOCK_SIZE_TOLERANCE)]
     want = WARPS_PER_PARTITION * arch.sm_partitions
@@ -592,6 +621,80 @@ def _config(
         return None
     order = tuple(range(len(facts.tile)))
     return GroupConfig(group.root, facts.tile, facts.grid, order, threads, stages, smem, estimate)
+
+
+#: Bytes a vectorised elementwise stage moves per load or store instruction (LDG.128 / STG.128).
+VECTOR_BYTES = 16
+
+
+def elementwise_vector(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, tile: Sequence[int]) -> int:
+    """Elements per vector of an elementwise group's stage, or 1 where it cannot have them.
+
+    The group must be one injective stage writing only its root, a float tensor whose rows
+    and tile rows are whole vectors of 16 bytes (so a vector starts at a multiple of its
+    width and lies wholly inside the tensor or wholly outside).  Loads whose innermost index
+    is the output's innermost axis plus a multiple of the width become vector loads as well
+    (:mod:`welder.codegen.simt`); the others stay one element at a time."""
+    lone = len(group.stages) == 1 and tuple(group.outputs) == (group.root,)
+    if not lone or group.computes[group.root].is_reduction:
+        return 1
+    dtype = dtype_of(group.root)
+    if dtype not in ("float16", "bfloat16", "float32"):
+        return 1
+    width = VECTOR_BYTES // np_dtype(dtype).itemsize
+    shape = shape_of(group.root)
+    if not shape or shape[-1] % width or tile[-1] % width:
+        return 1
+    return width
+
+
+def _vector_twins(
+    group: Group,
+    info: _GroupInfo,
+    facts: _Tile,
+    configs: Sequence[GroupConfig],
+    shape_of: ShapeOf,
+    dtype_of: DtypeOf,
+    arch: Arch,
+) -> list[GroupConfig]:
+    """The vectorised twin of each block size of a tile, where it has one; a block with
+    fewer vectors than half its threads gives way to the smaller block (planned and
+    estimated as a scalar config first) that they fill."""
+    width = elementwise_vector(group, shape_of, dtype_of, facts.tile)
+    if width == 1:
+        return []
+    vectors = math.prod(facts.tile) // width
+    twins: dict[int, GroupConfig] = {}
+    for cfg in configs:
+        threads = cfg.threads
+        while threads > arch.warp_size and vectors * 2 < threads:
+            threads //= 2
+        if threads in twins:
+            continue
+        base = cfg if threads == cfg.threads else _config(group, info, facts, threads, shape_of, arch)
+        twin = None if base is None else vector_twin(group, base, shape_of, dtype_of)
+        if twin is not None:
+            twins[threads] = twin
+    return list(twins.values())
+
+
+def vector_twin(group: Group, cfg: GroupConfig, shape_of: ShapeOf, dtype_of: DtypeOf) -> GroupConfig | None:
+    """``cfg`` with its elementwise stage vectorised (same tile, block and estimate: the
+    tuner's measurement tells the twins apart), or None where it cannot be."""
+    if len(cfg.stages) != 1 or cfg.stages[0].reduce_threads != 1:
+        return None
+    stage = cfg.stages[0]
+    width = elementwise_vector(group, shape_of, dtype_of, stage.tile)
+    if width == 1:
+        return None
+    units = (*stage.tile[:-1], stage.tile[-1] // width)
+    if math.prod(units) * 2 < cfg.threads and cfg.threads > 32:
+        return None  # most of the block would idle
+    tshape, reg = thread_layout(units, cfg.threads)
+    if math.prod(reg) * width > MAX_REG_TILE:
+        return None
+    twin = replace(stage, thread_shape=tshape, reg_tile=reg, vector=width)
+    return replace(cfg, stages=[twin])
 
 
 def thread_layout(extents: Sequence[int], threads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -777,7 +880,7 @@ def place_smem(
 
 def registers(stage: SimtConfig) -> int:
     staging = sum(sd.vector for sd in stage.staged)
-    return BASE_REGISTERS + math.prod(stage.reg_tile) + staging
+    return BASE_REGISTERS + math.prod(stage.reg_tile) * stage.vector + staging
 
 
 # -- cost -----------------------------------------------------------------------------------------

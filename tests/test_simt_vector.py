@@ -1,0 +1,163 @@
+"""Elementwise SIMT stages in 16-byte vectors (``SimtConfig.vector``): which groups get them,
+which loads become vector loads, and every generated form against the interpreter on the CPU
+emulator (which also faults a misaligned vector access); the PTX holds 128-bit accesses."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from onnx import helper
+from onnx_util import make_model
+from test_mma import _context, _whole_group, emulate_configs
+
+from welder.check import error_metric, threshold_for
+from welder.codegen import generate_kernel
+from welder.frontend.onnx import import_onnx
+from welder.graph import Graph
+from welder.resources import TEMPLATE_DIR
+from welder.runtime.emu import available as emulator_available
+from welder.schedule.kinds import simt
+
+needs_emulator = pytest.mark.skipif(not emulator_available(), reason="needs g++")
+
+
+def _gelu(rows: int, width: int, dtype=np.float16, slice_from: int = 0) -> Graph:
+    """y = gelu(b + x[..., s:s+width] + xt^T) with GELU written out as ONNX exports it (Div,
+    Erf, Add, Mul, Mul): a bias broadcast along the rows, an input read at an offset along
+    the innermost axis, and a transposed input (which no vector load can read)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, rows, width + slice_from)).astype(dtype)
+    xt = rng.standard_normal((3, width, rows)).astype(dtype)
+    b = rng.standard_normal(width).astype(dtype)
+    const = lambda v: np.array(v, dtype)  # noqa: E731
+    ends = np.array([width + slice_from], np.int64)
+    nodes = [
+        helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["xs"]),
+        helper.make_node("Add", ["b", "xs"], ["a"]),
+        helper.make_node("Transpose", ["xt"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Add", ["a", "t"], ["a2"]),
+        helper.make_node("Div", ["a2", "sqrt2"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["f"]),
+        helper.make_node("Mul", ["a2", "f"], ["g"]),
+        helper.make_node("Mul", ["g", "half"], ["y"]),
+    ]
+    consts = {
+        "b": b,
+        "sqrt2": const(1.4142135),
+        "one": const(1.0),
+        "half": const(0.5),
+        "starts": np.array([slice_from], np.int64),
+        "ends": ends,
+        "axes": np.array([2], np.int64),
+    }
+    return import_onnx(make_model(nodes, {"x": x, "xt": xt}, ["y"], consts))
+
+
+def _feeds(graph: Graph) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
+
+
+def _configs(graph: Graph, topk: int = 6):
+    group = _whole_group(graph)
+    return group, simt.KIND.propose(group, _context(graph, topk=topk))
+
+
+def _check(graph: Graph, configs) -> None:
+    group = _whole_group(graph)
+    feeds = _feeds(graph)
+    reference = graph.run(feeds)["y"]
+    for cfg, runs in zip(configs, emulate_configs(graph, group, configs, feeds)):
+        err = error_metric(runs[0]["y"], reference)
+        assert err <= threshold_for(reference.dtype.name), (cfg.stages[0], err)
+
+
+@needs_emulator
+@pytest.mark.parametrize(
+    ("dtype", "width"), [(np.float16, 8), (np.float32, 4)], ids=["fp16 in 8s", "fp32 in 4s"]
+)
+def test_elementwise_groups_get_vector_forms_that_match_the_interpreter(dtype, width) -> None:
+    graph = _gelu(200, 128, dtype)
+    group, configs = _configs(graph)
+    forms = [c.stages[0].vector for c in configs]
+    assert forms.count(width) == 3 and forms.count(1) == 3, forms  # both forms get measured
+    configs = sorted(configs, key=lambda c: -c.stages[0].vector)
+    for cfg in configs:
+        st = cfg.stages[0]
+        if st.vector > 1:  # the same tile as a scalar config would cover, in vectors
+            assert st.thread_shape[-1] * st.reg_tile[-1] * st.vector >= st.tile[-1]
+    _check(graph, configs)
+    source = generate_kernel(graph, group, configs[0], "vec").source
+    loads = re.findall(r"welder_vload<welder_vec<(\w+), (\d+)>>\((\w+),", source)
+    # b and x become vector loads, the transposed input does not; one vector store.
+    assert len(loads) == 2 and all(int(n) == width for _, n, _ in loads), loads
+    assert source.count("welder_vstore(") == 1
+
+
+@needs_emulator
+def test_a_read_offset_by_a_multiple_of_the_width_stays_a_vector_load() -> None:
+    aligned = _gelu(160, 64, slice_from=16)
+    group, configs = _configs(aligned)
+    configs = sorted(configs, key=lambda c: -c.stages[0].vector)
+    assert configs[0].stages[0].vector == 8
+    source = generate_kernel(aligned, group, configs[0], "vec").source
+    assert source.count("welder_vload<") == 2
+    _check(aligned, configs)
+    # 4 elements in is 8 bytes: the slice's rows are not whole vectors from their start.
+    unaligned = _gelu(160, 64, slice_from=4)
+    group, configs = _configs(unaligned)
+    configs = sorted(configs, key=lambda c: -c.stages[0].vector)
+    assert configs[0].stages[0].vector == 8
+    source = generate_kernel(unaligned, group, configs[0], "vec").source
+    assert source.count("welder_vload<") == 1  # the bias only
+    _check(unaligned, configs)
+
+
+@needs_emulator
+def test_reads_in_a_branch_of_a_select_stay_scalar() -> None:
+    """A Concat along the innermost axis reads each side only where it is taken; loaded as
+    vectors up front, the second side would be read before its start (the emulator faults)."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((4, 64, 64)).astype(np.float16) for _ in range(2))
+    nodes = [
+        helper.make_node("Concat", ["a", "b"], ["c"], axis=2),
+        helper.make_node("Mul", ["c", "two"], ["y"]),
+    ]
+    graph = import_onnx(make_model(nodes, {"a": a, "b": b}, ["y"], {"two": np.array(2.0, np.float16)}))
+    group, configs = _configs(graph, topk=12)
+    vectors = [c for c in configs if c.stages[0].vector == 8]
+    assert vectors
+    source = generate_kernel(graph, group, vectors[0], "vec").source
+    assert "welder_vload<" not in source and source.count("welder_vstore(") == 1
+    _check(graph, vectors)
+
+
+def test_rows_of_partial_vectors_and_other_groups_stay_scalar() -> None:
+    _, configs = _configs(_gelu(24, 20))  # 20 halves a row: 40 bytes
+    assert {c.stages[0].vector for c in configs} == {1}
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float16)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    graph = import_onnx(make_model(nodes, {"x": w}, ["y"], {"w": w}))
+    _, configs = _configs(graph)
+    assert {c.stages[0].vector for c in configs} == {1}  # a reduction
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_vector_form_compiles_to_128_bit_accesses(tmp_path) -> None:
+    graph = _gelu(200, 128)
+    group, configs = _configs(graph)
+    vector = next(c for c in configs if c.stages[0].vector > 1)
+    source = tmp_path / "k.cu"
+    source.write_text(generate_kernel(graph, group, vector, "vec").source)
+    ptx = tmp_path / "k.ptx"
+    command = ["nvcc", "-ptx", "-arch=sm_90", f"-I{TEMPLATE_DIR}", str(source), "-o", str(ptx)]
+    subprocess.run(command, check=True, timeout=300)
+    text = ptx.read_text()
+    assert len(re.findall(r"ld\.global(\.nc)?\.v4\.u32", text)) == 2
+    assert len(re.findall(r"st\.global\.v4\.u32", text)) == 1
