@@ -148,8 +148,13 @@ def check_config(cfg, group, graph, a):
         assert math.prod(st.thread_shape) * st.reduce_threads <= cfg.threads
         assert st.reduce_threads & (st.reduce_threads - 1) == 0
         assert st.reduce_threads == 1 or c.is_reduction
-        for ext, t, r in zip(st.tile, st.thread_shape, st.reg_tile):
-            assert t * r >= ext
+        widths = [1] * (len(st.tile) - 1) + [st.vector]  # a vectorised stage counts vectors innermost
+        for ext, t, r, w in zip(st.tile, st.thread_shape, st.reg_tile, widths):
+            assert t * r * w >= ext
+        if st.vector > 1:
+            assert st.node == group.root == group.stages[-1] and not c.is_reduction
+            assert st.vector * np.dtype(graph.tensor(st.node).dtype).itemsize == 16
+            assert st.tile[-1] % st.vector == 0 and shape_of(st.node)[-1] % st.vector == 0
         # Staging: one step's region of each staged input, as propagation computes it.
         assert len(st.rstep) == len(c.reduce_axes)
         assert all(1 <= r <= ax.extent for r, ax in zip(st.rstep, c.reduce_axes))

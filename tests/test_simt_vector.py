@@ -84,7 +84,7 @@ def _check(graph: Graph, configs) -> None:
 def test_elementwise_groups_get_vector_forms_that_match_the_interpreter(dtype, width) -> None:
     graph = _gelu(200, 128, dtype)
     group, configs = _configs(graph)
-    forms = [c.stages[0].vector for c in configs]
+    forms = [c.stages[-1].vector for c in configs]
     assert forms.count(width) == 3 and forms.count(1) == 3, forms  # both forms get measured
     configs = sorted(configs, key=lambda c: -c.stages[0].vector)
     for cfg in configs:
@@ -135,6 +135,31 @@ def test_reads_in_a_branch_of_a_select_stay_scalar() -> None:
     source = generate_kernel(graph, group, vectors[0], "vec").source
     assert "welder_vload<" not in source and source.count("welder_vstore(") == 1
     _check(graph, vectors)
+
+
+@needs_emulator
+@pytest.mark.parametrize(
+    ("op", "vector_loads"),
+    [("LayerNormalization", 3), ("Softmax", 1)],
+    ids=["LayerNorm: x, scale, shift", "softmax: x"],
+)
+def test_the_last_stage_of_a_normalisation_writes_vectors(op: str, vector_loads: int) -> None:
+    """The reductions stay scalar; the last stage (scale and shift, or the division) reads its
+    row-contiguous global inputs as vectors and writes vectors, the reductions' results from
+    shared memory one element at a time."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 768)).astype(np.float16)
+    extra = {name: rng.standard_normal(768).astype(np.float16) for name in ("s", "b")}
+    inputs = ["x", "s", "b"] if op == "LayerNormalization" else ["x"]
+    node = helper.make_node(op, inputs, ["y"], axis=-1)
+    graph = import_onnx(make_model([node], {"x": x}, ["y"], extra if op == "LayerNormalization" else {}))
+    group, configs = _configs(graph)
+    vectors = [c for c in configs if c.stages[-1].vector == 8]
+    assert vectors and any(c.stages[-1].vector == 1 for c in configs)
+    assert all(st.vector == 1 for c in vectors for st in c.stages[:-1])
+    source = generate_kernel(graph, group, vectors[0], "vec").source
+    assert source.count("welder_vload<") == vector_loads and source.count("welder_vstore(") == 1
+    _check(graph, configs)
 
 
 def test_rows_of_partial_vectors_and_other_groups_stay_scalar() -> None:

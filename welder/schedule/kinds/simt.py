@@ -174,8 +174,8 @@ def _both_forms(chosen: list[GroupConfig], pool: Sequence[GroupConfig], k: int) 
     vectorised configs and at least one to a scalar one, where the pool has both: the
     estimate does not model what vectors save (load and store instructions), so the
     measurement must see both forms.  In estimate order, a twin before its scalar config."""
-    vector = [c for c in pool if c.stages[0].vector > 1]
-    scalar = [c for c in pool if c.stages[0].vector == 1]
+    vector = [c for c in pool if c.stages[-1].vector > 1]
+    scalar = [c for c in pool if c.stages[-1].vector == 1]
     if k < 2 or not vector or not scalar:
         return chosen
 
@@ -186,8 +186,8 @@ def _both_forms(chosen: list[GroupConfig], pool: Sequence[GroupConfig], k: int) 
                 out.append(c)
         return out
 
-    vectors = first([*(c for c in chosen if c.stages[0].vector > 1), *vector], max(1, k // 2))
-    scalars = first([*(c for c in chosen if c.stages[0].vector == 1), *scalar], k - len(vectors))
+    vectors = first([*(c for c in chosen if c.stages[-1].vector > 1), *vector], max(1, k // 2))
+    scalars = first([*(c for c in chosen if c.stages[-1].vector == 1), *scalar], k - len(vectors))
     return sorted([*vectors, *scalars], key=_rank_key)
 
 
@@ -628,15 +628,17 @@ VECTOR_BYTES = 16
 
 
 def elementwise_vector(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, tile: Sequence[int]) -> int:
-    """Elements per vector of an elementwise group's stage, or 1 where it cannot have them.
+    """Elements per vector of a group's last stage, or 1 where it cannot have them.
 
-    The group must be one injective stage writing only its root, a float tensor whose rows
-    and tile rows are whole vectors of 16 bytes (so a vector starts at a multiple of its
-    width and lies wholly inside the tensor or wholly outside).  Loads whose innermost index
-    is the output's innermost axis plus a multiple of the width become vector loads as well
+    The last stage must be an injective one computing the root, the group's only output: a
+    float tensor whose rows and tile rows are whole vectors of 16 bytes (so a vector starts
+    at a multiple of its width and lies wholly inside the tensor or wholly outside).  An
+    elementwise group is one such stage; a normalisation's last stage (LayerNorm's scale and
+    shift, softmax's division) is another.  Loads whose innermost index is the output's
+    innermost axis plus a multiple of the width become vector loads as well
     (:mod:`welder.codegen.simt`); the others stay one element at a time."""
-    lone = len(group.stages) == 1 and tuple(group.outputs) == (group.root,)
-    if not lone or group.computes[group.root].is_reduction:
+    last = group.stages[-1] == group.root and tuple(group.outputs) == (group.root,)
+    if not last or group.computes[group.root].is_reduction:
         return 1
     dtype = dtype_of(group.root)
     if dtype not in ("float16", "bfloat16", "float32"):
@@ -679,11 +681,11 @@ def _vector_twins(
 
 
 def vector_twin(group: Group, cfg: GroupConfig, shape_of: ShapeOf, dtype_of: DtypeOf) -> GroupConfig | None:
-    """``cfg`` with its elementwise stage vectorised (same tile, block and estimate: the
-    tuner's measurement tells the twins apart), or None where it cannot be."""
-    if len(cfg.stages) != 1 or cfg.stages[0].reduce_threads != 1:
+    """``cfg`` with its last stage vectorised (same tile, block and estimate: the tuner's
+    measurement tells the twins apart), or None where it cannot be."""
+    stage = cfg.stages[-1]
+    if stage.node != group.root or stage.reduce_threads != 1:
         return None
-    stage = cfg.stages[0]
     width = elementwise_vector(group, shape_of, dtype_of, stage.tile)
     if width == 1:
         return None
@@ -694,7 +696,7 @@ def vector_twin(group: Group, cfg: GroupConfig, shape_of: ShapeOf, dtype_of: Dty
     if math.prod(reg) * width > MAX_REG_TILE:
         return None
     twin = replace(stage, thread_shape=tshape, reg_tile=reg, vector=width)
-    return replace(cfg, stages=[twin])
+    return replace(cfg, stages=[*cfg.stages[:-1], twin])
 
 
 def thread_layout(extents: Sequence[int], threads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
