@@ -533,6 +533,8 @@ def test_a_fusion_the_gpu_disproves_is_split_into_shallower_groups():
     assert sorted(m for g in plan.groups for m in g.group.members) == sorted(graph.nodes)
     assert any("split into" in line for line in plan.log)
     assert plan.latency_us < 1000.0
+    checks = tuned_json(plan, graph)["fusion_checks"]  # what tuned.json keeps of it
+    assert checks and all("split into" in line or line.startswith("fusion of") for line in checks)
 
 
 def test_a_slow_fusion_is_kept_when_its_parts_are_slower_still():

@@ -257,6 +257,8 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
         "skip_dot": plan.skip_dot,
         "groups": groups,
         "split_failures": [f.to_json() for f in plan.split_failures],
+        # The fusion check's verdicts: a fused group the GPU disproved, split or kept.
+        "fusion_checks": [ln for ln in plan.log if " split into " in ln or ln.startswith("fusion of ")],
         "totals": {
             "kernels": plan.kernels,
             "library_calls": plan.library_calls,
