@@ -505,6 +505,24 @@ def test_the_note_on_another_gpu_names_both():
     assert unknown.startswith("NVIDIA L4 has no description in welder.arch") and "V100 cost model" in unknown
 
 
+def test_a_disproved_fusion_may_set_its_first_stage_apart():
+    """Where every kernel that holds the product and anything after it is slow, halving the
+    stages leaves the product with a LayerNorm stage; setting the product apart and keeping
+    the normalisation whole (three stages, one kernel) is the faster split, and is taken."""
+    graph = layernorm_gelu()
+
+    def latency(kernel) -> float:
+        with_product = "// stage 0: h (" in kernel.source
+        return 1000.0 if with_product and stages_of(kernel) > 1 else 5.0 * stages_of(kernel)
+
+    plan = tune_model(graph, ARCH, 2, None, ScriptedDevice(graph, latency=latency))
+    stages = sorted(len(g.group.stages) for g in plan.groups)
+    assert stages == [1, 3], stages
+    assert sorted(m for g in plan.groups for m in g.group.members) == sorted(graph.nodes)
+    assert any("(first stage apart)" in line for line in plan.log), plan.log
+    assert plan.latency_us == pytest.approx(20.0)
+
+
 def test_measured_latencies_decide_fusion():
     graph = layernorm_gelu()
     cost_plan = fuse(graph, CostModel(graph, ARCH))

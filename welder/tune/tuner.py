@@ -695,12 +695,14 @@ class _ModelTuner:
 
         The cost model decides fusion; a fused group whose best measured latency exceeds
         ``VERIFY_RATIO`` times the model's prediction shows the model misjudged it, and so
-        possibly the fusion too.  Its members are fused again under the cost model with at
-        most half as many stages per group, those groups are tuned, and they replace ``g``
-        if together they measure faster -- checked again the same way, down to
-        ``VERIFY_DEPTH`` levels.  A split that cannot be made, or whose groups are not all
-        valid, is no verdict on the fusion: it is a warning and a :class:`SplitFailure` in
-        the plan, so a slow group never stays silently."""
+        possibly the fusion too.  Its members are fused again under the cost model two
+        ways -- with at most half as many stages per group, and with the first stage (a
+        product, say) apart from the others fused together (:meth:`peeled`: a softmax
+        after a product stays one kernel) -- those groups are tuned, and the faster way
+        replaces ``g`` if it measures faster than ``g`` -- checked again the same way, down
+        to ``VERIFY_DEPTH`` levels.  A split that cannot be made, or whose groups are not
+        all valid, is no verdict on the fusion: it is a warning and a
+        :class:`SplitFailure` in the plan, so a slow group never stays silently."""
         if g.root in self.library or len(g.stages) < 2 or depth >= VERIFY_DEPTH:
             return [g]
         result = self.measure.tuned(g)
@@ -718,30 +720,54 @@ class _ModelTuner:
             return self.unsplit(
                 g, result, predicted, f"re-fused with at most {stages} stages, its ops form one group again"
             )
-        self.tune_all(parts)
-        tuned = [self.measure.tuned(p) for p in parts]
-        failed = [p for p, t in zip(parts, tuned) if t is None]
-        if failed:
-            why = "; ".join(
-                f"{p.root} ({len(p.members)} ops) has no valid candidate: {self.measure.why_invalid(p)}"
-                for p in failed
-            )
+        ways = [("halved", parts)]
+        peeled = self.peeled(g)
+        if peeled is not None and {p.root for p in peeled} != {p.root for p in parts}:
+            ways.append(("first stage apart", peeled))
+        measured: list[tuple[float, str, list[Group]]] = []
+        why = ""
+        for way, split in ways:
+            self.tune_all(split)
+            tuned = [self.measure.tuned(p) for p in split]
+            failed = [p for p, t in zip(split, tuned) if t is None]
+            if failed:
+                why = why or "; ".join(
+                    f"{p.root} ({len(p.members)} ops) has no valid candidate: {self.measure.why_invalid(p)}"
+                    for p in failed
+                )
+                continue
+            measured.append((sum(t.latency_us for t in tuned if t is not None), way, split))
+        if not measured:
             return self.unsplit(g, result, predicted, f"of the {len(parts)} shallower groups, {why}")
-        split_us = sum(t.latency_us for t in tuned if t is not None)
+        split_us, way, parts = min(measured, key=lambda m: m[0])
         fused = f"{result.latency_us:.1f} us measured" if result else "no valid candidate"
         if result is not None and split_us >= result.latency_us:
             self.log.append(
                 f"fusion of {g.root} kept: {fused}, predicted {predicted:.1f} us; "
-                f"{len(parts)} shallower groups measure {split_us:.1f} us"
+                f"{len(parts)} shallower groups ({way}) measure {split_us:.1f} us"
             )
             return [g]
         message = (
             f"group {g.root} ({len(g.stages)} stages; {fused}, predicted {predicted:.1f} us) "
-            f"split into {len(parts)} groups measuring {split_us:.1f} us"
+            f"split into {len(parts)} groups ({way}) measuring {split_us:.1f} us"
         )
         log.info(message)
         self.log.append(message)
         return [q for p in parts for q in self.verified(p, depth + 1)]
+
+    def peeled(self, g: Group) -> list[Group] | None:
+        """``g``'s first stage (with what it inlines) as one group and the rest of its members
+        fused again under the cost model, or None where that is no new way to split it."""
+        if len(g.stages) < 3:
+            return None  # halving already sets the first stage apart
+        try:
+            singles = fuse(self.graph, self.cost, only=g.members, max_stages=1).groups
+            head = next(p for p in singles if g.stages[0] in p.members)
+            rest = set(g.members) - set(head.members)
+            tail = fuse(self.graph, self.cost, only=rest, max_stages=len(g.stages) - 1).groups
+        except (InvalidGroup, StopIteration):
+            return None
+        return [head, *tail] if tail else None
 
     def unsplit(self, g: Group, fused: TunedConfig | None, predicted: float, reason: str) -> list[Group]:
         """``g`` unchanged, after a warning that its fusion check could not split it."""
