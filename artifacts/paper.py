@@ -421,18 +421,42 @@ def write_meta(args: argparse.Namespace, name: str, argv: Sequence[str] | None) 
 @dataclass
 class Panel:
     """One picture of a script's rows: a (dtype, batch) case, its PNG, the models in the
-    paper's order, and pyplot to draw it with."""
+    paper's order, pyplot to draw it with, and the rows by :meth:`ResultsCsv.key`."""
 
     dtype: str
     bs: str
     png: Path
     models: list[str]
     plt: Any
+    cells: Mapping[tuple, Mapping[str, str]]
+    gpu: str
+
+    def row(self, model: str, system: str) -> Mapping[str, str] | None:
+        return self.cells.get((model, self.bs, self.dtype, system))
+
+    def value(self, field: str, scale: float = 1.0) -> Callable[[str, str], float | None]:
+        """A :func:`grouped_bars` value: the numeric ``field`` of (model, system) over ``scale``."""
+
+        def get(model: str, system: str) -> float | None:
+            v = number(self.row(model, system), field)
+            return None if v is None else v / scale
+
+        return get
+
+    def figure(self, panes: int, height: float) -> tuple[Any, list[Any]]:
+        """A figure of ``panes`` stacked axes, wide enough for the models."""
+        fig, axes = self.plt.subplots(panes, 1, figsize=(max(8, 1.1 * len(self.models) + 3), height))
+        return fig, [axes] if panes == 1 else list(axes)
+
+    def title(self, ax: Any, name: str) -> None:
+        ax.set_title(f"{name} -- {self.gpu} {self.dtype}, batch {self.bs}", fontsize=10)
 
 
 def panels(rows: Sequence[Mapping[str, str]], out: Path, stem: str) -> Iterator[Panel]:
     """A :class:`Panel` per (dtype, batch) of ``rows``, its PNG ``out/<stem>_<dtype>_b<bs>.png``;
     none where matplotlib is missing (``pyplot`` says so)."""
+    cells = {ResultsCsv.key(r): r for r in rows}
+    gpu = next((r["gpu"] for r in rows if r["gpu"]), "")
     for dtype, bs in sorted({(r["dtype"], r["bs"]) for r in rows}):
         png = out / f"{stem}_{dtype}_b{bs}.png"
         plt = pyplot(png)
@@ -440,7 +464,7 @@ def panels(rows: Sequence[Mapping[str, str]], out: Path, stem: str) -> Iterator[
             return
         models = [m for m in PAPER_MODELS if any(r["model"] == m for r in rows)]
         models += sorted({r["model"] for r in rows} - set(models))
-        yield Panel(dtype, bs, png, models, plt)
+        yield Panel(dtype, bs, png, models, plt, cells, gpu)
 
 
 def pyplot(png: Path) -> Any:

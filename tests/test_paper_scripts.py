@@ -356,3 +356,78 @@ def test_figure13_smoke_run_counts_the_plans_kernels(tmp_path: Path) -> None:
     assert kernels[0] > kernels[1] > kernels[2] >= 1
     inter = [int(rows[s]["intermediate_bytes"]) for s in ("per-op", "welder-nofusion", "welder")]
     assert inter[0] > inter[1] > inter[2]
+
+
+@pytest.mark.parametrize(
+    ("folder", "expected"),
+    [
+        (
+            "Figure11",
+            {
+                "latency (ms, log)": lambda r: float(r["latency_ms"]) if r["status"] == "ok" else None,
+                "kernels per inference (log)": lambda r: float(r["kernels"]),
+                "DRAM read + written (MB, log)": lambda r: (
+                    (float(r["dram_read_bytes"]) + float(r["dram_write_bytes"])) / 1e6
+                ),
+            },
+        ),
+        (
+            "Figure13",
+            {
+                "kernels per inference (log)": lambda r: float(r["kernels"]),
+                "intermediate tensors (MB, log)": lambda r: float(r["intermediate_bytes"]) / 1e6,
+                "latency (ms, log)": lambda r: float(r["latency_ms"]),
+            },
+        ),
+        ("Table4", {"compile time (s, log)": lambda r: float(r["build_s"])}),
+    ],
+)
+def test_each_plot_draws_the_csv_s_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder, expected):
+    """The bars of every pane are the CSV cells of their (model, system) in the panel's dtype
+    and batch (scaled as labelled); a failed latency draws no bar."""
+    need("matplotlib")
+    module = script(folder)
+    rows = []
+    for k, (model, system) in enumerate((m, s) for m in ("bert", "nerf") for s in module.SYSTEMS):
+        for bs in ("1", "64"):  # the batch-64 rows must not leak into the batch-1 picture
+            rows.append(
+                {
+                    **{f: "" for f in module.FIELDS},
+                    **dict(model=model, bs=bs, dtype="fp16", system=system, gpu="Test GPU"),
+                    "status": "error" if k == 1 else "ok",
+                    "latency_ms": str(1.5 + k + int(bs)),
+                    "build_s": str(10 + k + int(bs)),
+                    "kernels": str(3 + k + int(bs)),
+                    "intermediate_bytes": str((7 + k + int(bs)) * 1e6),
+                    "dram_read_bytes": str((2 + k + int(bs)) * 1e6),
+                    "dram_write_bytes": str((1 + k) * 1e6),
+                }
+            )
+    drawn: dict[str, dict[tuple[str, str], float | None]] = {}
+    real = paper.grouped_bars
+
+    def record(ax, groups, series, value, ylabel, log=False):
+        if "_b1.png" in str(current[0]):
+            drawn[ylabel] = {(m, s): value(m, s) for m in groups for s in series}
+        return real(ax, groups, series, value, ylabel=ylabel, log=log)
+
+    current: list[Path] = [Path()]
+    panels = paper.panels
+
+    def tracked(rows_, out, stem):
+        for panel in panels(rows_, out, stem):
+            current[0] = panel.png
+            yield panel
+
+    monkeypatch.setattr(paper, "grouped_bars", record)
+    monkeypatch.setattr(paper, "panels", tracked)
+    args = type("Args", (), {"systems": module.SYSTEMS, "out": tmp_path})()
+    module.plot(rows, args)
+    assert set(drawn) == set(expected)
+    by_key = {(r["model"], r["system"]): r for r in rows if r["bs"] == "1"}
+    for label, want in expected.items():
+        assert drawn[label] == {key: want(row) for key, row in by_key.items()}, label
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        f"{module.NAME}_fp16_b1.png",
+        f"{module.NAME}_fp16_b64.png",
+    ]

@@ -15,6 +15,7 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx_util import make_model
 
+from welder import profile
 from welder.arch import get_arch
 from welder.cli import main as welder_main
 from welder.runtime.build import build_runtime
@@ -96,14 +97,17 @@ def test_groups_count_the_model_s_arithmetic_and_bytes(prefix: Path, tmp_path: P
     assert report["model_floor_us"] == pytest.approx(floor, rel=1e-3)
 
 
-def test_the_tuner_s_measurements_are_used_where_they_exist(prefix: Path, tmp_path: Path) -> None:
+def test_the_tuner_s_measurements_are_used_where_they_exist(
+    prefix: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     copy = tmp_path / "measured"
     shutil.copytree(prefix, copy)
     tuned = json.loads((copy / "tuned.json").read_text())
     for k, g in enumerate(tuned["groups"]):
         g["measured_latency_us"] = 10.0 * (k + 1)
     (copy / "tuned.json").write_text(json.dumps(tuned))
-    report = _profile(copy, tmp_path)  # no GPU here: the default is the tuning source
+    monkeypatch.setattr(profile, "_gpu_present", lambda: False)  # so the default is the tuning source
+    report = _profile(copy, tmp_path)
     assert "tuner's measurements" in report["source"]
     measured = {g["root"]: g["measured_latency_us"] for g in tuned["groups"]}
     for p in report["groups"]:

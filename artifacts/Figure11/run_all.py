@@ -128,33 +128,29 @@ def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -
 
 def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
     systems = [s for s in SYSTEMS if s in args.systems]
-    by_key = {paper.ResultsCsv.key(r): r for r in rows}
     for panel in paper.panels(rows, args.out, "figure11"):
-        dtype, bs, png, plt, models = panel.dtype, panel.bs, panel.png, panel.plt, panel.models
 
-        def value(field: str, scale: float = 1.0, dtype: str = dtype, bs: str = bs) -> Any:
-            def get(model: str, system: str) -> float | None:
-                row = by_key.get((model, bs, dtype, system))
-                if field == "dram":
-                    parts = [paper.number(row, "dram_read_bytes"), paper.number(row, "dram_write_bytes")]
-                    return None if None in parts else sum(parts) / scale  # type: ignore[arg-type]
-                v = paper.number(row, field)
-                return None if v is None or (field == "latency_ms" and row["status"] != "ok") else v / scale
+        def dram(model: str, system: str, panel: paper.Panel = panel) -> float | None:
+            row = panel.row(model, system)
+            parts = [paper.number(row, "dram_read_bytes"), paper.number(row, "dram_write_bytes")]
+            return None if None in parts else sum(parts) / 1e6  # type: ignore[arg-type]
 
-            return get
+        def latency(model: str, system: str, panel: paper.Panel = panel) -> float | None:
+            row = panel.row(model, system)
+            return paper.number(row, "latency_ms") if row is not None and row["status"] == "ok" else None
 
-        fig, axes = plt.subplots(3, 1, figsize=(max(8, 1.1 * len(models) + 3), 10))
-        panels = [
-            ("latency_ms", 1.0, "latency (ms, log)"),
-            ("kernels", 1.0, "kernels per inference (log)"),
-            ("dram", 1e6, "DRAM read + written (MB, log)"),
+        fig, axes = panel.figure(3, 10)
+        panes = [
+            (latency, "latency (ms, log)"),
+            (panel.value("kernels"), "kernels per inference (log)"),
+            (dram, "DRAM read + written (MB, log)"),
         ]
-        for ax, (field, scale, label) in zip(axes, panels):
-            paper.grouped_bars(ax, models, systems, value(field, scale), ylabel=label, log=True)
-        gpu = next((r["gpu"] for r in rows if r["gpu"]), "")
-        axes[0].set_title(f"Figure 11 -- {gpu} {dtype}, batch {bs}", fontsize=10)
-        paper.finish(fig, axes, png, "x: not measured or not profiled (the CSV's status and profile say why)")
-        plt.close(fig)
+        for ax, (value, label) in zip(axes, panes):
+            paper.grouped_bars(ax, panel.models, systems, value, ylabel=label, log=True)
+        panel.title(axes[0], "Figure 11")
+        note = "x: not measured or not profiled (the CSV's status and profile say why)"
+        paper.finish(fig, axes, panel.png, note)
+        panel.plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -102,30 +102,19 @@ def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -
 
 def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
     systems = [s for s in SYSTEMS if s in args.systems]
-    by_key = {paper.ResultsCsv.key(r): r for r in rows}
     for panel in paper.panels(rows, args.out, "figure13"):
-        dtype, bs, png, plt, models = panel.dtype, panel.bs, panel.png, panel.plt, panel.models
-
-        def value(field: str, scale: float = 1.0, dtype: str = dtype, bs: str = bs) -> Any:
-            def get(model: str, system: str) -> float | None:
-                v = paper.number(by_key.get((model, bs, dtype, system)), field)
-                return None if v is None else v / scale
-
-            return get
-
-        fig, axes = plt.subplots(3, 1, figsize=(max(8, 1.1 * len(models) + 3), 10))
-        panels = [
+        fig, axes = panel.figure(3, 10)
+        panes = [
             ("kernels", 1.0, "kernels per inference (log)"),
             ("intermediate_bytes", 1e6, "intermediate tensors (MB, log)"),
             ("latency_ms", 1.0, "latency (ms, log)"),
         ]
-        for ax, (field, scale, label) in zip(axes, panels):
-            paper.grouped_bars(ax, models, systems, value(field, scale), ylabel=label, log=True)
-        gpu = next((r["gpu"] for r in rows if r["gpu"]), "")
-        axes[0].set_title(f"Figure 13 -- {gpu} {dtype}, batch {bs}", fontsize=10)
+        for ax, (field, scale, label) in zip(axes, panes):
+            paper.grouped_bars(ax, panel.models, systems, panel.value(field, scale), ylabel=label, log=True)
+        panel.title(axes[0], "Figure 13")
         note = "per-op latency: its kernels one by one, summed (see latency_basis); x: no value"
-        paper.finish(fig, axes, png, note)
-        plt.close(fig)
+        paper.finish(fig, axes, panel.png, note)
+        panel.plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

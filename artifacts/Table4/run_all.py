@@ -102,20 +102,14 @@ def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -
 
 def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
     systems = [s for s in SYSTEMS if s in args.systems]
-    by_key = {paper.ResultsCsv.key(r): r for r in rows}
     for panel in paper.panels(rows, args.out, "table4"):
-        dtype, bs, png, plt, models = panel.dtype, panel.bs, panel.png, panel.plt, panel.models
-
-        def seconds(model: str, system: str, dtype: str = dtype, bs: str = bs) -> float | None:
-            return paper.number(by_key.get((model, bs, dtype, system)), "build_s")
-
-        fig, ax = plt.subplots(1, 1, figsize=(max(8, 1.1 * len(models) + 3), 4.2))
-        paper.grouped_bars(ax, models, systems, seconds, ylabel="compile time (s, log)", log=True)
-        gpu = next((r["gpu"] for r in rows if r["gpu"]), "")
-        ax.set_title(f"Table 4 -- {gpu} {dtype}, batch {bs}", fontsize=10)
+        fig, axes = panel.figure(1, 4.2)
+        seconds = panel.value("build_s")
+        paper.grouped_bars(axes[0], panel.models, systems, seconds, ylabel="compile time (s, log)", log=True)
+        panel.title(axes[0], "Table 4")
         note = "welder: tune + build; torch.compile: first call, Inductor caches off; x: no value (the CSV)"
-        paper.finish(fig, [ax], png, note)
-        plt.close(fig)
+        paper.finish(fig, axes, panel.png, note)
+        panel.plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from welder.ir.compute import Compute, reduce_identity
-from welder.ir.expr import Binary, Const, Expr, Load, Select, Var, free_vars, is_half, walk
+from welder.ir.expr import Expr, Load, Select, free_vars, is_half, walk
 from welder.ir.interpret import np_dtype
 from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.kinds.simt import SimtConfig, StagedInput, vector_aligned
 from welder.tile.propagate import Region, read_regions
-from welder.tile.region import Affine, Interval
+from welder.tile.region import Affine, Interval, bound
 
 from .common import StageCtx, flat_index, read_value, sanitize_comment
 from .cprint import COMPUTE_TYPES, HALF_FORMATS, STORAGE_TYPES, CPrinter, literal
@@ -300,35 +300,15 @@ def _vector_loadable(kb: KernelBuilder, ld: Load, axis: int, width: int) -> bool
     if np_dtype(ld.dtype).itemsize * width > MAX_VECTOR_BYTES or param.shape[-1] % width:
         return False
     own = f"i{axis}"
-    terms = _linear(ld.indices[-1])
-    if terms is None or terms.get(own) != 1 or any(v % width for n, v in terms.items() if n != own):
+    if any(own in free_vars(i) for i in ld.indices[:-1]):
         return False
-    return not any(own in free_vars(i) for i in ld.indices[:-1])
-
-
-def _linear(e: Expr) -> dict[str, int] | None:
-    """An index expression as {variable: coefficient, "": constant}, or None if it is not
-    an integer combination of variables."""
-    if isinstance(e, Var):
-        return {e.name: 1}
-    if isinstance(e, Const) and isinstance(e.value, int):
-        return {"": e.value}
-    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
-        a, b = _linear(e.a), _linear(e.b)
-        if a is None or b is None:
-            return None
-        if e.op == "mul":
-            if set(a) == {""}:
-                a, b = b, a
-            if set(b) != {""}:
-                return None
-            return {n: v * b[""] for n, v in a.items()}
-        sign = -1 if e.op == "sub" else 1
-        out = dict(a)
-        for n, v in b.items():
-            out[n] = out.get(n, 0) + sign * v
-        return out
-    return None
+    # The innermost index as an affine form: each variable a point, so the interval is one value.
+    last = ld.indices[-1]
+    point = bound(last, {v: Interval(Affine.make({v: 1}), 1) for v in free_vars(last)})
+    form = None if point is None or point.extent != 1 else point.affine
+    if form is None or form.coefs.get(own) != 1:
+        return False
+    return form.const % width == 0 and all(c % width == 0 for v, c in form.terms if v != own)
 
 
 def _reduction(

@@ -24,7 +24,14 @@ from welder.ir.interpret import np_dtype
 from welder.ir.layout import row_major_strides
 from welder.schedule.config import StageConfig
 from welder.schedule.kinds.mma import Contraction, Operand
-from welder.schedule.kinds.wgmma import ATOM_BYTES, BLOCK_K, WgmmaConfig, output_batch_axes, tma_dims
+from welder.schedule.kinds.wgmma import (
+    ATOM_BYTES,
+    BLOCK_K,
+    WgmmaConfig,
+    copies_divide,
+    output_batch_axes,
+    tma_dims,
+)
 
 from .mma import ContractionStageCtx, contraction_fields, gather_value, operand_offset, stage_contraction
 
@@ -246,7 +253,7 @@ def _operand(
     if st.producer:  # no cp.async copies: the copy loop's fields go unused
         row_step = rows
     else:
-        assert gathered or (threads % chunks == 0 and rows % (threads // chunks) == 0), (threads, rows, cols)
+        assert copies_divide(st, con), "the policy proposes cp.async rings only where the copies divide"
         row_step = max(threads // chunks, 1)
     return _Operand(
         name="a" if role == "m" else "b",

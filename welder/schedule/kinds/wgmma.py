@@ -238,7 +238,7 @@ class WgmmaKind(MmaKind):
         return cfg.pipeline - 1 if _producer(cfg) else cfg.pipeline - 2
 
     def variants(self, stage: MmaConfig, con: Contraction) -> list[MmaConfig]:
-        found = [stage] if stage.pipeline >= MIN_CP_ASYNC_PIPELINE and _copies_divide(stage, con) else []
+        found = [stage] if stage.pipeline >= MIN_CP_ASYNC_PIPELINE and copies_divide(stage, con) else []
         if tma_maps_fit(con):
             found.append(replace(stage, producer=True))
         return found
@@ -285,7 +285,7 @@ class WgmmaKind(MmaKind):
         return BASE_REGISTERS + cfg.wg_m * cfg.block_n // 128
 
 
-def _copies_divide(stage: MmaConfig, con: Contraction) -> bool:
+def copies_divide(stage: MmaConfig, con: Contraction) -> bool:
     """Whether the cp.async variant's threads split each operand slice evenly: rows of
     16-byte units, each thread a whole number of them (a gathered operand: of element
     pairs).  Three-warpgroup tiles and 192-wide slices need not: they are the producer
