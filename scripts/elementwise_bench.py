@@ -22,7 +22,6 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 from onnx import helper
 
@@ -30,11 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from mma_bench import max_error, time_us  # noqa: E402
+from mma_bench import bench_device, error_of_one_launch, generated_kernel_launch, time_us  # noqa: E402
 
-from welder.arch import match_gpu_name  # noqa: E402
 from welder.codegen import generate_kernel, model_source  # noqa: E402
-from welder.device.gpu import compile_cubin, sm_arch  # noqa: E402
+from welder.device.gpu import compile_cubin  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
 from welder.schedule.kinds import Options, ScheduleContext, simt  # noqa: E402
@@ -103,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     import cupy
     import torch
 
-    name = torch.cuda.get_device_name()
-    arch = match_gpu_name(name)
-    target = sm_arch(torch.cuda.get_device_capability())
-    print(f"device: {name} ({target}); cost model {arch.name}", flush=True)
+    name, arch, target = bench_device()
     work = Path(tempfile.mkdtemp(prefix="welder-elementwise-bench-"))
     rows = []
     for case, (build, reference_fn) in CASES.items():
@@ -143,32 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         torch_us = time_us(torch_launch)
         timings = []
         for kernel, cfg in zip(kernels, configs):
-            fn = module.get_function(kernel.name)
-            constants = {
-                p.tensor: torch.from_numpy(np.ascontiguousarray(graph.constants[p.tensor])).cuda()
-                for p in kernel.params
-                if p.tensor in graph.constants
-            }
-
-            def launch(fn=fn, kernel=kernel, constants=constants, turn=turn, feeds=feeds, out=out):
-                i = turn[0] = (turn[0] + 1) % len(feeds)
-                tensors = [
-                    out if p.is_output else constants.get(p.tensor, feeds[i].get(p.tensor))
-                    for p in kernel.params
-                ]
-                fn(
-                    (kernel.grid,),
-                    (kernel.threads,),
-                    tuple(cupy.uint64(t.data_ptr()) for t in tensors),
-                    shared_mem=kernel.smem_bytes,
-                    stream=cupy.cuda.get_current_stream(),
-                )
-
-            out.fill_(float("nan"))
-            turn[0] = len(feeds) - 1
-            launch()
-            torch.cuda.synchronize()
-            err = max_error(out, reference)
+            launch = generated_kernel_launch(module, kernel, graph, feeds, out, turn)
+            err = error_of_one_launch(launch, out, reference, turn, len(feeds))
             us = time_us(launch) if err <= 2e-2 else math.nan
             st = cfg.stages[0]
             label = f"tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads} vector {st.vector}"

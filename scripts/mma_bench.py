@@ -116,6 +116,50 @@ def error_of_one_launch(launch, out, reference, turn: list[int], copies: int) ->
     return max_error(out, reference)
 
 
+def bench_device() -> tuple[str, object, str]:
+    """The GPU's name, the arch description matching it and its nvcc target; printed."""
+    import torch
+
+    name = torch.cuda.get_device_name()
+    arch = match_gpu_name(name)
+    target = sm_arch(torch.cuda.get_device_capability())
+    print(f"device: {name} ({target}); cost model {arch.name}", flush=True)
+    return name, arch, target
+
+
+def generated_kernel_launch(module, kernel, graph, feeds: list[dict], out, turn: list[int]):
+    """A launch of generated ``kernel`` (of ``module``, a cupy RawModule) on the next of the
+    rotated input copies ``feeds`` (tensors by name; ``turn[0]`` is the copy last used),
+    writing ``out``; the model's constants among its parameters are uploaded once."""
+    import cupy
+    import numpy as np
+    import torch
+
+    fn = module.get_function(kernel.name)
+    if kernel.smem_bytes > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = kernel.smem_bytes
+    constants = {
+        p.tensor: torch.from_numpy(np.array(graph.constants[p.tensor])).cuda()
+        for p in kernel.params
+        if p.tensor in graph.constants
+    }
+
+    def launch() -> None:
+        i = turn[0] = (turn[0] + 1) % len(feeds)
+        tensors = [
+            out if p.is_output else constants.get(p.tensor, feeds[i].get(p.tensor)) for p in kernel.params
+        ]
+        fn(
+            (kernel.grid,),
+            (kernel.threads,),
+            tuple(cupy.uint64(t.data_ptr()) for t in tensors),
+            shared_mem=kernel.smem_bytes,
+            stream=cupy.cuda.get_current_stream(),
+        )
+
+    return launch
+
+
 def profiled_once(launch) -> float:
     """One launch between cudaProfilerStart and cudaProfilerStop, so that ``ncu
     --profile-from-start off`` sees each kernel once; no time (NaN)."""

@@ -139,7 +139,10 @@ def test_schedule_imports_in_order() -> None:
 
 
 #: Kinds built as a subclass of another kind's rule (the same search with other data).
-EXTENDS = {"welder.schedule.kinds.wgmma": {"welder.schedule.kinds.mma"}}
+EXTENDS = {
+    "welder.schedule.kinds.wgmma": {"welder.schedule.kinds.mma"},
+    "welder.schedule.kinds.attention": {"welder.schedule.kinds.mma"},
+}
 
 
 def test_kinds_are_independent() -> None:

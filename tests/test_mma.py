@@ -40,7 +40,7 @@ from welder.schedule.plan import plan_model
 
 ARCH = get_arch("H100")
 #: The kinds that put an fp16 product on tensor cores on the H100.
-TENSOR_CORE_KINDS = {"mma", "wgmma"}
+TENSOR_CORE_KINDS = {"mma", "wgmma", "attention"}
 RNG = np.random.default_rng(7)
 
 needs_emulator = pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")

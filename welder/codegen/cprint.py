@@ -203,6 +203,12 @@ class CPrinter:
         if e.op in _INFIX:
             return f"({a} {_INFIX[e.op]} {b})"
         if e.op == "div":
+            # fp16 values, computed in float: the fast division (2 ulp of float, exact once
+            # rounded to fp16; it differs only for divisors over 2^126, beyond fp16's range)
+            # instead of IEEE division's check and slow-path call, which ends a basic block
+            # at every element.  bf16's range reaches 2^126: it keeps the IEEE division.
+            if dt == "float16":
+                return f"__fdividef({a}, {b})"
             return f"({a} / {b})"
         if e.op in ("floordiv", "mod"):
             if is_float(dt):

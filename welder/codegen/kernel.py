@@ -26,7 +26,7 @@ from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.group import Group
 from welder.tile.propagate import propagate_group
 
-from . import mma, simt, wgmma
+from . import attention, mma, simt, wgmma
 from .common import (
     STORAGE_TYPES,
     Kernel,
@@ -51,6 +51,7 @@ STAGE_EMITTERS: dict[str, StageEmitter] = {
     "mma": mma.emit_stage,
     "mma_tf32": mma.emit_stage,  # the same stage with fp32 operands (MmaFormat TF32)
     "wgmma": wgmma.emit_stage,
+    "attention": attention.emit_stage,
 }
 
 
@@ -126,7 +127,7 @@ class KernelBuilder:
         return f"o{k}_{d}"
 
     def render(self) -> Kernel:
-        stage_ctxs = [self.stage(k, st) for k, st in enumerate(self.cfg.stages)]
+        stage_ctxs = [self.stage(self.stage_index[st.node], st) for st in self.cfg.stages]
         for s in stage_ctxs[:-1]:
             s.barrier_after = True
         coords = []

@@ -15,6 +15,7 @@
 //                 b[0] = B[t][g], b[1] = B[t+4][g]
 //       C, D:     c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1]
 //   welder_float_to_tf32(f)                  f rounded to tf32 (cvt.rna), as a uint32_t operand
+//   welder_register(pair)                    a __half2 or __nv_bfloat162 as the register holding it
 //
 //   welder_ldmatrix_x1/x2/x4(r, p)           loads 1/2/4 8x8 matrices of 16-bit elements from shared
 //   welder_ldmatrix_x1/x2/x4_trans(r, p)     memory; p is a view plus an element offset (a T* under
@@ -160,3 +161,9 @@ __device__ __forceinline__ void welder_cp_async_wait() {
 __device__ __forceinline__ void welder_cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 #endif
+
+template <class T2>
+__device__ __forceinline__ uint32_t welder_register(T2 pair) {
+  static_assert(sizeof(T2) == 4, "a register holds two 16-bit elements");
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from welder.arch import Arch
 from welder.graph import Graph
-from welder.ir.expr import format_expr, rename_tensors
+from welder.ir.expr import Binary, format_expr, rename_tensors
 from welder.ir.views import aliased_input
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
@@ -133,14 +133,23 @@ def fuse(
     part_of: dict[str, set[str]] = {}
     if nofusion:
         part_of = {m: part for part in nofusion_partition(graph, measure, scheduled, log) for m in part}
+    spans = {} if nofusion else _product_spans(graph, order, scheduled, measure, rank, log, max_stages)
+    span_of = {m: span for span in spans.values() for m in span}
+    reserved = set(span_of)
     for k, name in enumerate(order):
         if progress:
             progress(k, len(order))
         if name in scheduled:
             continue
-        members = (
-            part_of[name] if nofusion else _grow(graph, {name}, scheduled, measure, rank, log, max_stages)
-        )
+        if nofusion:
+            members = part_of[name]
+        else:
+            if name in reserved and name not in spans:
+                continue  # a span's node: its first product starts it
+            if name in spans:  # a span grows as any group, taking other spans whole
+                members = _grow(graph, spans[name], scheduled, measure, rank, log, max_stages, span_of)
+            else:  # other groups leave the spans alone
+                members = _grow(graph, {name}, scheduled | reserved, measure, rank, log, max_stages)
         group = make_group(graph, members)
         latency = measure(group)
         if latency is None:
@@ -237,7 +246,12 @@ def _grow(
     rank: dict[str, int],
     log: list[str],
     max_stages: int = MAX_GROUP_STAGES,
+    span_of: dict[str, set[str]] | None = None,
 ) -> set[str]:
+    """Grow ``members`` one consumer at a time (with its unscheduled producers) while the
+    fused group is no slower than its parts; a node of a product span (``span_of``) joins
+    only with its whole span."""
+    span_of = span_of or {}
     current = measure(make_group(graph, members))
     if current is None:
         return members
@@ -245,7 +259,7 @@ def _grow(
     while grown:
         grown = False
         for cand in _candidates(graph, members, scheduled, rank):
-            extra = _with_producers(graph, cand, members, scheduled)
+            extra = _with_spans(graph, cand, members, scheduled, span_of)
             if extra is None:
                 continue
             trial = members | extra
@@ -266,9 +280,105 @@ def _grow(
     return members
 
 
+def _is_product(graph: Graph, name: str) -> bool:
+    """Whether node ``name`` sums products of two values (a matrix product, a convolution)."""
+    c = graph.nodes[name].compute
+    return c.reduce_op == "sum" and isinstance(c.body, Binary) and c.body.op == "mul"
+
+
+def _product_spans(
+    graph: Graph,
+    order: Sequence[str],
+    scheduled: set[str],
+    measure: LatencyMeasure,
+    rank: dict[str, int],
+    log: list[str],
+    max_stages: int,
+) -> dict[str, set[str]]:
+    """Groups that span from a product to the nearest product its result flows into (every
+    node on a path between them), kept where that group is estimated faster than its nodes
+    apart; by the first product.  Greedy growth one consumer at a time cannot find them: the
+    steps between (scores, a softmax) each cost more fused than apart, and only the second
+    product pays for them (the ``attention`` kind keeps the scores in registers).  The
+    spans are fixed before the search, so that no other group claims their nodes first (a
+    projection taking the first product as a later stage)."""
+    found: list[tuple[float, str, set[str]]] = []
+    for name in order:
+        if name in scheduled or not _is_product(graph, name):
+            continue
+        down = _downstream(graph, name, scheduled)
+        other = next(
+            (n for n in sorted(down, key=rank.__getitem__) if n != name and _is_product(graph, n)), None
+        )
+        if other is None:
+            continue
+        span = _upstream_within(graph, other, down)
+        try:
+            group = make_group(graph, span)
+        except InvalidGroup:
+            continue
+        if len(group.stages) > max_stages:
+            continue
+        fused = measure(group)
+        parts = _separate_cost(graph, span, measure)
+        if fused is not None and parts is not None and fused < parts:
+            found.append((parts - fused, name, span))
+    # Largest gain first: of a chain of products (a projection, the scores, their product
+    # with values, the next projection) each overlapping span competes with its neighbours.
+    spans: dict[str, set[str]] = {}
+    taken: set[str] = set()
+    for gain, name, span in sorted(found, key=lambda f: (-f[0], rank[f[1]])):
+        if span & taken:
+            continue
+        log.append(f"span {sorted(span)} from {name}: {gain:.2f} us faster than apart")
+        spans[name] = span
+        taken |= span
+    return spans
+
+
+def _downstream(graph: Graph, name: str, taken: set[str]) -> set[str]:
+    """``name`` and the nodes its result reaches, at most a group's worth, none taken."""
+    found, frontier = {name}, [name]
+    while frontier and len(found) < MAX_GROUP_MEMBERS:
+        for c in graph.consumers(frontier.pop(0)):
+            if c.name not in found and c.name not in taken:
+                found.add(c.name)
+                frontier.append(c.name)
+    return found
+
+
+def _upstream_within(graph: Graph, name: str, within: set[str]) -> set[str]:
+    """``name`` and the nodes of ``within`` it depends on."""
+    found, stack = {name}, [name]
+    while stack:
+        for t in graph.nodes[stack.pop()].inputs:
+            if t in within and t not in found:
+                found.add(t)
+                stack.append(t)
+    return found
+
+
 def _candidates(graph: Graph, members: set[str], scheduled: set[str], rank: dict[str, int]) -> list[str]:
     out = {c.name for m in members for c in graph.consumers(m)} - members - scheduled
     return sorted(out, key=rank.__getitem__)
+
+
+def _with_spans(
+    graph: Graph, cand: str, members: set[str], scheduled: set[str], span_of: dict[str, set[str]]
+) -> set[str] | None:
+    """:func:`_with_producers` of ``cand``, and of every node of a span any of them is in."""
+    extra: set[str] = set()
+    todo = [cand]
+    while todo:
+        node = todo.pop()
+        if node in extra or node in members:
+            continue
+        more = _with_producers(graph, node, members | extra, scheduled)
+        if more is None or len(extra | more) > MAX_GROUP_MEMBERS:
+            return None
+        extra |= more
+        todo += [m for n in more for m in span_of.get(n, ()) if m not in extra and m not in members]
+    return extra
 
 
 def _with_producers(graph: Graph, cand: str, members: set[str], scheduled: set[str]) -> set[str] | None:

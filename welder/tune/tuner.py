@@ -32,6 +32,7 @@ a latency measure for the fusion search, and :func:`tune_model` tunes a whole mo
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import shutil
@@ -50,6 +51,7 @@ from welder.codegen import generate_kernel, sanitize_identifier
 from welder.device.gpu import CompileError, GpuDevice, KernelTimeout, LaunchError
 from welder.errors import WelderError
 from welder.graph import Graph
+from welder.ir.expr import Binary, loads
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
@@ -237,13 +239,41 @@ def group_inputs(graph: Graph, group: Group, seed: int = 0) -> dict[str, np.ndar
     computed from the same inputs, so the check stays exact."""
     feeds = random_inputs(graph.subgraph(group.members), seed)
     rng = np.random.default_rng(seed + 1)
+    scales = _product_scales(graph, group)
     out = {}
     for t in group.inputs:
         value = graph.constants[t] if t in graph.constants else feeds[t]
         if t in graph.constants and np.issubdtype(value.dtype, np.floating) and not np.any(value):
             value = normal(rng, value.shape, value.dtype)
+        if t in scales:
+            value = (value.astype(np.float32) * scales[t]).astype(value.dtype)
         out[t] = np.require(value, requirements="C")
     return out
+
+
+def _product_scales(graph: Graph, group: Group) -> dict[str, float]:
+    """Factors for random inputs that a stage multiplies with each other and sums over
+    ``K`` (attention's queries and keys): ``K ** -0.25`` each, so that their products come
+    out of unit variance, as the model's own projections and scales make them.  Unscaled,
+    scores of standard deviation ``sqrt(K)`` turn the last bit of an fp16 score into
+    percents of a softmax after them, and a correct kernel that rounds one score the
+    other way (its sums run in another order) fails the check."""
+    scales: dict[str, float] = {}
+    for s in group.stages:
+        c = group.computes[s]
+        body = c.body
+        if c.reduce_op != "sum" or not isinstance(body, Binary) or body.op != "mul":
+            continue
+        sides = [
+            {ld.tensor for ld in loads(e)} & set(group.inputs) - set(graph.constants)
+            for e in (body.a, body.b)
+        ]
+        if not all(sides):
+            continue
+        factor = math.prod(a.extent for a in c.reduce_axes) ** -0.25
+        for t in sides[0] | sides[1]:
+            scales[t] = min(scales.get(t, 1.0), factor)
+    return scales
 
 
 def _time_all(device: Device, cands: Candidates, inputs: list[np.ndarray]) -> dict[int, float]:

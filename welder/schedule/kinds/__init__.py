@@ -10,6 +10,9 @@ mma_tf32   :mod:`.mma` -- the same for fp32 contractions,    the same template
 wgmma      :mod:`.wgmma` -- fp16 contractions on Hopper's    ``codegen_templates/stages/wgmma.cu.j2``
            warpgroup instructions (the mma search, other
            data; compute capability 9.0 only)
+attention  :mod:`.attention` -- two fp16 products     ``codegen_templates/stages/attention.cu.j2``
+           joined by row reductions (a softmax),
+           the scores kept in registers
 simt       :mod:`.simt` -- every group                      ``codegen_templates/stages/simt.cu.j2``
 library    :mod:`.library` -- products as cuBLAS calls      ``codegen_templates/runtime/cublas.j2``
            (claimed before fusion with ``--skip-dot``)      (a call the runtime makes, no kernel)
@@ -34,12 +37,13 @@ from typing import Any
 from welder.errors import WelderError
 from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
 from welder.schedule.group import Group
-from welder.schedule.kinds import library, mma, simt, wgmma
+from welder.schedule.kinds import attention, library, mma, simt, wgmma
 from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top_by_family
 
 KINDS: dict[str, KernelKind] = {
     simt.KIND.name: simt.KIND,
     library.KIND.name: library.KIND,
+    attention.KIND.name: attention.KIND,
     wgmma.KIND.name: wgmma.KIND,
     mma.KIND.name: mma.KIND,
     mma.TF32_KIND.name: mma.TF32_KIND,

@@ -54,6 +54,11 @@ SM_BANDWIDTH_SHARE = 3.0
 # Resident warps each SM partition (warp scheduler) needs to hide memory latency; below
 # that, an SM's rates scale down (measured on H100: an 8-block fused LayerNorm group).
 WARPS_PER_PARTITION = 4
+# GPU clock cycles per block launched, whatever the block does: a kernel of many small
+# blocks runs no faster than the GPU starts them (measured on an H100: a residual add of
+# 8192x768 fp16 took 0.6 ns a block -- 120 us for 196608 blocks of 32 elements, 41 us for
+# 65536 of 96 -- against 12 us for 3072 to 12288 blocks of 512 to 2048 elements).
+BLOCK_ISSUE_CYCLES = 1.2
 # Block sizes whose estimates lie this close to the best one count as ties.
 BLOCK_SIZE_TOLERANCE = 0.02
 # The most reduction points one step stages, in 128-byte lines of the input's elements:
@@ -571,6 +576,12 @@ def block_sizes(group: Group, regions: GroupRegions, arch: Arch, options: Option
         t *= 2
     if not sizes:
         sizes.append(t // 2)  # the largest: a tile too big for any block fails in thread_layout
+    if not any(group.computes[s].is_reduction for s in group.stages):
+        # Nothing to reuse or to wait for at a barrier: a smaller block buys nothing, and
+        # blocks of one or two warps cannot fill an SM (``max_blocks_per_sm``) and leave
+        # more blocks to start for the same work.  How many blocks share the work is the
+        # tile's choice.
+        return sizes[-1:]
     return sizes
 
 
@@ -659,9 +670,11 @@ def _vector_twins(
     dtype_of: DtypeOf,
     arch: Arch,
 ) -> list[GroupConfig]:
-    """The vectorised twin of each block size of a tile, where it has one; a block with
-    fewer vectors than half its threads gives way to the smaller block (planned and
-    estimated as a scalar config first) that they fill."""
+    """The vectorised twin of each block size of a tile, where it has one.  In a group of
+    several stages, a block with fewer vectors than half its threads gives way to the
+    smaller block (planned and estimated as a scalar config first) that they fill; an
+    elementwise group's twin keeps its block and needs every thread busy
+    (:func:`vector_twin`), so a tile too small for a block has no twin of it."""
     width = elementwise_vector(group, shape_of, dtype_of, facts.tile)
     if width == 1:
         return []
@@ -669,7 +682,7 @@ def _vector_twins(
     twins: dict[int, GroupConfig] = {}
     for cfg in configs:
         threads = cfg.threads
-        while threads > arch.warp_size and vectors * 2 < threads:
+        while len(group.stages) > 1 and threads > arch.warp_size and vectors * 2 < threads:
             threads //= 2
         if threads in twins:
             continue
@@ -690,6 +703,8 @@ def vector_twin(group: Group, cfg: GroupConfig, shape_of: ShapeOf, dtype_of: Dty
     if width == 1:
         return None
     units = (*stage.tile[:-1], stage.tile[-1] // width)
+    if len(group.stages) == 1 and not _fills(units, cfg.threads):
+        return None  # an elementwise group: some thread would idle or do less than the others
     if math.prod(units) * 2 < cfg.threads and cfg.threads > 32:
         return None  # most of the block would idle
     tshape, reg = thread_layout(units, cfg.threads)
@@ -697,6 +712,13 @@ def vector_twin(group: Group, cfg: GroupConfig, shape_of: ShapeOf, dtype_of: Dty
         return None
     twin = replace(stage, thread_shape=tshape, reg_tile=reg, vector=width)
     return replace(cfg, stages=[*cfg.stages[:-1], twin])
+
+
+def _fills(extents: Sequence[int], threads: int) -> bool:
+    """True if ``threads`` laid out over ``extents`` (:func:`thread_layout`) all have work,
+    the same amount each: the extents are a whole number of the threads' register tiles."""
+    tshape, reg = thread_layout(extents, threads)
+    return math.prod(tshape) == threads and all(t * r == e for t, r, e in zip(tshape, reg, extents))
 
 
 def thread_layout(extents: Sequence[int], threads: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -962,7 +984,8 @@ def _kernel_time(
     A wave's time is set by its busiest SM.  An SM gets its share of DRAM bandwidth, or up
     to SM_BANDWIDTH_SHARE times that share when few SMs are busy, and reaches its rates only
     with enough warps in flight to hide latency: below WARPS_PER_PARTITION resident warps
-    per SM partition, every rate scales down in proportion."""
+    per SM partition, every rate scales down in proportion.  However little the blocks do,
+    the kernel takes at least ``BLOCK_ISSUE_CYCLES`` per block to start them all."""
     dram = arch.global_bw_gbs * 1e3 * DRAM_EFFICIENCY  # bytes per microsecond
     flops_sm = arch.fp32_tflops * 1e6 * COMPUTE_EFFICIENCY / arch.sm_count
     smem_sm = arch.smem_bw_gbs * 1e3 / arch.sm_count
@@ -978,7 +1001,8 @@ def _kernel_time(
     if rest:
         active = min(arch.sm_count, rest)
         t += wave(-(-rest // active), active)
-    return t + LAUNCH_OVERHEAD_US
+    issue = blocks * BLOCK_ISSUE_CYCLES / (arch.clock_ghz * 1e3)
+    return max(t, issue) + LAUNCH_OVERHEAD_US
 
 
 def _smem_traffic(info: _GroupInfo, st: SimtConfig) -> int:

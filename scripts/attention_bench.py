@@ -1,0 +1,242 @@
+"""welder's attention kernels beside PyTorch on the same tensors, in one run.
+
+    source .device/setup.sh; python scripts/attention_bench.py [--candidates 4] [--json OUT]
+
+Each case is the attention of one layer as the models export it, fp16: Q, K and V as
+``[batch, tokens, heads x width]`` split into heads, ``softmax(Q K^T * scale + bias) V`` and
+the heads merged back -- BERT-base at batch 64 (an additive mask per sequence), ViT-S/32 at
+batch 64 (no mask, 50 tokens) and Swin-T's first stage at batch 64 (4096 windows of 49
+tokens, a relative-position bias per head).  The ``attention`` kind's configs are
+generated, compiled into one cubin, checked against PyTorch and timed as 200 launches
+captured in one CUDA graph, on input copies rotated past twice the L2.  PyTorch computes
+the same from the same tensors twice: eager (a product, softmax, a product: the scores
+in memory) and ``scaled_dot_product_attention`` (its fused kernels).  The floor is the
+larger of the products' FLOPs over the tensor-core peak and the compulsory bytes (Q, K,
+V, the output, the bias) over the DRAM bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from mma_bench import bench_device, error_of_one_launch, generated_kernel_launch, time_us  # noqa: E402
+
+from welder.codegen import generate_kernel, model_source  # noqa: E402
+from welder.device.gpu import compile_cubin  # noqa: E402
+from welder.frontend.onnx import import_onnx  # noqa: E402
+from welder.schedule.group import make_group  # noqa: E402
+from welder.schedule.kinds import Options, ScheduleContext, attention  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    heads: int
+    tokens: int
+    width: int
+    bias: str  # "mask" (per sequence and key), "relative" (per head, query and key) or "none"
+
+
+CASES = {
+    "bert b64": Case(64, 12, 128, 64, "mask"),
+    "vit_small_p32 b64": Case(64, 6, 50, 64, "none"),
+    "swin_tiny stage 1 b64": Case(64 * 64, 3, 49, 32, "relative"),
+}
+
+
+def bias_shape(case: Case) -> tuple[int, ...] | None:
+    if case.bias == "mask":
+        return (case.batch, 1, 1, case.tokens)
+    if case.bias == "relative":
+        return (1, case.heads, case.tokens, case.tokens)
+    return None
+
+
+def attention_model(case: Case, seed: int = 0) -> onnx.ModelProto:
+    """One layer's attention as torch.onnx writes it (see the module docstring); a relative
+    bias is a constant of the model, a mask an input."""
+    f16 = onnx.TensorProto.FLOAT16
+    b, h, n, d = case.batch, case.heads, case.tokens, case.width
+    heads = numpy_helper.from_array(np.array([b, n, h, d], np.int64), "heads")
+    merged = numpy_helper.from_array(np.array([b, n, h * d], np.int64), "merged")
+    scale = numpy_helper.from_array(np.array(d**-0.5, np.float16), "scale")
+    consts = [heads, merged, scale]
+    nodes = []
+    for x, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [
+            helper.make_node("Reshape", [x, "heads"], [f"{x}4"]),
+            helper.make_node("Transpose", [f"{x}4"], [f"{x}h"], perm=perm),
+        ]
+    nodes += [
+        helper.make_node("MatMul", ["qh", "kh"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["scaled"]),
+    ]
+    inputs = [helper.make_tensor_value_info(x, f16, [b, n, h * d]) for x in ("q", "k", "v")]
+    logits = "scaled"
+    if case.bias != "none":
+        shape = bias_shape(case)
+        assert shape is not None
+        if case.bias == "mask":
+            inputs.append(helper.make_tensor_value_info("bias", f16, list(shape)))
+        else:
+            rng = np.random.default_rng(seed)
+            consts.append(numpy_helper.from_array(rng.standard_normal(shape).astype(np.float16), "bias"))
+        nodes.append(helper.make_node("Add", ["scaled", "bias"], ["biased"]))
+        logits = "biased"
+    nodes += [
+        helper.make_node("Softmax", [logits], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vh"], ["o"]),
+        helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ot", "merged"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "attention", inputs, [helper.make_tensor_value_info("y", f16, [b, n, h * d])], consts
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@dataclass
+class Row:
+    case: str
+    floor_us: float
+    eager_us: float
+    sdpa_us: float
+    best_us: float
+    timings: list  # per candidate: config, measured us, max error
+
+
+def bench_case(label: str, candidates: int, arch, target: str, work: Path) -> Row | None:
+    """One case: the attention kind's ``candidates`` best configs beside PyTorch (None where
+    the kind proposes nothing)."""
+    import cupy
+    import torch
+
+    case = CASES[label]
+    graph = import_onnx(attention_model(case))
+    group = make_group(graph, list(graph.nodes))
+    ctx = ScheduleContext(
+        lambda t, g=graph: g.tensor(t).shape, lambda t, g=graph: g.tensor(t).dtype, arch, Options(topk=64)
+    )
+    configs = (attention.KIND.propose(group, ctx) or [])[:candidates]
+    if not configs:
+        print(f"  {label}: the attention kind proposed nothing", flush=True)
+        return None
+    kernels = [generate_kernel(graph, group, cfg, f"attn_{j}") for j, cfg in enumerate(configs)]
+    path = work / f"{label.replace(' ', '_')}.cubin"
+    path.write_bytes(compile_cubin(model_source(kernels), target))
+    module = cupy.RawModule(path=str(path))
+
+    b, h, n, d = case.batch, case.heads, case.tokens, case.width
+    names = [t.name for t in graph.inputs]
+    set_bytes = sum(math.prod(graph.tensor(t).shape) * 2 for t in names)
+    copies = max(1, math.ceil(2 * arch.l2_bytes / set_bytes))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def feed() -> dict:
+        found = {x: torch.randn(b, n, h * d, device="cuda", generator=gen).half() for x in ("q", "k", "v")}
+        if "bias" in names:
+            keep = torch.rand(b, 1, 1, n, device="cuda", generator=gen) < 0.9
+            found["bias"] = torch.where(keep, 0.0, -10000.0).half()
+        return found
+
+    feeds = [feed() for _ in range(copies)]
+    bias = (
+        torch.from_numpy(np.ascontiguousarray(graph.constants["bias"])).cuda()
+        if case.bias == "relative"
+        else None
+    )
+
+    def split(x):
+        return x.view(b, n, h, d).transpose(1, 2)
+
+    def eager(f):
+        s = split(f["q"]) @ split(f["k"]).transpose(-1, -2) * d**-0.5
+        s = s + f.get("bias", bias) if case.bias != "none" else s
+        return (torch.softmax(s, -1) @ split(f["v"])).transpose(1, 2).reshape(b, n, h * d)
+
+    def sdpa(f):
+        mask = f.get("bias", bias) if case.bias != "none" else None
+        o = torch.nn.functional.scaled_dot_product_attention(
+            split(f["q"]), split(f["k"]), split(f["v"]), attn_mask=mask
+        )
+        return o.transpose(1, 2).reshape(b, n, h * d)
+
+    turn = [0]
+    reference = eager(feeds[0])
+
+    def rotated(fn, turn=turn, feeds=feeds):
+        def launch():
+            i = turn[0] = (turn[0] + 1) % len(feeds)
+            fn(feeds[i])
+
+        return launch
+
+    eager_us = time_us(rotated(eager))
+    sdpa_us = time_us(rotated(sdpa))
+    print(f"  {label}: eager {eager_us:.2f} us, sdpa {sdpa_us:.2f} us", flush=True)
+    out = torch.empty(b, n, h * d, device="cuda", dtype=torch.half)
+    timings = []
+    for kernel, cfg in zip(kernels, configs):
+        launch = generated_kernel_launch(module, kernel, graph, feeds, out, turn)
+        err = error_of_one_launch(launch, out, reference, turn, len(feeds))
+        us = time_us(launch) if err <= 2e-2 else math.nan
+        st = cfg.stages[0]
+        config = f"{st.warps} warps, tile {'x'.join(map(str, cfg.block_tile))}, {cfg.smem_bytes} B smem"
+        timings.append(
+            {
+                "config": config,
+                "measured_us": us,
+                "max_error": err,
+                "predicted_us": cfg.estimate.latency_us,
+            }
+        )
+        print(
+            f"  {label}: {config}: {us:.2f} us (predicted {cfg.estimate.latency_us:.2f}, error {err:.2e})",
+            flush=True,
+        )
+    flops = 2 * b * h * n * n * d * 2
+    io = set_bytes + b * n * h * d * 2 + (bias.numel() * 2 if bias is not None else 0)
+    floor = max(flops / (arch.fp16_tc_tflops * 1e6), io / (arch.global_bw_gbs * 1e3))
+    best = min((t["measured_us"] for t in timings if not math.isnan(t["measured_us"])), default=math.nan)
+    return Row(label, floor, eager_us, sdpa_us, best, timings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--candidates", type=int, default=4, help="configs per case")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma list of " + ", ".join(CASES))
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args(argv)
+
+    name, arch, target = bench_device()
+    work = Path(tempfile.mkdtemp(prefix="welder-attention-bench-"))
+    rows = [
+        row
+        for label in args.cases.split(",")
+        if (row := bench_case(label, args.candidates, arch, target, work))
+    ]
+    print(f"\n{'case':<24} {'floor us':>9} {'eager us':>9} {'sdpa us':>9} {'welder us':>10} {'of floor':>9}")
+    for r in rows:
+        cells = f"{r.floor_us:>9.2f} {r.eager_us:>9.2f} {r.sdpa_us:>9.2f} {r.best_us:>10.2f}"
+        print(f"{r.case:<24} {cells} {r.floor_us / r.best_us:>9.0%}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": name, "rows": [asdict(r) for r in rows]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

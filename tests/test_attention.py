@@ -1,0 +1,160 @@
+"""The ``attention`` kernel kind: two fp16 products joined by a softmax, in one kernel.
+
+Each case is one layer's attention as the models export it (``scripts/attention_bench.py``
+builds them): BERT's with an additive mask, ViT's with 50 tokens (ragged rows and keys),
+Swin's windows of 49 tokens with a relative-position bias per head.  Every config the
+rule proposes is rendered, run on the CPU emulator and compared with the interpreter.
+Besides: the rule recognises the structure whatever the ops are called and refuses what
+it cannot compute; the fusion search finds the group in a graph where greedy growth
+would hand the scores to the projection before them; the tuner's check inputs keep
+scores of unit variance.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+from onnx_util import make_model
+from test_mma import _context, emulate_configs, needs_emulator
+
+from welder.arch import get_arch
+from welder.check import error_metric, threshold_for
+from welder.frontend.onnx import import_onnx
+from welder.schedule.engine import CostModel, fuse
+from welder.schedule.group import make_group
+from welder.schedule.kinds import attention
+from welder.schedule.kinds.attention import AttentionConfig
+from welder.tune.tuner import group_inputs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from attention_bench import Case, attention_model
+
+CASES = {
+    "bert: mask, 40 tokens": Case(2, 2, 40, 64, "mask"),
+    "bert: mask, 128 tokens": Case(1, 2, 128, 64, "mask"),
+    "vit: 50 tokens": Case(2, 3, 50, 64, "none"),
+    "swin: windows of 49, relative bias": Case(3, 3, 49, 32, "relative"),
+}
+
+
+def _feeds(graph, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for t in graph.inputs:
+        if t.name == "bias":
+            feeds[t.name] = np.where(rng.random(t.shape) < 0.8, 0.0, -10000.0).astype(np.float16)
+        else:
+            feeds[t.name] = (rng.standard_normal(t.shape) * 0.5).astype(np.float16)
+    return feeds
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(CASES))
+def test_attention_matches_the_interpreter(label: str) -> None:
+    graph = import_onnx(attention_model(CASES[label]))
+    group = make_group(graph, list(graph.nodes))
+    configs = attention.KIND.propose(group, _context(graph, topk=8))
+    assert configs, f"{label}: the attention rule proposed nothing"
+    assert all(isinstance(c.stages[0], AttentionConfig) for c in configs)
+    feeds = _feeds(graph)
+    reference = graph.run(feeds)["y"]
+    for cfg, runs in zip(configs, emulate_configs(graph, group, configs, feeds, launches=2)):
+        for launch, outputs in enumerate(runs):
+            err = error_metric(outputs["y"], reference)
+            assert err <= threshold_for("float16"), f"{cfg.stages[0]} launch {launch}: error {err:.3e}"
+
+
+def test_the_rule_reads_structure_not_names() -> None:
+    """Scores, row reductions and a product with V: found with the stages' own names, the
+    row stages in order, V's strides read from the IR (heads split from tokens)."""
+    graph = import_onnx(attention_model(Case(2, 3, 50, 64, "none")))
+    group = make_group(graph, list(graph.nodes))
+    att = attention.attention(group, lambda t: graph.tensor(t).shape)
+    assert att is not None
+    assert att.stages == (group.stages[0], *group.stages[1:3], group.stages[3])
+    assert [group.computes[r].reduce_op for r in att.rows] == ["max", "sum"]
+    assert att.values.contiguous == "n"  # V's width runs along heads x width, stride 1
+    assert att.values.strides[att.key] == 3 * 64  # a token's row of every head
+
+
+def _scores_then_sum(out_op: str) -> tuple:
+    """Q K^T, a softmax, then ``out_op`` of the probabilities with V (MatMul: attention)."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 32, 64)).astype(np.float16) for _ in range(3))
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+    ]
+    if out_op == "MatMul":
+        nodes.append(helper.make_node("MatMul", ["p", "v"], ["y"]))
+    else:
+        nodes.append(helper.make_node("ReduceSum", ["p"], ["y"], keepdims=0))
+    return make_model(nodes, {"q": q, "k": k, "v": v}, ["y"], {}, opset=13)
+
+
+def test_the_rule_refuses_what_is_not_two_products_joined_by_rows() -> None:
+    for op, expected in (("MatMul", True), ("ReduceSum", False)):
+        graph = import_onnx(_scores_then_sum(op))
+        group = make_group(graph, list(graph.nodes))
+
+        def shape_of(t, graph=graph):
+            return graph.tensor(t).shape
+
+        assert (attention.attention(group, shape_of) is not None) is expected, op
+    # The scores as a group output (read after the group) cannot stay in registers.
+    model = _scores_then_sum("MatMul")
+    model.graph.output.append(helper.make_value_info("s", model.graph.output[0].type))
+    graph = import_onnx(model)
+    group = make_group(graph, list(graph.nodes))
+    assert "s" in group.outputs
+    assert attention.attention(group, lambda t: graph.tensor(t).shape) is None
+
+
+def _projected_attention() -> tuple:
+    """A projection computes the keys, then attention: greedy growth from the projection
+    would take the scores as its later stage; the span from scores to values keeps them."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 64, 64)).astype(np.float16)
+    wk = (rng.standard_normal((64, 64)) / 8).astype(np.float16)
+    q, v = (rng.standard_normal((4, 64, 64)).astype(np.float16) for _ in range(2))
+    nodes = [
+        helper.make_node("MatMul", ["x", "wk"], ["k"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["ss"]),
+        helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    consts = {"wk": wk, "scale": np.array(0.125, np.float16)}
+    return make_model(nodes, {"x": x, "q": q, "v": v}, ["y"], consts, opset=13)
+
+
+def test_fusion_finds_the_attention_group_behind_a_projection() -> None:
+    graph = import_onnx(_projected_attention())
+    cm = CostModel(graph, get_arch("H100"))
+    result = fuse(graph, cm)
+    kinds = {g.root: cm.configs(g)[0].stages[0].kind for g in result.groups}
+    assert kinds["y"] == "attention", kinds
+    (group,) = [g for g in result.groups if g.root == "y"]
+    assert "s" in group.members and "k" not in group.members
+
+
+def test_check_inputs_of_a_product_of_two_inputs_have_unit_variance() -> None:
+    """Queries and keys from the tuner's random inputs: scaled by K^-1/4 each, so that their
+    scores have unit variance; a product with a weight keeps its input as drawn."""
+    graph = import_onnx(attention_model(Case(4, 2, 128, 64, "none")))
+    group = make_group(graph, list(graph.nodes))
+    feeds = group_inputs(graph, group)
+    q = feeds["q"].astype(np.float32).reshape(4, 128, 2, 64)
+    k = feeds["k"].astype(np.float32).reshape(4, 128, 2, 64)
+    scores = np.einsum("bihd,bjhd->bhij", q, k)
+    assert 0.8 < scores.std() < 1.2
+    assert 0.9 < feeds["v"].astype(np.float32).std() < 1.1
+    projection = import_onnx(_projected_attention())
+    first = make_group(projection, ["k"])
+    assert 0.9 < group_inputs(projection, first)["x"].astype(np.float32).std() < 1.1

@@ -1,0 +1,496 @@
+"""The ``attention`` kind: two products joined by row reductions, in one kernel on tensor
+cores, with the scores never leaving registers.
+
+A group qualifies by its structure, not by op names.  Its first stage is a contraction
+``S = Q.K`` (:func:`~.mma.contraction`, fp16 or bf16, both operands affine) whose N axis
+-- the *keys* -- fits one block (at most :data:`MAX_KEYS`); then come any number of
+*row stages*, reductions over the keys of an expression that reads ``S`` at
+``(.., row, key)``, the row stages before it at ``(.., row)`` and global tensors anywhere
+(a scale, a mask, a relative-position bias); then a second contraction ``O = P.V`` over
+the keys, whose one factor ``P`` is such an expression (a softmax's ``exp(s - max) /
+sum``) and whose other is an affine load of a global tensor ``V``.  ``S`` and the row
+stages must not be group outputs: they are never stored.  Later stages (heads merged back
+into tokens) are SIMT stages reading ``O``'s tile from shared memory, as after the ``mma``
+kind.
+
+Each warp owns 16 rows of the block's ``16 x warps`` rows: ``S``'s row of every key sits
+in its accumulators (``m16n8k16`` C fragments: lane ``(g, t)`` holds rows ``g`` and
+``g + 8``, keys ``2t, 2t + 1`` of every 8), so a row stage is a local reduction and two
+shuffles within the quad; ``P``'s values, computed from those accumulators, are exactly
+the A fragments of ``O``'s products (the C layout of two n8 tiles is the A layout of one
+k16 slice).  ``Q``'s rows, all of ``K`` and all of ``V`` are copied once into shared memory
+with ``cp.async``: the keys fit one block, so there is no ring and no online softmax.
+
+The rule proposes nothing (None) for anything else; ``mma`` and SIMT stages still cover
+the group's parts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from welder.ir.compute import Compute
+from welder.ir.expr import INDEX, Binary, Call, Const, Expr, Load, Var, free_vars, loads, walk
+from welder.ir.layout import affine_layout
+from welder.schedule.config import Estimate, GroupConfig, StageConfig
+from welder.schedule.group import Group
+from welder.schedule.kinds import mma, simt
+from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, ScheduleContext, ShapeOf, top_by_family
+from welder.tile.footprint import Buffer
+from welder.tile.propagate import GroupRegions, partitions_output, propagate_group
+
+#: Keys one block holds (padded to 16): ``S``'s accumulators take ``keys / 2`` registers a thread.
+MAX_KEYS = 256
+#: Widest head (``K`` of the first product, ``N`` of the second), padded to 16.
+MAX_HEAD = 128
+#: Warps per block (16 rows each).
+WARPS = (1, 2, 4, 8)
+#: Reductions a row stage may compute (in registers, combined by shuffles).
+ROW_REDUCTIONS = ("sum", "max", "min")
+#: The shared-memory buffer holding Q's rows, K and V.
+OPERANDS = "attention/operands"
+#: Registers a thread needs besides its accumulators: addresses, fragments, row values.
+BASE_REGISTERS = 56
+
+
+@dataclass
+class AttentionConfig(StageConfig):
+    """The fused stages of one attention group: ``fused`` (the first product, then the row
+    stages) computed in registers, and ``node``, the second product, whose tile later
+    stages read at ``smem_offset``."""
+
+    kind: ClassVar[str] = "attention"
+
+    tile: tuple[int, ...]  # the second product's region per block
+    warps: int  # 16 rows each
+    keys: int  # the key axis padded to 16
+    head: int  # K of the first product padded to 16
+    width: int  # N of the second product padded to 16
+    copy_bytes: int  # per cp.async: 16, or 4 where strides are not multiples of 16 bytes
+    operands_offset: int  # byte offset of Q's rows, K and V in the shared pool
+    fused: tuple[str, ...] = ()  # the first product, then the row stages, in order
+    smem_offset: int | None = None  # where the second product's tile lives when read in the group
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.warps
+
+    def renamed(self, names: Mapping[str, str]) -> AttentionConfig:
+        return replace(
+            self, node=names.get(self.node, self.node), fused=tuple(names.get(f, f) for f in self.fused)
+        )
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A group's attention structure (see the module docstring)."""
+
+    scores: mma.Contraction  # S = Q.K, the group's first stage
+    rows: tuple[str, ...]  # the row stages, in order
+    out: Compute  # O = P.V
+    probs: Expr  # P: O's computed factor
+    values: mma.Operand  # V: O's loaded factor (contiguous "n" or "k" as a B operand)
+    key: str  # O's reduce axis (the keys)
+
+    @property
+    def keys(self) -> int:
+        return self.scores.n
+
+    @property
+    def head(self) -> int:
+        return self.scores.k_extent
+
+    @property
+    def width(self) -> int:
+        return self.out.shape[-1]
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The stages the kernel computes in registers, then ``O``."""
+        return (self.scores.compute.name, *self.rows, self.out.name)
+
+    def values_contraction(self) -> mma.Contraction:
+        """``O`` as a contraction whose B operand is ``V`` (how codegen copies it); A is
+        computed, never copied, so ``V`` stands in for it."""
+        c = self.out
+        return mma.Contraction(
+            c,
+            self.scores.fmt,
+            self.values,
+            self.values,
+            len(c.axes) - 2,
+            len(c.axes) - 1,
+            self.key,
+            tuple(range(len(c.axes) - 2)),
+        )
+
+
+def _row_load(ld: Load, rows: tuple[int, ...], key: str | None) -> bool:
+    """Whether ``ld`` reads its tensor at ``(i0, .., i<n-1>)`` over the row axes of extents
+    ``rows`` (0 where one has one element) then, where ``key`` is given, at ``key``: the
+    point a row stage or ``P`` is computed at."""
+    want = [f"i{d}" for d in range(len(rows))] + ([key] if key else [])
+    extents = [*rows, 0]
+    return len(ld.indices) == len(want) and all(
+        (isinstance(i, Var) and i.name == w) or (extents[d] == 1 and isinstance(i, Const) and i.value == 0)
+        for d, (i, w) in enumerate(zip(ld.indices, want))
+    )
+
+
+def _reads_in_registers(
+    e: Expr, scores: str, rows: tuple[str, ...], row_shape: tuple[int, ...], key: str, group: Group
+) -> bool:
+    """Whether every load of ``e`` is of ``S`` at ``(.., row, key)``, of a row stage at
+    ``(.., row)``, or of a global tensor (with indices reading no group member)."""
+    for ld in loads(e):
+        if ld.tensor == scores:
+            if not _row_load(ld, row_shape, key):
+                return False
+        elif ld.tensor in rows:
+            if not _row_load(ld, row_shape, None):
+                return False
+        elif ld.tensor in group.members:
+            return False
+    return True
+
+
+def attention(group: Group, shape_of: ShapeOf) -> Attention | None:
+    """``group`` as an attention group, or None (see the module docstring)."""
+    if len(group.stages) < 2:
+        return None
+    scores = mma.contraction(group.computes[group.stages[0]], shape_of)
+    if scores is None or scores.fmt.elem_bytes != 2 or scores.gathered is not None:
+        return None
+    s_name = scores.compute.name
+    if scores.n_axis != len(scores.compute.axes) - 1 or s_name in group.outputs:
+        return None
+    if scores.n > MAX_KEYS or scores.k_extent > MAX_HEAD:
+        return None
+    row_shape = scores.compute.shape[:-1]
+    rows: list[str] = []
+    for pos, name in enumerate(group.stages[1:], start=1):
+        c = group.computes[name]
+        if c.shape == row_shape and c.reduce_op in ROW_REDUCTIONS and len(c.reduce_axes) == 1:
+            key = c.reduce_axes[0]
+            if key.extent != scores.n or name in group.outputs:
+                return None
+            if not _reads_in_registers(c.body, s_name, tuple(rows), row_shape, key.name, group):
+                return None
+            rows.append(name)
+            continue
+        found = _second_product(group, c, scores, tuple(rows), shape_of)
+        if found is None:
+            return None
+        # Later stages read O (from shared memory) and global tensors only.
+        in_registers = {s_name, *rows}
+        for later in group.stages[pos + 1 :]:
+            if any(ld.tensor in in_registers for ld in group.computes[later].loads()):
+                return None
+        return found
+    return None
+
+
+def _second_product(
+    group: Group, c: Compute, scores: mma.Contraction, rows: tuple[str, ...], shape_of: ShapeOf
+) -> Attention | None:
+    """``c`` as ``O = P.V`` over the keys of ``scores``, or None."""
+    body = c.body
+    row_shape = scores.compute.shape[:-1]
+    if (
+        c.reduce_op != "sum"
+        or c.dtype != scores.compute.dtype
+        or len(c.reduce_axes) != 1
+        or c.reduce_axes[0].extent != scores.n
+        or c.shape[:-1] != row_shape
+        or c.shape[-1] > MAX_HEAD
+        or not isinstance(body, Binary)
+        or body.op != "mul"
+    ):
+        return None
+    key = c.reduce_axes[0].name
+    n_name = c.axes[-1].name
+    m_name = c.axes[-2].name
+    axes = (*c.axes, *c.reduce_axes)
+    for probs, v in ((body.a, body.b), (body.b, body.a)):
+        if not isinstance(v, Load) or v.tensor in group.members or v.dtype != c.dtype:
+            continue
+        if n_name in free_vars(probs) or probs.dtype != c.dtype:
+            continue
+        if not _reads_in_registers(probs, scores.compute.name, rows, row_shape, key, group):
+            continue
+        layout = affine_layout(v, shape_of(v.tensor), axes)
+        if layout is None:
+            continue
+        offset, strides = layout
+        if strides[m_name] != 0 or strides[key] == 0:
+            continue
+        contiguous = "n" if strides[n_name] == 1 else "k" if strides[key] == 1 else None
+        if contiguous is None:
+            continue
+        return Attention(scores, rows, c, probs, mma.Operand(v, v.tensor, offset, strides, contiguous), key)
+    return None
+
+
+# -- the policy --------------------------------------------------------------------------------
+
+
+def _pad16(x: int) -> int:
+    return -(-x // 16) * 16
+
+
+def operand_elements(att: Attention, warps: int) -> tuple[int, int, int]:
+    """Elements (padded rows included) of Q's rows, K and V in shared memory."""
+    q, k = mma.ring_elements(_scores_config(att, warps, 16), att.scores)
+    v = mma.ring_elements(_values_config(att, warps, 16), att.values_contraction())[1]
+    return q, k, v
+
+
+def _one_slice(node: str, warps: int, n: int, k: int, copy_bytes: int) -> mma.MmaConfig:
+    """A product of the kernel as a one-slice ``mma`` stage of ``16 x warps`` rows, ``n``
+    columns and depth ``k`` (both padded to 16): how its operands are laid out and copied."""
+    return mma.MmaConfig(
+        node,
+        tile=(),
+        block=(16 * warps, _pad16(n)),
+        block_k=_pad16(k),
+        warps=(warps, 1),
+        pipeline=1,
+        copy_bytes=copy_bytes,
+        pipeline_offset=0,
+    )
+
+
+def _scores_config(att: Attention, warps: int, copy_bytes: int) -> mma.MmaConfig:
+    return _one_slice(att.scores.compute.name, warps, att.keys, att.head, copy_bytes)
+
+
+def _values_config(att: Attention, warps: int, copy_bytes: int) -> mma.MmaConfig:
+    return _one_slice(att.out.name, warps, att.width, att.keys, copy_bytes)
+
+
+def scores_config(att: Attention, st: AttentionConfig) -> mma.MmaConfig:
+    return _scores_config(att, st.warps, st.copy_bytes)
+
+
+def values_config(att: Attention, st: AttentionConfig) -> mma.MmaConfig:
+    return _values_config(att, st.warps, st.copy_bytes)
+
+
+def registers(att: Attention, warps: int) -> int:
+    """Per thread: ``S``'s and ``O``'s accumulators, two values per row stage, the rest."""
+    return BASE_REGISTERS + _pad16(att.keys) // 2 + _pad16(att.width) // 2 + 2 * len(att.rows)
+
+
+class AttentionKind:
+    """The policy rule of the ``attention`` kind (see the module docstring)."""
+
+    name = AttentionConfig.kind
+    config_type = AttentionConfig
+
+    def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
+        if ctx.arch.compute_capability < mma.MIN_COMPUTE_CAPABILITY:
+            return None
+        att = attention(group, ctx.shape_of)
+        if att is None:
+            return None
+        found = []
+        for warps in WARPS:
+            cfg = _config(group, att, warps, ctx)
+            if cfg is not None:
+                found.append(cfg)
+        found.sort(key=lambda c: c.estimate.latency_us)
+        return top_by_family(found, ctx.options.topk)
+
+
+def _config(group: Group, att: Attention, warps: int, ctx: ScheduleContext) -> GroupConfig | None:
+    """The config of ``warps`` warps (16 rows each), or None where it does not fit."""
+    bm = 16 * warps
+    if warps > 1 and bm // 2 >= _pad16(att.scores.m):
+        return None  # mostly padding
+    placed = root_tile(group, att, bm, ctx.shape_of)
+    if placed is None:
+        return None
+    tile, regions = placed
+    out_region = regions.members[att.out.name].extents
+    if any(e != 1 for e in out_region[:-2]) or out_region[-2] > bm or out_region[-1] != att.width:
+        return None
+    root_shape = ctx.shape_of(group.root)
+    grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
+    for out in group.outputs:
+        if out != group.root and not partitions_output(regions.members[out], ctx.shape_of(out), tile, grid):
+            return None
+    copy_bytes = _copy_bytes(att, regions, grid)
+    if copy_bytes is None:
+        return None
+    stage = AttentionConfig(
+        att.out.name,
+        tile=tuple(out_region),
+        warps=warps,
+        keys=_pad16(att.keys),
+        head=_pad16(att.head),
+        width=_pad16(att.width),
+        copy_bytes=copy_bytes,
+        operands_offset=0,
+        fused=att.stages[:-1],
+    )
+    threads = stage.threads
+    later = []
+    for s in group.stages[len(att.stages) :]:
+        st = simt.plan_stage(group, s, regions, threads)
+        if st is None:
+            return None
+        later.append(st)
+    info = simt.group_info(group, ctx.shape_of, ctx.dtype_of, ctx.arch)
+    q, k, v = operand_elements(att, warps)
+    operands = Buffer(OPERANDS, (q + k + v) * att.scores.fmt.elem_bytes, 0, 0)
+    placeholder = simt.SimtConfig(att.out.name, stage.tile, (1,) * len(tile), (1,) * len(tile))
+    # Without later stages O goes straight to global memory and needs no tile.
+    offsets, smem = simt.place_smem(info, [placeholder, *later] if later else [], [operands])
+    stage.smem_offset = placeholder.smem_offset if later else None
+    stage.operands_offset = offsets[OPERANDS]
+    if smem > ctx.arch.smem_per_block:
+        return None
+    regs = max([registers(att, warps), *(simt.registers(st) for st in later)])
+    if regs > ctx.arch.max_regs_per_thread:
+        return None
+    estimate = _estimate(group, att, stage, later, regions, grid, smem, regs, ctx)
+    if estimate is None:
+        return None
+    return GroupConfig(
+        group.root, tile, grid, tuple(range(len(tile))), threads, [stage, *later], smem, estimate
+    )
+
+
+def _divisors(n: int) -> list[int]:
+    """Divisors of ``n``, largest first."""
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def root_tile(
+    group: Group, att: Attention, bm: int, shape_of: ShapeOf
+) -> tuple[tuple[int, ...], GroupRegions] | None:
+    """The largest root tile whose block computes rows of one matrix of both products (at
+    most ``bm`` of them, every key, O's whole width), with every stage's region; None where
+    none does.  Root axes are tiled by divisors of their extent: first each as large as
+    keeps both products within one matrix with the others at one element (a head's slice of
+    ``[tokens, heads x width]`` is its width), then shrunk in order until the rows fit
+    (to any size: ``tile`` need not divide the axis)."""
+    members = [group.computes[s] for s in group.stages]
+    root_shape = shape_of(group.root)
+    s_name, o_name = att.scores.compute.name, att.out.name
+
+    def regions(tile: list[int]) -> GroupRegions:
+        return propagate_group(members, group.root, tuple(tile), shape_of)
+
+    def one_matrix(r: GroupRegions) -> bool:
+        return all(e == 1 for e in r.members[s_name].extents[:-2]) and all(
+            e == 1 for e in r.members[o_name].extents[:-2]
+        )
+
+    tile = [1] * len(root_shape)
+    for k, size in enumerate(root_shape):
+        unit = [1] * len(root_shape)
+        fits = next((t for t in _divisors(size) if one_matrix(regions([*unit[:k], t, *unit[k + 1 :]]))), None)
+        if fits is None:
+            return None  # one root element already spans several matrices
+        tile[k] = fits
+    found = regions(tile)
+    for k in range(len(root_shape)):
+        # Rows fill the block: the last block of a ragged axis is partly empty, and its
+        # stages skip rows past the end.
+        for t in range(tile[k], 0, -1):
+            tile[k] = t
+            found = regions(tile)
+            if one_matrix(found) and found.members[s_name].extents[-2] <= bm:
+                break
+    s_region, o_region = found.members[s_name].extents, found.members[o_name].extents
+    if not one_matrix(found) or s_region[-2] > bm or s_region[-1] != att.keys or o_region[-1] != att.width:
+        return None
+    return tuple(tile), found
+
+
+def _copy_bytes(att: Attention, regions: GroupRegions, grid: tuple[int, ...]) -> int | None:
+    """The widest copy both products' operands allow: the block's Q rows start on a copy
+    along Q's contiguous axis (``mma``'s rule), and V's strides and offset are multiples
+    of it (a block reads V whole)."""
+    region = regions.members[att.scores.compute.name]
+    widths = (att.scores.copy_bytes(), 4) if att.scores.copy_bytes() > 4 else (att.scores.copy_bytes(),)
+    first = mma._copy_bytes(att.scores, region, grid, widths)
+    second = att.values_contraction().copy_bytes()
+    if first is None or second is None:
+        return None
+    return min(first, second)
+
+
+def _estimate(
+    group: Group,
+    att: Attention,
+    stage: AttentionConfig,
+    later: list[simt.SimtConfig],
+    regions: GroupRegions,
+    grid: tuple[int, ...],
+    smem: int,
+    regs: int,
+    ctx: ScheduleContext,
+) -> Estimate | None:
+    """Both products at the tensor cores' share of the peak, the row stages' and ``P``'s
+    arithmetic on every (row, key) at the SIMT rate, against DRAM (each tensor once) and
+    L2 (each block reads its Q rows, K and V whole); one fill of the operands; the launch."""
+    arch = ctx.arch
+    threads = stage.threads
+    blocks = math.prod(grid)
+    per = [
+        arch.max_blocks_per_sm,
+        arch.max_threads_per_sm // threads,
+        arch.regs_per_sm // (max(regs, 32) * threads),
+        arch.smem_per_sm // max(smem, 1),
+    ]
+    blocks_per_sm = min(per)
+    if blocks_per_sm < 1:
+        return None
+    waves = -(-blocks // (blocks_per_sm * arch.sm_count))
+    bm = stage.block_m
+    flops_block = 2 * bm * stage.keys * (stage.head + stage.width)
+    sm_rate = getattr(arch, att.scores.fmt.peak) * 1e12 * mma.TC_EFFICIENCY / arch.sm_count
+    rounds = -(-blocks // arch.sm_count)
+    tc_us = rounds * flops_block / sm_rate * 1e6
+    # Row stages (their point_flops already count every key), then P at every (row, key).
+    probs = sum(1 for e in walk(att.probs) if isinstance(e, (Binary, Call)) and e.dtype != INDEX)
+    rows = sum(group.computes[r].point_flops for r in att.rows)
+    simt_flops = bm * (rows + stage.keys * probs) + sum(
+        math.prod(regions.members[st.node].extents) * group.computes[st.node].point_flops for st in later
+    )
+    simt_us = rounds * simt_flops / (arch.fp32_tflops * 1e12 * simt.COMPUTE_EFFICIENCY / arch.sm_count) * 1e6
+    q, k, v = operand_elements(att, stage.warps)
+    item = att.scores.fmt.elem_bytes
+    read_block = (q + k + v) * item
+    write_block = simt.block_bytes(
+        regions.members, group.outputs, ctx.shape_of, ctx.dtype_of, arch.write_transaction
+    )
+    compulsory = simt.io_bytes(group, ctx.shape_of, ctx.dtype_of)
+    dram_us = compulsory / (arch.global_bw_gbs * 1e9 * simt.DRAM_EFFICIENCY) * 1e6
+    l2_us = (read_block + write_block) * blocks / (arch.l2_bw_gbs * 1e9) * 1e6
+    fill_us = waves * mma.SLICE_LATENCY_US / max(1, blocks_per_sm)
+    latency = max(tc_us + simt_us, dram_us, l2_us) + fill_us + LAUNCH_OVERHEAD_US
+    return Estimate(
+        blocks=blocks,
+        blocks_per_sm=blocks_per_sm,
+        waves=waves,
+        read_bytes=read_block * blocks,
+        write_bytes=write_block * blocks,
+        compulsory_bytes=compulsory,
+        flops=flops_block * blocks + simt_flops * blocks,
+        smem_bytes=smem,
+        regs_per_thread=regs,
+        latency_us=round(latency, 4),
+    )
+
+
+KIND = AttentionKind()
