@@ -195,7 +195,7 @@ def bench_case(label: str, candidates: int, arch, target: str, work: Path) -> Ro
         err = error_of_one_launch(launch, out, reference, turn, len(feeds))
         us = time_us(launch) if err <= 2e-2 else math.nan
         st = cfg.stages[0]
-        config = f"{st.warps} warps, tile {'x'.join(map(str, cfg.block_tile))}, {cfg.smem_bytes} B smem"
+        config = f"{st.warps} warps, tile {'x'.join(map(str, cfg.block_tile))}, vector {cfg.stages[-1].vector}"
         timings.append(
             {
                 "config": config,
@@ -217,7 +217,7 @@ def bench_case(label: str, candidates: int, arch, target: str, work: Path) -> Ro
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--candidates", type=int, default=4, help="configs per case")
+    parser.add_argument("--candidates", type=int, default=6, help="configs per case")
     parser.add_argument("--cases", default=",".join(CASES), help="comma list of " + ", ".join(CASES))
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)

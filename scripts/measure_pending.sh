@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements the last changes are waiting for, in one call of under ten minutes:
 #   1. scripts/attention_bench.py: the attention kind beside PyTorch eager and SDPA;
-#   2. bert and swin_tiny at batch 64 in fp16 beside torch.compile (scripts/benchmark.py,
+#   2. bert at batch 64 and 1, vit_small_p32 at batch 1, in fp16 beside torch.compile (scripts/benchmark.py,
 #      --topk 4), then bert
 #      profiled with `welder profile`, keeping tuned.json (its fusion_checks say which
 #      fusions the GPU disproved and how they split).
@@ -23,7 +23,7 @@ start=$(date +%s)
 timeout 80 python scripts/attention_bench.py --json "$out/attention.json" 2>&1 | tail -n 24
 
 runs=/tmp/welder-pending-runs
-timeout 470 python scripts/benchmark.py --configs bert:64:fp16,swin_tiny:64:fp16 --systems welder,compile --topk 4 \
+timeout 470 python scripts/benchmark.py --configs bert:64:fp16,bert:1:fp16,vit_small_p32:1:fp16 --systems welder,compile --topk 4 \
   --runs "$runs" --json "$out/benchmark_fp16_b64.json" 2>&1 | tail -n 10
 model=$(dirname "$(find "$runs" -path '*bert*' -name tuned.json | head -n 1)")
 cp "$model/tuned.json" "$out/tuned_bert_b64_fp16.json" 2>/dev/null

@@ -302,33 +302,31 @@ class AttentionKind:
             return None
         found = []
         for warps in WARPS:
-            cfg = _config(group, att, warps, ctx)
-            if cfg is not None:
-                found.append(cfg)
+            found += _config(group, att, warps, ctx)
         found.sort(key=lambda c: c.estimate.latency_us)
         return top_by_family(found, ctx.options.topk)
 
 
-def _config(group: Group, att: Attention, warps: int, ctx: ScheduleContext) -> GroupConfig | None:
-    """The config of ``warps`` warps (16 rows each), or None where it does not fit."""
+def _config(group: Group, att: Attention, warps: int, ctx: ScheduleContext) -> list[GroupConfig]:
+    """The configs of ``warps`` warps (16 rows each); none where they do not fit."""
     bm = 16 * warps
     if warps > 1 and bm // 2 >= _pad16(att.scores.m):
-        return None  # mostly padding
+        return []  # mostly padding
     placed = root_tile(group, att, bm, ctx.shape_of)
     if placed is None:
-        return None
+        return []
     tile, regions = placed
     out_region = regions.members[att.out.name].extents
     if any(e != 1 for e in out_region[:-2]) or out_region[-2] > bm or out_region[-1] != att.width:
-        return None
+        return []
     root_shape = ctx.shape_of(group.root)
     grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
     for out in group.outputs:
         if out != group.root and not partitions_output(regions.members[out], ctx.shape_of(out), tile, grid):
-            return None
+            return []
     copy_bytes = _copy_bytes(att, regions, grid)
     if copy_bytes is None:
-        return None
+        return []
     stage = AttentionConfig(
         att.out.name,
         tile=tuple(out_region),
@@ -345,7 +343,7 @@ def _config(group: Group, att: Attention, warps: int, ctx: ScheduleContext) -> G
     for s in group.stages[len(att.stages) :]:
         st = simt.plan_stage(group, s, regions, threads)
         if st is None:
-            return None
+            return []
         later.append(st)
     info = simt.group_info(group, ctx.shape_of, ctx.dtype_of, ctx.arch)
     q, k, v = operand_elements(att, warps)
@@ -356,16 +354,18 @@ def _config(group: Group, att: Attention, warps: int, ctx: ScheduleContext) -> G
     stage.smem_offset = placeholder.smem_offset if later else None
     stage.operands_offset = offsets[OPERANDS]
     if smem > ctx.arch.smem_per_block:
-        return None
+        return []
     regs = max([registers(att, warps), *(simt.registers(st) for st in later)])
     if regs > ctx.arch.max_regs_per_thread:
-        return None
+        return []
     estimate = _estimate(group, att, stage, later, regions, grid, smem, regs, ctx)
     if estimate is None:
-        return None
-    return GroupConfig(
-        group.root, tile, grid, tuple(range(len(tile))), threads, [stage, *later], smem, estimate
-    )
+        return []
+    order = tuple(range(len(tile)))
+    plain = GroupConfig(group.root, tile, grid, order, threads, [stage, *later], smem, estimate)
+    # Heads merged back in 16-byte vectors, where they can be: the tuner measures both.
+    twin = simt.vector_twin(group, plain, ctx.shape_of, ctx.dtype_of) if later else None
+    return [plain] if twin is None else [plain, twin]
 
 
 def _divisors(n: int) -> list[int]:

@@ -868,9 +868,15 @@ def _placed(
                 found.append(
                     GroupConfig(group.root, tile, grid, shaped_order, threads, [resident], smem, again)
                 )
-            found.append(
-                GroupConfig(group.root, tile, grid, shaped_order, threads, [shaped, *later], smem, estimate)
+            plain = GroupConfig(
+                group.root, tile, grid, shaped_order, threads, [shaped, *later], smem, estimate
             )
+            found.append(plain)
+            # The later stage writing the root in 16-byte vectors (heads split from a
+            # projection's tile): the estimate cannot tell the two apart; the tuner can.
+            twin = simt.vector_twin(group, plain, ctx.shape_of, ctx.dtype_of) if later else None
+            if twin is not None:
+                found.append(twin)
     return found if found else "estimate: no block fits an SM"
 
 
