@@ -158,3 +158,15 @@ def test_check_inputs_of_a_product_of_two_inputs_have_unit_variance() -> None:
     projection = import_onnx(_projected_attention())
     first = make_group(projection, ["k"])
     assert 0.9 < group_inputs(projection, first)["x"].astype(np.float32).std() < 1.1
+
+
+def test_fusion_takes_the_copies_feeding_a_span() -> None:
+    """Swin's keys transposed to [windows, heads, width, 49] as a node of their own: a row of
+    49 halves, which no copy width divides, so the span must inline the transpose (and the
+    reshape before it) to read the keys through strides."""
+    graph = import_onnx(attention_model(Case(2, 3, 49, 32, "relative")))
+    cm = CostModel(graph, get_arch("H100"))
+    result = fuse(graph, cm)
+    (group,) = [g for g in result.groups if g.root == "y"]
+    assert {"kh", "k4", "s"} <= set(group.members)
+    assert cm.configs(group)[0].stages[0].kind == "attention"

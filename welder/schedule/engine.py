@@ -20,7 +20,7 @@ from typing import Protocol
 
 from welder.arch import Arch
 from welder.graph import Graph
-from welder.ir.expr import Binary, format_expr, rename_tensors
+from welder.ir.expr import Binary, Load, format_expr, rename_tensors
 from welder.ir.views import aliased_input
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
@@ -312,7 +312,7 @@ def _product_spans(
         )
         if other is None:
             continue
-        span = _upstream_within(graph, other, down)
+        span = _with_copies_in(graph, _upstream_within(graph, other, down), scheduled)
         try:
             group = make_group(graph, span)
         except InvalidGroup:
@@ -334,6 +334,25 @@ def _product_spans(
         spans[name] = span
         taken |= span
     return spans
+
+
+def _with_copies_in(graph: Graph, span: set[str], scheduled: set[str]) -> set[str]:
+    """``span`` and the copies feeding it (reshapes, transposes, slices: a body that is one
+    load) that only it reads: inlined, they leave the products reading their sources through
+    strides, where a transposed copy of its own could have rows no copy width divides
+    (Swin's keys: 49 halves a row)."""
+    span = set(span)
+    grown = True
+    while grown:
+        grown = False
+        for t in {t for m in span for t in graph.nodes[m].inputs}:
+            node = graph.nodes.get(t)
+            if node is None or t in span or t in scheduled or not isinstance(node.compute.body, Load):
+                continue
+            if t not in graph.outputs and all(c.name in span for c in graph.consumers(t)):
+                span.add(t)
+                grown = True
+    return span
 
 
 def _downstream(graph: Graph, name: str, taken: set[str]) -> set[str]:
