@@ -100,7 +100,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     s_index = kb.stage_index[att.scores.compute.name]
     s_origins = [kb.origin_name(s_index, d) for d in range(len(att.scores.compute.axes))]
     o_origins = [kb.origin_name(k, d) for d in range(len(att.out.axes))]
-    first, second = scores_config(att, st), values_config(att, st)
+    first, second = scores_config(att, st.warps, st.copy_bytes), values_config(att, st.warps, st.copy_bytes)
     values = att.values_contraction()
     q_elems, k_elems = ring_elements(first, att.scores)
     v_elems = ring_elements(second, values)[1]
@@ -112,7 +112,8 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     kb.add_view(f"att{k}_v", dtype, offset + (q_elems + k_elems) * item, v_elems)
     # Every origin of S's region and of O's: the template's group kernel prints both lists.
     s_region = kb.regions.members[att.scores.compute.name]
-    own = contraction_fields(kb, k, _as_mma(st, second), values, "attention")
+    # O's output fields (its tile for later stages, a global store) as its mma stage's.
+    own = contraction_fields(kb, k, replace(second, tile=st.tile), values, "attention")
     origins = [{"name": s_origins[d], "expr": kb.index_c(iv.lo_expr())} for d, iv in enumerate(s_region.dims)]
     q = _operand(kb, att.scores, att.scores.a, "m", first, f"att{k}_q", q_elems, s_origins)
     kop = _operand(kb, att.scores, att.scores.b, "n", first, f"att{k}_k", k_elems, s_origins)
@@ -155,11 +156,6 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
         epilogue=[],
         guard=own["guard"],
     )
-
-
-def _as_mma(st: AttentionConfig, second: object) -> object:
-    """O's stage as the mma stage whose output fields (tile, global store) it shares."""
-    return replace(second, node=st.node, tile=st.tile)  # type: ignore[type-var]
 
 
 def _printer(kb: KernelBuilder, att: Attention, names: dict[str, str]) -> CPrinter:

@@ -247,8 +247,8 @@ def _pad16(x: int) -> int:
 
 def operand_elements(att: Attention, warps: int) -> tuple[int, int, int]:
     """Elements (padded rows included) of Q's rows, K and V in shared memory."""
-    q, k = mma.ring_elements(_scores_config(att, warps, 16), att.scores)
-    v = mma.ring_elements(_values_config(att, warps, 16), att.values_contraction())[1]
+    q, k = mma.ring_elements(scores_config(att, warps, 16), att.scores)
+    v = mma.ring_elements(values_config(att, warps, 16), att.values_contraction())[1]
     return q, k, v
 
 
@@ -267,20 +267,14 @@ def _one_slice(node: str, warps: int, n: int, k: int, copy_bytes: int) -> mma.Mm
     )
 
 
-def _scores_config(att: Attention, warps: int, copy_bytes: int) -> mma.MmaConfig:
+def scores_config(att: Attention, warps: int, copy_bytes: int) -> mma.MmaConfig:
+    """``S``'s product as a one-slice ``mma`` stage (Q is A, K is B)."""
     return _one_slice(att.scores.compute.name, warps, att.keys, att.head, copy_bytes)
 
 
-def _values_config(att: Attention, warps: int, copy_bytes: int) -> mma.MmaConfig:
+def values_config(att: Attention, warps: int, copy_bytes: int) -> mma.MmaConfig:
+    """``O``'s product as a one-slice ``mma`` stage (V is B)."""
     return _one_slice(att.out.name, warps, att.width, att.keys, copy_bytes)
-
-
-def scores_config(att: Attention, st: AttentionConfig) -> mma.MmaConfig:
-    return _scores_config(att, st.warps, st.copy_bytes)
-
-
-def values_config(att: Attention, st: AttentionConfig) -> mma.MmaConfig:
-    return _values_config(att, st.warps, st.copy_bytes)
 
 
 def registers(att: Attention, warps: int) -> int:
