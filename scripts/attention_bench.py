@@ -18,11 +18,10 @@ V, the output, the bias) over the DRAM bandwidth.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from mma_bench import bench_device, error_of_one_launch, generated_kernel_launch, time_us  # noqa: E402
+from mma_bench import bench_device, error_of_one_launch, generated_kernel_launch, report, time_us  # noqa: E402
 
 from welder.codegen import generate_kernel, model_source  # noqa: E402
 from welder.device.gpu import compile_cubin  # noqa: E402
@@ -195,7 +194,9 @@ def bench_case(label: str, candidates: int, arch, target: str, work: Path) -> Ro
         err = error_of_one_launch(launch, out, reference, turn, len(feeds))
         us = time_us(launch) if err <= 2e-2 else math.nan
         st = cfg.stages[0]
-        config = f"{st.warps} warps, tile {'x'.join(map(str, cfg.block_tile))}, vector {cfg.stages[-1].vector}"
+        config = (
+            f"{st.warps} warps, tile {'x'.join(map(str, cfg.block_tile))}, vector {cfg.stages[-1].vector}"
+        )
         timings.append(
             {
                 "config": config,
@@ -229,12 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         for label in args.cases.split(",")
         if (row := bench_case(label, args.candidates, arch, target, work))
     ]
-    print(f"\n{'case':<24} {'floor us':>9} {'eager us':>9} {'sdpa us':>9} {'welder us':>10} {'of floor':>9}")
-    for r in rows:
-        cells = f"{r.floor_us:>9.2f} {r.eager_us:>9.2f} {r.sdpa_us:>9.2f} {r.best_us:>10.2f}"
-        print(f"{r.case:<24} {cells} {r.floor_us / r.best_us:>9.0%}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "rows": [asdict(r) for r in rows]}, indent=1))
+    columns = {"floor us": "floor_us", "eager us": "eager_us", "sdpa us": "sdpa_us", "welder us": "best_us"}
+    report(name, rows, columns, "best_us", args.json)
     return 0
 
 

@@ -15,11 +15,10 @@ the DRAM bandwidth of the arch description.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from mma_bench import bench_device, error_of_one_launch, generated_kernel_launch, time_us  # noqa: E402
+from mma_bench import bench_device, error_of_one_launch, generated_kernel_launch, report, time_us  # noqa: E402
 
 from welder.codegen import generate_kernel, model_source  # noqa: E402
 from welder.device.gpu import compile_cubin  # noqa: E402
@@ -151,14 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         scalar = min((t["measured_us"] for t in measured if t["vector"] == 1), default=math.nan)
         vector = min((t["measured_us"] for t in measured if t["vector"] > 1), default=math.nan)
         rows.append(Row(case, floor, torch_us, scalar, vector, timings))
-    print(
-        f"\n{'case':<24} {'floor us':>9} {'torch us':>9} {'scalar us':>10} {'vector us':>10} {'of floor':>9}"
-    )
-    for r in rows:
-        cells = f"{r.floor_us:>9.2f} {r.torch_us:>9.2f} {r.best_scalar_us:>10.2f} {r.best_vector_us:>10.2f}"
-        print(f"{r.case:<24} {cells} {r.floor_us / r.best_vector_us:>9.0%}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "rows": [asdict(r) for r in rows]}, indent=1))
+    columns = {
+        "floor us": "floor_us",
+        "torch us": "torch_us",
+        "scalar us": "best_scalar_us",
+        "vector us": "best_vector_us",
+    }
+    report(name, rows, columns, "best_vector_us", args.json)
     return 0
 
 

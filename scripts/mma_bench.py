@@ -127,6 +127,20 @@ def bench_device() -> tuple[str, object, str]:
     return name, arch, target
 
 
+def report(name: str, rows: list, columns: dict, best: str, json_path: str | None) -> None:
+    """Prints one line per row (``columns``: heading -> field, microseconds; then ``best``
+    as a share of the floor) and writes the rows to ``json_path`` where given."""
+    import dataclasses
+
+    print(f"\n{'case':<24}" + "".join(f" {h:>10}" for h in columns) + f" {'of floor':>9}")
+    for r in rows:
+        cells = "".join(f" {getattr(r, f):>10.2f}" for f in columns.values())
+        print(f"{r.case:<24}{cells} {r.floor_us / getattr(r, best):>9.0%}")
+    if json_path:
+        rows_json = [dataclasses.asdict(r) for r in rows]
+        Path(json_path).write_text(json.dumps({"device": name, "rows": rows_json}, indent=1))
+
+
 def generated_kernel_launch(module, kernel, graph, feeds: list[dict], out, turn: list[int]):
     """A launch of generated ``kernel`` (of ``module``, a cupy RawModule) on the next of the
     rotated input copies ``feeds`` (tensors by name; ``turn[0]`` is the copy last used),
