@@ -170,3 +170,19 @@ def test_fusion_takes_the_copies_feeding_a_span() -> None:
     (group,) = [g for g in result.groups if g.root == "y"]
     assert {"kh", "k4", "s"} <= set(group.members)
     assert cm.configs(group)[0].stages[0].kind == "attention"
+
+
+def test_only_copies_join_a_span() -> None:
+    """A transpose feeding only the span joins it; a reduction whose body is one load (a
+    ReduceMax of the keys) is not a copy and stays out, though only the span reads it."""
+    from welder.schedule.engine import _with_copies_in
+
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal((2, 16, 32)).astype(np.float16) for _ in range(2))
+    nodes = [
+        helper.make_node("ReduceMax", ["q"], ["qm"], axes=[0], keepdims=1),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["qm", "kt"], ["s"]),
+    ]
+    graph = import_onnx(make_model(nodes, {"q": q, "k": k}, ["s"], {}, opset=13))
+    assert _with_copies_in(graph, {"s"}, set()) == {"s", "kt"}

@@ -30,6 +30,7 @@ from welder.schedule.kinds.mma import ring_elements
 from .common import STORAGE_TYPES, StageCtx, sanitize_comment
 from .cprint import HALF_FORMATS, CPrinter, literal
 from .mma import _operand, _rounded, contraction_fields
+from .simt import combine
 
 if TYPE_CHECKING:
     from .kernel import KernelBuilder
@@ -215,8 +216,7 @@ def _row_stages(kb: KernelBuilder, att: Attention, bodies: list[Expr], origins: 
         c = kb.group.computes[name]
         op = c.reduce_op
         assert op is not None
-        combine = "a + b" if op == "sum" else f"welder_{op}(a, b)"
         value = _printer(kb, att, _row_names(att, origins, "gn"))(body)
         init = literal(reduce_identity(op, "float32"), "float32")
-        found.append(RowStage(f"rv{j}", init, combine, value, _rounded("red", c.dtype)))
+        found.append(RowStage(f"rv{j}", init, combine(op, "a", "b"), value, _rounded("red", c.dtype)))
     return found

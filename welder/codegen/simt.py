@@ -152,18 +152,22 @@ class SimtStageCtx(StageCtx):
     vflat: str = ""  # the output's flat index of a vector's first element
 
     def combine(self, a: str, b: str) -> str:
-        op = self.reduce_op
-        if op == "sum":
-            return f"{a} + {b}"
-        if op == "prod":
-            return f"{a} * {b}"
-        return f"welder_{op}({a}, {b})"
+        return combine(self.reduce_op, a, b)
 
     def to_storage(self, v: str) -> str:
         half = HALF_FORMATS.get(self.out_dtype)
         if half is not None:
             return f"{half.from_float}({v})"
         return f"({STORAGE_TYPES[self.out_dtype]})({v})"
+
+
+def combine(op: str, a: str, b: str) -> str:
+    """C: two partial results ``a`` and ``b`` of a ``op`` reduction combined."""
+    if op == "sum":
+        return f"{a} + {b}"
+    if op == "prod":
+        return f"{a} * {b}"
+    return f"welder_{op}({a}, {b})"
 
 
 # -- the generator ------------------------------------------------------------------------------

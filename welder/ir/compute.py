@@ -123,6 +123,11 @@ class Compute:
     def is_injective(self) -> bool:
         return not self.reduce_axes
 
+    @property
+    def is_product(self) -> bool:
+        """Whether it sums products of two values (a matrix product, a convolution)."""
+        return self.reduce_op == "sum" and isinstance(self.body, Binary) and self.body.op == "mul"
+
     def loads(self) -> list[Load]:
         return loads(self.body)
 

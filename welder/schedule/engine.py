@@ -20,7 +20,7 @@ from typing import Protocol
 
 from welder.arch import Arch
 from welder.graph import Graph
-from welder.ir.expr import Binary, Load, format_expr, rename_tensors
+from welder.ir.expr import Load, format_expr, rename_tensors
 from welder.ir.views import aliased_input
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
@@ -280,12 +280,6 @@ def _grow(
     return members
 
 
-def _is_product(graph: Graph, name: str) -> bool:
-    """Whether node ``name`` sums products of two values (a matrix product, a convolution)."""
-    c = graph.nodes[name].compute
-    return c.reduce_op == "sum" and isinstance(c.body, Binary) and c.body.op == "mul"
-
-
 def _product_spans(
     graph: Graph,
     order: Sequence[str],
@@ -304,11 +298,16 @@ def _product_spans(
     projection taking the first product as a later stage)."""
     found: list[tuple[float, str, set[str]]] = []
     for name in order:
-        if name in scheduled or not _is_product(graph, name):
+        if name in scheduled or not graph.nodes[name].compute.is_product:
             continue
         down = _downstream(graph, name, scheduled)
         other = next(
-            (n for n in sorted(down, key=rank.__getitem__) if n != name and _is_product(graph, n)), None
+            (
+                n
+                for n in sorted(down, key=rank.__getitem__)
+                if n != name and graph.nodes[n].compute.is_product
+            ),
+            None,
         )
         if other is None:
             continue
@@ -347,7 +346,9 @@ def _with_copies_in(graph: Graph, span: set[str], scheduled: set[str]) -> set[st
         grown = False
         for t in {t for m in span for t in graph.nodes[m].inputs}:
             node = graph.nodes.get(t)
-            if node is None or t in span or t in scheduled or not isinstance(node.compute.body, Load):
+            if node is None or t in span or t in scheduled:
+                continue
+            if not node.compute.is_injective or not isinstance(node.compute.body, Load):
                 continue
             if t not in graph.outputs and all(c.name in span for c in graph.consumers(t)):
                 span.add(t)

@@ -261,9 +261,10 @@ def _product_scales(graph: Graph, group: Group) -> dict[str, float]:
     scales: dict[str, float] = {}
     for s in group.stages:
         c = group.computes[s]
-        body = c.body
-        if c.reduce_op != "sum" or not isinstance(body, Binary) or body.op != "mul":
+        if not c.is_product:
             continue
+        body = c.body
+        assert isinstance(body, Binary)
         sides = [
             {ld.tensor for ld in loads(e)} & set(group.inputs) - set(graph.constants)
             for e in (body.a, body.b)

@@ -209,16 +209,15 @@ def _second_product(
     body = c.body
     row_shape = scores.compute.shape[:-1]
     if (
-        c.reduce_op != "sum"
+        not c.is_product
         or c.dtype != scores.compute.dtype
         or len(c.reduce_axes) != 1
         or c.reduce_axes[0].extent != scores.n
         or c.shape[:-1] != row_shape
         or c.shape[-1] > MAX_HEAD
-        or not isinstance(body, Binary)
-        or body.op != "mul"
     ):
         return None
+    assert isinstance(body, Binary)
     key = c.reduce_axes[0].name
     n_name = c.axes[-1].name
     m_name = c.axes[-2].name
@@ -247,7 +246,7 @@ def _second_product(
 
 
 def _pad16(x: int) -> int:
-    return -(-x // 16) * 16
+    return mma._round_up(x, 16)
 
 
 def operand_elements(att: Attention, warps: int) -> tuple[int, int, int]:
@@ -420,8 +419,7 @@ def _copy_bytes(att: Attention, regions: GroupRegions, grid: tuple[int, ...]) ->
     along Q's contiguous axis (``mma``'s rule), and V's strides and offset are multiples
     of it (a block reads V whole)."""
     region = regions.members[att.scores.compute.name]
-    widths = (att.scores.copy_bytes(), 4) if att.scores.copy_bytes() > 4 else (att.scores.copy_bytes(),)
-    first = mma._copy_bytes(att.scores, region, grid, widths)
+    first = mma._copy_bytes(att.scores, region, grid, mma.KIND.copy_widths(att.scores))
     second = att.values_contraction().copy_bytes()
     if first is None or second is None:
         return None
@@ -445,13 +443,7 @@ def _estimate(
     arch = ctx.arch
     threads = stage.threads
     blocks = math.prod(grid)
-    per = [
-        arch.max_blocks_per_sm,
-        arch.max_threads_per_sm // threads,
-        arch.regs_per_sm // (max(regs, 32) * threads),
-        arch.smem_per_sm // max(smem, 1),
-    ]
-    blocks_per_sm = min(per)
+    blocks_per_sm = simt.blocks_per_sm(threads, regs, smem, arch)
     if blocks_per_sm < 1:
         return None
     waves = -(-blocks // (blocks_per_sm * arch.sm_count))

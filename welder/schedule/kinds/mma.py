@@ -993,13 +993,7 @@ def _estimate(
     splits = stage.splits
     tiles = math.prod(grid)
     blocks = tiles * splits
-    per = [
-        arch.max_blocks_per_sm,
-        arch.max_threads_per_sm // threads,
-        arch.regs_per_sm // (max(regs, 32) * threads),
-        arch.smem_per_sm // smem,
-    ]
-    blocks_per_sm = min(per)
+    blocks_per_sm = simt.blocks_per_sm(threads, regs, smem, arch)
     if blocks_per_sm < 1:
         return None
     waves = -(-blocks // (blocks_per_sm * arch.sm_count))

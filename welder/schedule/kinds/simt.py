@@ -918,25 +918,29 @@ def _blocks_per_sm_without_smem(threads: int, regs: int, arch: Arch) -> list[int
     ]
 
 
+def blocks_per_sm(threads: int, regs: int, smem: int, arch: Arch) -> int:
+    """Blocks of ``threads`` threads, ``regs`` registers each and ``smem`` bytes of shared
+    memory that one SM holds at once (0: none fits)."""
+    per_sm = _blocks_per_sm_without_smem(threads, regs, arch)
+    if smem:
+        per_sm.append(arch.smem_per_sm // smem)
+    return min(per_sm)
+
+
 def estimate_cost(
     info: _GroupInfo, facts: _Tile, stages: list[SimtConfig], threads: int, smem: int, regs: int, arch: Arch
 ) -> Estimate | None:
     blocks = math.prod(facts.grid)
-    per_sm = _blocks_per_sm_without_smem(threads, regs, arch)
-    if smem:
-        per_sm.append(arch.smem_per_sm // smem)
-    blocks_per_sm = min(per_sm)
-    if blocks_per_sm < 1:
+    per_sm = blocks_per_sm(threads, regs, smem, arch)
+    if per_sm < 1:
         return None
-    concurrency = blocks_per_sm * arch.sm_count
+    concurrency = per_sm * arch.sm_count
     waves = -(-blocks // concurrency)
     smem_block = sum(_smem_traffic(info, st) for st in stages)
-    latency = _kernel_time(
-        blocks, blocks_per_sm, threads, facts.dram_bytes, facts.flops_block, smem_block, arch
-    )
+    latency = _kernel_time(blocks, per_sm, threads, facts.dram_bytes, facts.flops_block, smem_block, arch)
     return Estimate(
         blocks=blocks,
-        blocks_per_sm=blocks_per_sm,
+        blocks_per_sm=per_sm,
         waves=waves,
         read_bytes=facts.read_block * blocks,
         write_bytes=facts.write_block * blocks,
