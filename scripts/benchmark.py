@@ -88,7 +88,8 @@ class Cell:
     also holds what its standalone runtime says of itself: main_test's mean, and
     test_acc's verdict with the worst error over the outputs."""
 
-    ms: float | None = None
+    ms: float | None = None  # device time: back-to-back CUDA-graph replays, no host work inside
+    call_ms: float | None = None  # call latency: one call from Python, synchronised
     build_s: float | None = None  # welder tune / torch.compile wall time
     error: str | None = None
     detail: str = ""
@@ -140,8 +141,10 @@ class WelderOptions:
     cache_dir: Path | None = None
 
 
-# Times the built runtime in a child process with the peers' protocol: a short probe sizes
-# back-to-back runs per CUDA-event pair (~50 ms) and the repeats (<= 30, ~10 s), median.
+# Times the built runtime in a child process with the peers' protocol.  Device time: a
+# short probe sizes the back-to-back runs (CUDA-graph replays) per CUDA-event pair (~50 ms)
+# and the repeats (<= 30, ~10 s), median.  Call latency: median wall time of single
+# synchronised runs on the device buffers (<= 90 of them, half the budget).
 WELDER_TIMING = """
 import sys
 from welder.runtime.library import RuntimeLibrary
@@ -152,7 +155,9 @@ with RuntimeLibrary(prefix) as lib:
     probe = max(lib.time(iters=5, warmup=10).median, 1e-3)
     number = max(1, round(50.0 / probe))
     iters = max(3, min(30, int(budget_ms / (probe * number))))
-    print(lib.time(iters=iters, warmup=3, number=number).median)
+    device = lib.time(iters=iters, warmup=3, number=number).median
+    calls = lib.call_latency(iters=max(3, min(90, int(budget_ms / 2 / probe))), warmup=5).median
+    print(device, calls)
 """
 
 
@@ -213,10 +218,12 @@ def measure_built(prefix: Path, options: WelderOptions, tune_s: float, build_s: 
     main_test_ms, main_test_error = run_main_test(prefix, ["--no-cuda-graph"])
     budget_ms = str(1e3 * options.budget_s)
     out = _python(["-c", WELDER_TIMING, str(prefix), "1" if options.cuda_graph else "0", budget_ms], 600, env)
+    device_ms, call_ms = (float(v) for v in out.split()[-2:])
     notes = [f"tune {tune_s:.0f} s + build {build_s:.0f} s", f"topk {options.topk}"]
     notes += [accuracy.describe()] + ([f"main_test: {main_test_error}"] if main_test_error else [])
     return Cell(
-        ms=float(out.split()[-1]),
+        ms=device_ms,
+        call_ms=call_ms,
         build_s=tune_s + build_s,
         detail=", ".join(notes) + (", CUDA graph" if options.cuda_graph else ""),
         main_test_ms=main_test_ms,
@@ -329,8 +336,13 @@ def run_torch_peers(prefix: Path, systems: Sequence[str], device: str, plan: Tim
     cells = {}
     for system in wanted:
         try:
-            timing, compile_s = time_system(system, module, args, device, plan)
-            cells[system] = Cell(ms=timing.median_ms, build_s=compile_s, detail="; ".join(notes))
+            timing = time_system(system, module, args, device, plan)
+            cells[system] = Cell(
+                ms=timing.device.median_ms,
+                call_ms=timing.call.median_ms,
+                build_s=timing.compile_s,
+                detail="; ".join([*notes, *timing.notes]),
+            )
         except Exception as e:
             cells[system] = Cell(error=_error(e))
     del module, args
@@ -364,7 +376,9 @@ def run_ort_peer(prefix: Path, provider: str | None, plan: TimingPlan) -> Cell:
         return Cell(error=_error(e))
     if res.error or res.timing is None:
         return Cell(error=res.error or "no timing", detail=res.system)
-    return Cell(ms=res.timing.median_ms, detail=res.system)
+    # onnxruntime's run is synchronous and not captured: one figure serves both columns.
+    ms = res.timing.median_ms
+    return Cell(ms=ms, call_ms=ms, detail=res.system)
 
 
 def _free_gpu() -> None:
@@ -430,6 +444,7 @@ def measure_row(config: Config, args: argparse.Namespace, device_name: str) -> R
 
 def _log(config: Config, system: str, cell: Cell) -> None:
     what = f"{cell.ms:.3f} ms" if cell.ms is not None else f"ERROR {cell.error}"
+    what += f" (call {cell.call_ms:.3f} ms)" if cell.call_ms is not None else ""
     what = f"absent: {cell.absent}" if cell.absent else what
     build = f" (build {cell.build_s:.1f} s)" if cell.build_s is not None else ""
     print(f"[{config.key}] {system}: {what}{build}", file=sys.stderr, flush=True)
@@ -490,6 +505,7 @@ def render_markdown(rows: Sequence[Row], meta: dict[str, str]) -> str:
             + " | ".join(_speedup(w, p) for p in peers)
             + f" | {_seconds(w)} | {_seconds(compiled)} | {_seconds(autotune)} |"
         )
+    lines += _call_table(rows)
     lines += _runtime_table(rows)
     devices = sorted({r.device for r in rows if r.device})
     if len(devices) > 1:
@@ -508,6 +524,38 @@ def render_markdown(rows: Sequence[Row], meta: dict[str, str]) -> str:
         "Speedups are peer latency / welder latency (above 1: welder is faster), per row from one run."
     )
     return "\n".join(lines) + "\n"
+
+
+def _call_table(rows: Sequence[Row]) -> list[str]:
+    """Call latency per system (one call from Python, then a synchronise), and the notes of
+    cells whose device time could not be taken the standard way."""
+    if not any(c.call_ms is not None for r in rows for c in r.cells.values()):
+        return []
+    systems = [s for s in SYSTEMS if any(s in r.cells for r in rows)]
+    lines = [
+        "",
+        "Call latency (ms): one call from Python with inputs and outputs on the device, then a "
+        "synchronise -- what a user waits per call.  The speedups above use device time.",
+        "",
+        "| model | bs | dtype | " + " | ".join(systems) + " |",
+        "|" + "---|" * (3 + len(systems)),
+    ]
+    for r in rows:
+        calls = [r.cells.get(s) for s in systems]
+        figures = [f"{c.call_ms:.3f}" if c is not None and c.call_ms is not None else "-" for c in calls]
+        lines.append(
+            f"| {r.config.model} | {r.config.batch} | {r.config.dtype} | " + " | ".join(figures) + " |"
+        )
+    fallbacks = [
+        f"- {r.config.key} ({s}): {part.strip()}"
+        for r in rows
+        for s, c in r.cells.items()
+        for part in c.detail.split(";")
+        if "could not be captured" in part
+    ]
+    if fallbacks:
+        lines += ["", "Device time taken another way:", "", *fallbacks]
+    return lines
 
 
 def _runtime_table(rows: Sequence[Row]) -> list[str]:
@@ -566,7 +614,13 @@ def machine_meta(args: argparse.Namespace) -> dict[str, str]:
     import welder
 
     meta["welder"] = f"{welder.__version__} {_git_commit()}".strip()
-    meta["protocol"] = "inputs/outputs on the device, warm-up, median of repeats (ms per inference)"
+    meta["protocol"] = (
+        "inputs/outputs on the device, warm-up, median of repeats (ms per inference); device time: "
+        "back-to-back replays of a captured CUDA graph between one pair of CUDA events (torch systems "
+        "captured in torch.cuda.CUDAGraph, welder's runtime replaying its own graph; onnxruntime: wall "
+        "clock of synchronous runs, its one figure in both tables); call latency: one synchronised call "
+        "from Python"
+    )
     w = args.welder
     meta["welder"] += f"; {' '.join(['welder', *welder_tune_command(Path('PREFIX'), w)])}"
     meta["welder"] += ", runtime replayed as a CUDA graph" if w.cuda_graph else ""

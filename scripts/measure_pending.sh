@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The GPU measurements the last changes are waiting for, in one call of under ten minutes:
-#   1. scripts/attention_bench.py: the attention kind beside PyTorch eager and SDPA;
-#   2. bert at batch 64 and 1, vit_small_p32 at batch 1, in fp16 beside torch.compile (scripts/benchmark.py,
-#      --topk 4), then bert
-#      profiled with `welder profile`, keeping tuned.json (its fusion_checks say which
-#      fusions the GPU disproved and how they split).
+# scripts/benchmark.py on $CONFIGS (default: bert:1:fp16,vit_small_p32:64:fp16) with
+# $SYSTEMS (default: welder,eager,compile) at --topk $TOPK (default 20): device time and
+# call latency for every system, then each welder tune's wall time and where it went
+# (tuned.json's tuning_phase_seconds).
 # Writes everything to $OUT (or /tmp/welder-pending) and prints the tables last.
 #
 #   ../shared/device/stage.sh                                  # on the development machine
@@ -17,24 +16,25 @@ if [ -f .device/setup.sh ]; then
 fi
 out=${OUT:-/tmp/welder-pending}
 mkdir -p "$out"
-export WELDER_CACHE_DIR=${WELDER_CACHE_DIR:-/tmp/welder-pending-cache}
+configs=${CONFIGS:-bert:1:fp16,vit_small_p32:64:fp16}
+systems=${SYSTEMS:-welder,eager,compile}
+name=${NAME:-benchmark}
 start=$(date +%s)
 
-timeout 80 python scripts/attention_bench.py --json "$out/attention.json" 2>&1 | tail -n 24
-
 runs=/tmp/welder-pending-runs
-timeout 470 python scripts/benchmark.py --configs bert:64:fp16,bert:1:fp16,vit_small_p32:1:fp16 --systems welder,compile --topk 4 \
-  --runs "$runs" --json "$out/benchmark_fp16_b64.json" 2>&1 | tail -n 10
-model=$(dirname "$(find "$runs" -path '*bert*' -name tuned.json | head -n 1)")
-cp "$model/tuned.json" "$out/tuned_bert_b64_fp16.json" 2>/dev/null
-python - "$model/tuned.json" <<'PY'
+timeout "${LIMIT:-540}" python scripts/benchmark.py --configs "$configs" --systems "$systems" --topk "${TOPK:-20}" \
+  --runs "$runs" --json "$out/$name.json" --out "$out/$name.md" 2>&1 | tail -n 4
+python - "$runs" "$out" <<'PY'
 import json
+import shutil
 import sys
+from pathlib import Path
 
-checks = json.load(open(sys.argv[1])).get("fusion_checks", [])
-print(f"fusion checks ({len(checks)}):")
-for line in checks[:12]:
-    print("  " + line[:200])
+for tuned in sorted(Path(sys.argv[1]).glob("*/tuned.json")):
+    totals = json.loads(tuned.read_text())["totals"]
+    shutil.copy(tuned, Path(sys.argv[2]) / f"tuned_{tuned.parent.name}.json")
+    phases = ", ".join(f"{k} {v:.0f}" for k, v in totals.get("tuning_phase_seconds", {}).items())
+    print(f"{tuned.parent.name}: tune {totals['tuning_seconds']:.0f} s ({phases}), {totals['kernels']} kernels")
 PY
-[ "${PROFILE:-1}" = 1 ] && timeout 60 python -m welder.cli profile "$model" --top 16 --json "$out/profile_bert_b64_fp16.json" 2>&1 | tail -n 30
+cat "$out/$name.md" 2>/dev/null
 echo "measure_pending: $(( $(date +%s) - start )) s"

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "artifacts"))
 
 import benchmark  # noqa: E402
-from run_torch import TimingPlan, WallClock, measure  # noqa: E402
+from run_torch import TimingPlan, WallClock, measure, measure_calls, time_system  # noqa: E402
 
 # Small configurations that keep each model's structure (attention, windows and shifts,
 # MobileViT blocks, the NeRF skip) and export in seconds.
@@ -176,6 +176,30 @@ def test_benchmark_configs_parse_and_cover_the_reference_table() -> None:
     assert not any(c.model == "nerf" for c in configs)
 
 
+def test_call_latency_waits_for_every_call() -> None:
+    """Each timed call is followed by its synchronise before the next one starts."""
+    events: list[str] = []
+    plan = TimingPlan(warmup=2, warmup_s=0.0, repeats=4, min_repeats=3, budget_s=1.0)
+    timing = measure_calls(lambda: events.append("call"), lambda: events.append("sync"), plan)
+    assert timing.number == 1 and 3 <= timing.repeats <= 12 and timing.min_ms >= 0
+    assert events.count("call") >= 2 + timing.repeats
+    assert "call,call" not in ",".join(events)
+
+
+def test_torch_system_reports_device_time_and_call_latency() -> None:
+    """On the CPU (no graphs to capture) both figures are wall clock, and both come back."""
+    need("torch")
+    import torch
+
+    module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).eval()
+    plan = TimingPlan(warmup=2, warmup_s=0.0, repeats=3, repeat_ms=1.0, budget_s=0.5)
+    timing = time_system("eager", module, (torch.randn(8, 64),), "cpu", plan)
+    assert timing.device.median_ms > 0 and timing.call.median_ms > 0 and timing.compile_s is None
+    assert timing.call.number == 1 and timing.notes == []
+    with pytest.raises(ValueError, match="unknown torch system"):
+        time_system("jit", module, (torch.randn(8, 64),), "cpu", plan)
+
+
 def test_benchmark_table_has_speedups_and_errors() -> None:
     cfg = benchmark.Config("bert", 1, "fp16")
     row = benchmark.Row(
@@ -201,6 +225,28 @@ def test_benchmark_table_has_speedups_and_errors() -> None:
     line = next(x for x in table.splitlines() if x.startswith("| bert"))
     assert [c.strip() for c in line.strip("|").split("|")][7] == "absent"
     assert "- bert_b1_fp16 (onnxruntime): CUDAExecutionProvider absent" in table
+    assert benchmark.Row.from_dict(row.to_dict()) == row
+    assert "Call latency" not in table  # no system measured one
+
+    row.cells["welder"].call_ms = 0.75
+    row.cells["compile"].call_ms = 1.5
+    row.cells["compile"].detail = "torch 2.x; its callable could not be captured (RuntimeError: x)"
+    table = benchmark.render_markdown([row], {})
+    calls = table[table.index("Call latency") :]
+    header = next(x for x in calls.splitlines() if x.startswith("| model"))
+    line = next(x for x in calls.splitlines() if x.startswith("| bert"))
+    columns = dict(zip(header.strip("|").split("|"), line.strip("|").split("|")))
+    assert {k.strip(): v.strip() for k, v in columns.items()} == {
+        "model": "bert",
+        "bs": "1",
+        "dtype": "fp16",
+        "welder": "0.750",
+        "eager": "-",
+        "compile": "1.500",
+        "compile-max-autotune": "-",
+        "onnxruntime": "-",
+    }
+    assert "- bert_b1_fp16 (compile): its callable could not be captured (RuntimeError: x)" in table
     assert benchmark.Row.from_dict(row.to_dict()) == row
 
 

@@ -10,6 +10,7 @@ import math
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -672,6 +673,15 @@ def test_library_checks_feeds_and_arguments(builds: Builds) -> None:
             lib.time(iters=0)
         latency = lib.time(iters=2, warmup=0, number=2)
         assert len(latency.times_ms) == 2 and SUMMARY.match(latency.summary())
+        # One synchronised call runs the whole model: about as long as a run from host arrays,
+        # whose copies are small beside the emulated kernels.
+        start = time.perf_counter()
+        lib.run(good)
+        run_ms = (time.perf_counter() - start) * 1e3
+        with pytest.raises(RuntimeLibraryError, match="need iters >= 1"):
+            lib.call_latency(iters=0)
+        calls = lib.call_latency(iters=3, warmup=1)
+        assert len(calls.times_ms) == 3 and calls.min > 0.3 * run_ms
         # Non-contiguous feeds are fine: the loader makes them contiguous.
         strided = {**good, "hidden_states": np.asfortranarray(good["hidden_states"])}
         assert_matches(lib.run(strided), onnxruntime_outputs(emitted.model, good))
@@ -819,6 +829,7 @@ def test_nvcc_builds_the_runtime_for_sm90(tmp_path: Path) -> None:
         "kernel_entry",
         "kernel_entry_host",
         "measure_latency",
+        "run_on_device",
         "set_use_cuda_graph",
         "get_cuda_graph_state",
         "get_input_shape",

@@ -23,6 +23,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -57,12 +58,16 @@ from welder.schedule.kinds import Options
 from welder.schedule.plan import abbreviate_ops, format_summary, plan_model, tuned_json
 from welder.tune.cache import TuningCache
 from welder.tune.tuner import (
+    MIN_KERNELS_PER_CALL,
     ProgressBar,
     TunedGroup,
     TuneError,
     candidate_index,
     candidate_name,
+    compile_candidates,
     compile_timeout_s,
+    kernels_per_call,
+    prepare_candidates,
     target_note,
     tune_group,
     tune_model,
@@ -198,10 +203,10 @@ class EmulatedDevice:
     compiler = "g++ emulator"
 
     def __init__(self) -> None:
-        self.compiles = 0
+        self.compiled: list[str] = []
 
     def compile(self, kernels, timeout_s=None):
-        self.compiles += 1
+        self.compiled += [k.name for k in kernels]
         try:
             return compile_kernels(
                 model_source(kernels), [k.name for k in kernels], extra_flags=[f"-I{TEMPLATE_DIR}"]
@@ -329,6 +334,31 @@ def test_one_bad_candidate_costs_a_few_compiles_not_one_each():
     assert [d.candidate for d in result.dropped] == [6]
     compiled_ok = {candidate_index(k) for batch in device.compiles[1:] for k in batch if "c6_" not in k}
     assert compiled_ok == set(range(n)) - {6}
+
+
+def test_candidates_compile_in_calls_spread_over_a_pool():
+    """With few groups and many cores, a group's candidates go to nvcc in several calls at
+    once; every candidate is compiled exactly once, and a bad one still costs only its call."""
+    graph = matmul_graph()
+    group, configs = matmul_configs(graph)
+    n = len(configs)
+    assert n >= 6
+    device = ScriptedDevice(graph, behaviour={4: "compile"})
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        cands = compile_candidates(device, prepare_candidates(graph, group, configs), 3, pool)
+    calls = [sorted(candidate_index(k) for k in batch) for batch in device.compiles]
+    chunks = [list(range(k, min(k + 3, n))) for k in range(0, n, 3)]
+    assert all(chunk in calls for chunk in chunks)  # one call per chunk first
+    assert len(calls) <= len(chunks) + 4  # the failing chunk halved: [3], [4, 5], [4], [5]
+    assert sorted(cands.programs) == sorted(set(range(n)) - {4})
+    assert [d.candidate for d in cands.dropped] == [4]
+
+
+def test_kernels_per_call_spreads_few_groups_over_the_cores():
+    assert kernels_per_call(20, 16) == MIN_KERNELS_PER_CALL  # one group of 20: calls of 2
+    assert kernels_per_call(3000, 16) == 47  # 150 groups: about one call per group of 20
+    assert kernels_per_call(300, 16) == 5
+    assert kernels_per_call(1, 0) == MIN_KERNELS_PER_CALL
 
 
 def test_compile_time_limit_grows_with_the_kernels_and_is_capped():
@@ -592,7 +622,10 @@ def test_real_kernels_through_the_emulator_end_to_end():
     graph = layernorm_gelu()
     device = EmulatedDevice()
     plan = tune_model(graph, ARCH, 3, None, device)
-    assert device.compiles == len({group_signature(graph, g.group) for g in plan.groups})
+    # Each distinct group's candidates compiled once (in one or more calls).
+    roots = {name.split("_", 2)[2] for name in device.compiled}
+    assert len(device.compiled) == len(set(device.compiled))
+    assert len(roots) == len({group_signature(graph, g.group) for g in plan.groups})
     kernels = [generate_kernel(graph, g.group, g.configs[0], f"k{i}") for i, g in enumerate(plan.groups)]
     feeds = {t.name: _w(*t.shape) for t in graph.inputs}
     ours = EmulatedModel(graph, kernels).run(feeds)

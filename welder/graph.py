@@ -74,6 +74,8 @@ class Graph:
         self.constants: dict[str, np.ndarray] = dict(constants or {})
         self.nodes: dict[str, Node] = {}
         self._nx = nx.DiGraph()
+        self._order: list[Node] | None = None  # topo_order, computed once per set of nodes
+        self._rank: dict[str, int] = {}
         for n in nodes:
             self.add(n)
         self.validate()
@@ -87,6 +89,7 @@ class Graph:
             if t not in self.nodes and t not in self.constants and t not in self.input_names:
                 raise ModelError(f"node {node.name!r} reads undefined tensor {t!r}")
         self.nodes[node.name] = node
+        self._order = None
         self._nx.add_node(node.name)
         for t in node.inputs:
             if t in self.nodes:
@@ -131,10 +134,20 @@ class Graph:
         return [n for n in self.nodes.values() if tensor in n.inputs]
 
     def topo_order(self) -> list[Node]:
-        """Nodes in a deterministic topological order (insertion order breaks ties)."""
-        rank = {name: k for k, name in enumerate(self.nodes)}
-        order = nx.lexicographical_topological_sort(self._nx, key=rank.__getitem__)
-        return [self.nodes[n] for n in order]
+        """Nodes in a deterministic topological order (insertion order breaks ties).  The
+        fusion search asks for it thousands of times, so it is sorted once per set of nodes."""
+        if self._order is None:
+            insertion = {name: k for k, name in enumerate(self.nodes)}
+            order = nx.lexicographical_topological_sort(self._nx, key=insertion.__getitem__)
+            self._order = [self.nodes[n] for n in order]
+            self._rank = {n.name: k for k, n in enumerate(self._order)}
+        return list(self._order)
+
+    def topo_rank(self, name: str) -> int:
+        """The position of node ``name`` in :meth:`topo_order`."""
+        if self._order is None:
+            self.topo_order()
+        return self._rank[name]
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.topo_order())

@@ -15,6 +15,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -129,7 +130,12 @@ class Compute:
         return self.reduce_op == "sum" and isinstance(self.body, Binary) and self.body.op == "mul"
 
     def loads(self) -> list[Load]:
-        return loads(self.body)
+        return list(self._loads)
+
+    @cached_property
+    def _loads(self) -> tuple[Load, ...]:
+        # The tile search propagates regions through every candidate tile: walk the body once.
+        return tuple(loads(self.body))
 
     @property
     def point_flops(self) -> int:
@@ -149,7 +155,7 @@ class Compute:
     @property
     def inputs(self) -> tuple[str, ...]:
         """Tensors read, in first-use order, without repeats."""
-        return tuple(dict.fromkeys(ld.tensor for ld in self.loads()))
+        return tuple(dict.fromkeys(ld.tensor for ld in self._loads))
 
     def renamed(self, name: str | None = None, inputs: dict[str, str] | None = None) -> Compute:
         """Copy with a new output name and/or input tensors renamed."""

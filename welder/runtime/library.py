@@ -13,6 +13,7 @@ import math
 import os
 import re
 import statistics
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,14 @@ def parse_summary(text: str) -> tuple[float, float, float] | None:
 
 # get_input_fill's answers (0 is normal floats).
 _FILL_INTEGERS, _FILL_ONES, _FILL_BITS = 1, 2, 3
-_INT_FUNCTIONS = ("cuda_init", "cuda_free", "get_num_inputs", "get_num_outputs", "get_num_steps")
+_INT_FUNCTIONS = (
+    "cuda_init",
+    "cuda_free",
+    "run_on_device",
+    "get_num_inputs",
+    "get_num_outputs",
+    "get_num_steps",
+)
 _QUERY_FUNCTIONS = (
     "get_input_name",
     "get_output_name",
@@ -257,6 +265,24 @@ class RuntimeLibrary:
         times = (ctypes.c_float * iters)()
         self._check(self._lib.measure_latency(warmup, iters, number, times), "measure_latency")
         return Latency(tuple(float(t) for t in times))
+
+    def call_latency(self, iters: int = 100, warmup: int = 5) -> Latency:
+        """``iters`` wall-clock times (ms) of one synchronised run each, after ``warmup``, on the
+        inputs of the last :meth:`run`: what a caller with its tensors already on the device
+        waits per call -- the launch (a graph launch, or every kernel's) and the host's
+        overheads included, unlike :meth:`time` with ``number > 1``."""
+        self._require_open()
+        if iters < 1 or warmup < 0:
+            raise RuntimeLibraryError(f"need iters >= 1 and warmup >= 0, got {iters} and {warmup}")
+        for _ in range(warmup):
+            self._check(self._lib.run_on_device(), "run_on_device")
+        times = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            status = self._lib.run_on_device()
+            times.append((time.perf_counter() - start) * 1e3)
+            self._check(status, "run_on_device")
+        return Latency(tuple(times))
 
     @property
     def steps(self) -> list[Step]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from welder.arch import Arch
-from welder.graph import Graph
+from welder.graph import Graph, TensorInfo
 from welder.ir.expr import Load, format_expr, rename_tensors
 from welder.ir.views import aliased_input
 from welder.schedule.config import GroupConfig
@@ -48,6 +48,7 @@ class CostModel:
         self.options = options or Options()
         self.context = ScheduleContext(self._shape, self._dtype, arch, self.options)
         self._cache: dict[str, list[GroupConfig]] = {}
+        self._tensors: dict[str, TensorInfo] = {}  # graph.tensor, asked a million times a search
         self.calls = 0
 
     def configs(self, group: Group) -> list[GroupConfig]:
@@ -64,11 +65,17 @@ class CostModel:
         cfgs = self.configs(group)
         return cfgs[0].estimate.latency_us if cfgs else None
 
+    def _tensor(self, t: str) -> TensorInfo:
+        info = self._tensors.get(t)
+        if info is None:
+            info = self._tensors[t] = self.graph.tensor(t)
+        return info
+
     def _shape(self, t: str) -> tuple[int, ...]:
-        return self.graph.tensor(t).shape
+        return self._tensor(t).shape
 
     def _dtype(self, t: str) -> str:
-        return self.graph.tensor(t).dtype
+        return self._tensor(t).dtype
 
 
 def canonical_names(group: Group) -> dict[str, str]:

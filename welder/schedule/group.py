@@ -41,10 +41,10 @@ class Group:
 
 def make_group(graph: Graph, names: Iterable[str]) -> Group:
     member_set = set(names)
-    order = [n for n in graph.topo_order() if n.name in member_set]
-    if len(order) != len(member_set):
-        missing = member_set - {n.name for n in order}
+    missing = member_set - graph.nodes.keys()
+    if missing:
         raise InvalidGroup(f"not graph nodes: {sorted(missing)}")
+    order = [graph.nodes[m] for m in sorted(member_set, key=graph.topo_rank)]
     sinks = [n.name for n in order if not any(c.name in member_set for c in graph.consumers(n.name))]
     if len(sinks) != 1:
         raise InvalidGroup(f"a group needs exactly one sink, got {sinks}")
@@ -66,13 +66,13 @@ def make_group(graph: Graph, names: Iterable[str]) -> Group:
 
 def _check_convex(graph: Graph, members: set[str], order: list) -> None:
     """No path may leave the group and come back: that kernel would need its own output."""
-    rank = {n.name: k for k, n in enumerate(graph.topo_order())}
-    last = max(rank[n.name] for n in order)
+    rank = graph.topo_rank
+    last = max(rank(n.name) for n in order)
     frontier = [c.name for n in order for c in graph.consumers(n.name) if c.name not in members]
     seen: set[str] = set()
     while frontier:
         t = frontier.pop()
-        if t in seen or rank[t] > last:
+        if t in seen or rank(t) > last:
             continue
         seen.add(t)
         for c in graph.consumers(t):

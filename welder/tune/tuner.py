@@ -70,6 +70,12 @@ CANDIDATE_PREFIX = "welder_c"
 # on the GPU (see _ModelTuner.verified), at most VERIFY_DEPTH levels deep.
 VERIFY_RATIO = 2.0
 VERIFY_DEPTH = 3
+# Threads making groups' inputs and references (numpy: they release the GIL), and how many
+# groups ahead of the one being timed they work; each group ahead holds its arrays.
+HOST_THREADS = 2
+# Threads generating candidates' code (Python, so more would only contend for the GIL).
+CODEGEN_THREADS = 4
+HOST_LOOKAHEAD = 2
 _CANDIDATE = re.compile(rf"^{CANDIDATE_PREFIX}(\d+)_")
 
 
@@ -169,6 +175,8 @@ def prepare_candidates(graph: Graph, group: Group, configs: Sequence[GroupConfig
     return cands
 
 
+CALLS_PER_WORKER = 4
+MIN_KERNELS_PER_CALL = 2
 COMPILE_TIMEOUT_BASE_S = 60.0
 COMPILE_TIMEOUT_PER_KERNEL_S = 10.0
 COMPILE_TIMEOUT_MAX_S = 300.0
@@ -181,11 +189,30 @@ def compile_timeout_s(kernels: int) -> float:
     return min(COMPILE_TIMEOUT_MAX_S, COMPILE_TIMEOUT_BASE_S + COMPILE_TIMEOUT_PER_KERNEL_S * kernels)
 
 
-def compile_candidates(device: Device, cands: Candidates) -> Candidates:
-    """Compile every kernel, all in one call when they all compile (thread-safe: runs in the
-    compile pool)."""
-    _compile_split(device, cands, sorted(cands.kernels), may_split_timeout=True)
+def compile_candidates(
+    device: Device, cands: Candidates, per_call: int | None = None, pool: ThreadPoolExecutor | None = None
+) -> Candidates:
+    """Compile every kernel, in calls of ``per_call`` kernels (default: all in one) when they
+    all compile, the calls spread over ``pool`` when given (thread-safe: runs in the tuner's
+    code generation threads).  One call per group leaves cores idle where a model has fewer
+    distinct groups than cores: its largest group's nvcc alone then sets the tune's pace."""
+    indices = sorted(cands.kernels)
+    size = max(1, per_call or len(indices))
+    chunks = [indices[k : k + size] for k in range(0, len(indices), size)]
+    if pool is None or len(chunks) < 2:
+        for chunk in chunks:
+            _compile_split(device, cands, chunk, may_split_timeout=True)
+        return cands
+    for done in [pool.submit(_compile_split, device, cands, chunk, True) for chunk in chunks]:
+        done.result()
     return cands
+
+
+def kernels_per_call(kernels: int, workers: int) -> int:
+    """Candidates per nvcc call when ``kernels`` are to be compiled on ``workers`` cores:
+    enough calls (``CALLS_PER_WORKER`` per core) that no core waits for a long one, and no
+    fewer than ``MIN_KERNELS_PER_CALL`` kernels each, since every call parses the headers again."""
+    return max(MIN_KERNELS_PER_CALL, -(-kernels // (CALLS_PER_WORKER * max(1, workers))))
 
 
 def _compile_split(device: Device, cands: Candidates, indices: list[int], may_split_timeout: bool) -> None:
@@ -355,6 +382,23 @@ def _one_line(text: str, limit: int = 300) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+@dataclass
+class HostSide:
+    """A group's inputs and its reference outputs, being made on host threads.
+
+    Both are numpy work on the CPU -- seconds for a batch-64 group -- that the tuner's main
+    thread would otherwise do between its GPU launches; made a few groups ahead, they
+    overlap the waits for nvcc and the GPU's timing of earlier groups."""
+
+    feeds: Future[dict[str, np.ndarray]]
+    reference: Future[Reference]
+
+    @classmethod
+    def submit(cls, pool: ThreadPoolExecutor, graph: Graph, group: Group, seed: int) -> HostSide:
+        feeds = pool.submit(group_inputs, graph, group, seed)
+        return cls(feeds, pool.submit(lambda: reference(graph, group, feeds.result(), seed)))
+
+
 # -- the cache ------------------------------------------------------------------------------------
 
 
@@ -414,20 +458,22 @@ def finish_candidates(
     topk: int,
     seed: int = 0,
     phases: Phases | None = None,
+    host: HostSide | None = None,
 ) -> TunedConfig | None:
     """Time the compiled candidates, check them fastest first, keep and store the winner
-    (adding the time each step takes to ``phases``)."""
+    (adding the time each step takes to ``phases``).  ``host`` holds the group's inputs and
+    reference when they are being made on other threads (see :class:`HostSide`)."""
     phases = phases or Phases()
     group = cands.group
     with phases("inputs"):
-        feeds = group_inputs(graph, group, seed)
+        feeds = host.feeds.result() if host else group_inputs(graph, group, seed)
     inputs = [feeds[t] for t in group.inputs]
     memo: dict[str, Reference] = {}
 
     def expected() -> Reference:
         if "ref" not in memo:
             with phases("reference"):
-                memo["ref"] = reference(graph, group, feeds, seed)
+                memo["ref"] = host.reference.result() if host else reference(graph, group, feeds, seed)
         return memo["ref"]
 
     with phases("timing"):
@@ -830,31 +876,54 @@ class _ModelTuner:
                 todo[sig] = g
         bar = ProgressBar(len(todo), "tuning", self.stream)
         total = 0.0
-        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="welder-nvcc")
+        nvcc = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="welder-nvcc")
+        codegen = ThreadPoolExecutor(max_workers=CODEGEN_THREADS, thread_name_prefix="welder-codegen")
+        host_pool = ThreadPoolExecutor(max_workers=HOST_THREADS, thread_name_prefix="welder-host")
+        groups = list(todo.values())
+        host: dict[int, HostSide] = {}  # by position in groups; each holds its arrays
+        configs = [self.cost.configs(g) for g in groups]
+        per_call = kernels_per_call(sum(len(c) for c in configs), self.workers)
         try:
             futures: list[Future[Candidates]] = [
-                pool.submit(self._prepare_and_compile, g, self.cost.configs(g)) for g in todo.values()
+                codegen.submit(self._prepare_and_compile, g, c, per_call, nvcc)
+                for g, c in zip(groups, configs)
             ]
-            for done, (g, fut) in enumerate(zip(todo.values(), futures), 1):
+            for k, (g, fut) in enumerate(zip(groups, futures)):
+                # Inputs and references for the next groups, while this one compiles and times.
+                while len(host) + k < min(len(groups), k + 1 + HOST_LOOKAHEAD):
+                    ahead = len(host) + k
+                    host[ahead] = HostSide.submit(host_pool, self.graph, groups[ahead], self.measure.seed)
                 key = self.measure.cache_key(g)
                 with self.phases("nvcc"):  # what the compile pool has not finished yet
                     cands = fut.result()
                 result = finish_candidates(
-                    self.graph, cands, self.device, self.cache, key, self.topk, self.measure.seed, self.phases
+                    self.graph,
+                    cands,
+                    self.device,
+                    self.cache,
+                    key,
+                    self.topk,
+                    self.measure.seed,
+                    self.phases,
+                    host.pop(k),
                 )
                 self.measure.tunes += 1
                 self.measure.remember(g, result, cands.dropped)
                 if result is not None:
                     total += result.latency_us
                 note = f"best {result.latency_us:.1f} us" if result else "no valid candidate"
-                bar.update(done, f"{note}, {total:.0f} us so far")
+                bar.update(k + 1, f"{note}, {total:.0f} us so far")
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            for pool in (codegen, nvcc, host_pool):
+                pool.shutdown(wait=False, cancel_futures=True)
             bar.close()
 
-    def _prepare_and_compile(self, group: Group, configs: list[GroupConfig]) -> Candidates:
-        """Code generation and nvcc for one group (runs in the compile pool)."""
-        return compile_candidates(self.device, prepare_candidates(self.graph, group, configs))
+    def _prepare_and_compile(
+        self, group: Group, configs: list[GroupConfig], per_call: int, nvcc: ThreadPoolExecutor
+    ) -> Candidates:
+        """Code generation for one group, then its nvcc calls on the ``nvcc`` pool (runs in
+        the code generation pool, whose threads only wait on nvcc's: no deadlock)."""
+        return compile_candidates(self.device, prepare_candidates(self.graph, group, configs), per_call, nvcc)
 
     def plan(self, groups: Sequence[Group]) -> tuple[list[PlannedGroup], bool]:
         """The tuned groups in execution order (a group without any valid candidate is split
