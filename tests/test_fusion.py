@@ -342,3 +342,50 @@ def test_cost_model_measure_caches_identical_groups():
     assert cost.calls == 1
     [cfg] = cost.configs(b)
     assert cfg.root == "k" and cfg.stages[0].node == "k"
+
+
+def _projection_then_window_norm(batch: int = 8) -> Graph:
+    """Swin's block end and patch merging: a projection, its bias and the residual, the 2x2
+    window partition (reshapes and a transpose) and the LayerNorm before the next product."""
+    rng = np.random.default_rng(0)
+    inputs = {
+        "h": rng.standard_normal((batch, 3136, 384)).astype(np.float16),
+        "r": rng.standard_normal((batch, 3136, 96)).astype(np.float16),
+    }
+    consts = {
+        "w": (rng.standard_normal((384, 96)) / 20).astype(np.float16),
+        "b": np.zeros(96, np.float16),
+        "s1": np.array([batch, 56, 56, 96], np.int64),
+        "s2": np.array([batch, 28, 2, 28, 2, 96], np.int64),
+        "s3": np.array([batch, 28, 28, 384], np.int64),
+        "g": np.ones(384, np.float16),
+        "beta": np.zeros(384, np.float16),
+        "w2": (rng.standard_normal((384, 192)) / 20).astype(np.float16),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["h", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["mb"]),
+        helper.make_node("Add", ["mb", "r"], ["y"]),
+        helper.make_node("Reshape", ["y", "s1"], ["y1"]),
+        helper.make_node("Reshape", ["y1", "s2"], ["y2"]),
+        helper.make_node("Transpose", ["y2"], ["y3"], perm=[0, 1, 3, 4, 2, 5]),
+        helper.make_node("Reshape", ["y3", "s3"], ["y4"]),
+        helper.make_node("LayerNormalization", ["y4", "g", "beta"], ["n"], axis=-1),
+        helper.make_node("MatMul", ["n", "w2"], ["out"]),
+    ]
+    return import_onnx(make_model(nodes, inputs, ["out"], consts, opset=17))
+
+
+def test_a_span_must_beat_the_greedy_fusion_of_its_nodes() -> None:
+    """The span from the projection to the LayerNorm's sum of squares (a product too) beats
+    one kernel per node, but as one group its projection runs on CUDA cores, which a
+    tensor-core group and a fused normalisation apart beat; the span is dropped and the
+    projection stays on tensor cores."""
+    graph = _projection_then_window_norm()
+    cm = CostModel(graph, get_arch("H100"))
+    result = fuse(graph, cm)
+    (home,) = [g for g in result.groups if "m" in g.members]
+    assert cm.configs(home)[0].stages[0].kind in ("mma", "wgmma")
+    assert not any(line.startswith("span") and "'m'" in line for line in result.log)
+    whole = make_group(graph, [g for g in home.members] + ["y4", "n:sum", "n:mean", "n:centred", "n:sqsum"])
+    assert cm(whole) > result.latency_us - sum(cm(g) for g in result.groups if "out" in g.members)

@@ -58,6 +58,7 @@ from welder.schedule.kinds import Options
 from welder.schedule.plan import abbreviate_ops, format_summary, plan_model, tuned_json
 from welder.tune.cache import TuningCache
 from welder.tune.tuner import (
+    GIVE_UP_RATIO,
     MIN_KERNELS_PER_CALL,
     ProgressBar,
     TunedGroup,
@@ -146,6 +147,7 @@ class ScriptedDevice:
         self.timed: list[str] = []
         self.ran: list[str] = []
         self.roots: list[str] = []
+        self.give_ups: list[float | None] = []
         self._lock = threading.Lock()
 
     def what(self, kernel) -> str:
@@ -163,7 +165,8 @@ class ScriptedDevice:
             raise CompileError(f"kernels.cu(12): error: fake diagnostic in {bad[0]}")
         return tuple(k.name for k in kernels)
 
-    def time(self, program, kernel, inputs) -> float:
+    def time(self, program, kernel, inputs, give_up_us=None) -> float:
+        self.give_ups.append(give_up_us)
         assert kernel.name in program
         assert any(np.any(a) for a in inputs), "timed on all-zero inputs"
         if kernel.root not in self.roots:
@@ -222,7 +225,7 @@ class EmulatedDevice:
             raise LaunchError(str(e)) from None
         return outs
 
-    def time(self, module, kernel, inputs) -> float:
+    def time(self, module, kernel, inputs, give_up_us=None) -> float:
         return 2.0 + kernel.grid * kernel.threads / 1000.0 + kernel.smem_bytes / 1e4
 
 
@@ -732,6 +735,28 @@ def test_sampling_stops_when_the_median_settles():
     )
     assert 5 <= len(samples) <= 21  # the budget ended it
     assert len(sample_until_stable(lambda: next(noisy), budget_s=1e9, max_samples=7, rel_tol=0.0)) == 7
+    # Far behind another candidate: two samples above the mark end it, however noisy.
+    slow = iter([9.0, 8.0, 1.0, 9.0] * 10)
+    assert sample_until_stable(lambda: next(slow), min_samples=5, rel_tol=0.0, give_up_above=4.0) == [
+        9.0,
+        8.0,
+    ]
+    fast = iter([2.0, 3.0, 2.0, 2.5, 2.0] * 10)
+    assert len(sample_until_stable(lambda: next(fast), min_samples=5, rel_tol=0.5, give_up_above=4.0)) >= 5
+
+
+def test_candidates_far_behind_the_fastest_are_timed_roughly():
+    """The first candidate is timed without a mark; every later one against 1.5 times the
+    fastest before it."""
+    graph = matmul_graph()
+    group, configs = matmul_configs(graph)
+    latency = {k: 10.0 + k for k in range(len(configs))}
+    latency[2] = 5.0
+    device = ScriptedDevice(graph, latency=latency)
+    tune_group(graph, group, ARCH, 8, None, device, configs=configs)
+    n = len(configs)
+    expected = [None, 15.0, 15.0] + [GIVE_UP_RATIO * 5.0] * (n - 3)
+    assert device.give_ups == pytest.approx(expected)
 
 
 def test_rotation_copies_span_l2_within_memory():
@@ -828,7 +853,7 @@ class FlakyExecutor:
         assert module in self.loaded
         return [np.full(shape, inputs[0].sum(), dtype) for shape, dtype in outputs]
 
-    def time(self, module, launch, data, outputs, budget_s):
+    def time(self, module, launch, data, outputs, budget_s, give_up_ms=None):
         return 0.0125
 
 
@@ -942,9 +967,9 @@ def test_a_measured_tune_says_where_its_time_went():
             time.sleep(0.2)
             return super().compile(kernels, timeout_s)
 
-        def time(self, program, kernel, inputs):
+        def time(self, program, kernel, inputs, give_up_us=None):
             time.sleep(0.05)
-            return super().time(program, kernel, inputs)
+            return super().time(program, kernel, inputs, give_up_us)
 
     graph = layernorm_gelu()
     device = Slow(graph)

@@ -573,17 +573,21 @@ def sample_until_stable(
     max_samples: int = 100,
     rel_tol: float = 0.01,
     clock: Callable[[], float] = time.perf_counter,
+    give_up_above: float | None = None,
 ) -> list[float]:
     """Call ``sample`` until the median settles or the budget is spent.
 
     Settled: at least ``min_samples`` taken, and the median moved by at most ``rel_tol`` when
     the last sample was added and when the last two were.  One sample is always taken; the
     budget wins over ``min_samples`` (a slow kernel gets fewer repeats rather than a longer
-    tune)."""
+    tune).  With ``give_up_above``, two samples whose median exceeds it end the sampling:
+    a candidate that far behind another needs no precise time."""
     samples: list[float] = []
     start = clock()
     while len(samples) < max_samples:
         samples.append(sample())
+        if give_up_above is not None and len(samples) >= 2 and statistics.median(samples) > give_up_above:
+            break
         if len(samples) >= max(min_samples, 3):
             now = statistics.median(samples)
             moved = max(abs(now - statistics.median(samples[:-k])) for k in (1, 2))
@@ -620,6 +624,7 @@ def time_kernel(
     rel_tol: float = 0.01,
     l2_bytes: int | None = None,
     max_copies: int = 32,
+    give_up_ms: float | None = None,
 ) -> float:
     """Median milliseconds of one launch, by CUDA events.
 
@@ -627,7 +632,8 @@ def time_kernel(
     of GPU time) behind a spin kernel and divides the event time by the batch size; samples
     repeat until :func:`sample_until_stable` is satisfied.  When the launch's buffers fit in
     L2 they are copied and launches rotate through the copies.  The caller provides the data:
-    never time on all-zero inputs (some kernels run faster on zeros)."""
+    never time on all-zero inputs (some kernels run faster on zeros).  ``give_up_ms``: see
+    :func:`sample_until_stable`'s ``give_up_above``."""
     drv = _driver()
     stream = drv.Stream()
     sets = _rotation_sets(args, l2_bytes, max_copies)
@@ -665,7 +671,12 @@ def time_kernel(
             return start.time_till(end) / batch
 
         samples = sample_until_stable(
-            sample, budget_s=budget_s, min_samples=min_samples, max_samples=max_samples, rel_tol=rel_tol
+            sample,
+            budget_s=budget_s,
+            min_samples=min_samples,
+            max_samples=max_samples,
+            rel_tol=rel_tol,
+            give_up_above=give_up_ms,
         )
         return statistics.median(samples)
     finally:
@@ -772,7 +783,13 @@ class GpuExecutor:
             self._free(outs)
 
     def time(
-        self, module: str, launch: LaunchSpec, data: str, outputs: Sequence[OutputSpec], budget_s: float
+        self,
+        module: str,
+        launch: LaunchSpec,
+        data: str,
+        outputs: Sequence[OutputSpec],
+        budget_s: float,
+        give_up_ms: float | None = None,
     ) -> float:
         """Median milliseconds of one launch (see :func:`time_kernel`)."""
         outs = self._outputs(outputs)
@@ -787,6 +804,7 @@ class GpuExecutor:
                     [*self._data[data], *outs, *launch.tensor_maps],
                     budget_s=budget_s,
                     l2_bytes=self.info().l2_bytes,
+                    give_up_ms=give_up_ms,
                 )
         finally:
             self._free(outs)
@@ -1212,14 +1230,24 @@ class GpuDevice:
             "run", program.key, launch_spec(kernel), self._data_key, output_specs(kernel)
         )
 
-    def time(self, program: GpuProgram, kernel: Any, inputs: Sequence[np.ndarray]) -> float:
-        """Median microseconds of one launch of ``kernel`` on ``inputs``."""
+    def time(
+        self, program: GpuProgram, kernel: Any, inputs: Sequence[np.ndarray], give_up_us: float | None = None
+    ) -> float:
+        """Median microseconds of one launch of ``kernel`` on ``inputs`` (a rough one, once
+        it is clearly above ``give_up_us``)."""
         floats = [a for a in inputs if np.issubdtype(np.asarray(a).dtype, np.floating)]
         if floats and not any(np.any(a) for a in floats):
             raise ValueError(f"refusing to time {kernel.name} on all-zero inputs")
         self._prepare(program, kernel, inputs)
+        give_up_ms = None if give_up_us is None else give_up_us / 1000.0
         ms = self.backend.call(
-            "time", program.key, launch_spec(kernel), self._data_key, output_specs(kernel), self.budget_s
+            "time",
+            program.key,
+            launch_spec(kernel),
+            self._data_key,
+            output_specs(kernel),
+            self.budget_s,
+            give_up_ms,
         )
         return float(ms) * 1000.0
 

@@ -14,6 +14,7 @@ but injective operators still travel with the reduction next to them (see
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -121,6 +122,7 @@ def fuse(
     library: Sequence[LibraryGroup] = (),
     only: Collection[str] | None = None,
     max_stages: int = MAX_GROUP_STAGES,
+    product_spans: bool = True,
 ) -> FusionResult:
     """Partition the graph into groups, in execution order.
 
@@ -129,7 +131,7 @@ def fuse(
     and they are not measured: their latency is the library's estimate.  With ``nofusion``
     the groups are :func:`nofusion_partition`'s.  ``only`` restricts the search to those
     nodes (re-fusing one group's members), ``max_stages`` caps the tile-owning stages of a
-    group."""
+    group; ``product_spans=False`` leaves :func:`_product_spans` out (greedy growth only)."""
     order = [n.name for n in graph.topo_order()]
     rank = {n: k for k, n in enumerate(order)}
     scheduled: set[str] = {m for lg in library for m in lg.group.members}
@@ -140,7 +142,8 @@ def fuse(
     part_of: dict[str, set[str]] = {}
     if nofusion:
         part_of = {m: part for part in nofusion_partition(graph, measure, scheduled, log) for m in part}
-    spans = {} if nofusion else _product_spans(graph, order, scheduled, measure, rank, log, max_stages)
+    search = product_spans and not nofusion
+    spans = _product_spans(graph, order, scheduled, measure, rank, log, max_stages) if search else {}
     span_of = {m: span for span in spans.values() for m in span}
     reserved = set(span_of)
     for k, name in enumerate(order):
@@ -327,7 +330,9 @@ def _product_spans(
             continue
         fused = measure(group)
         parts = _separate_cost(graph, span, measure)
-        if fused is not None and parts is not None and fused < parts:
+        if fused is None or parts is None or fused >= parts:
+            continue
+        if fused <= _greedy_cost(graph, span, measure, max_stages):  # often the span itself
             found.append((parts - fused, name, span))
     # Largest gain first: of a chain of products (a projection, the scores, their product
     # with values, the next projection) each overlapping span competes with its neighbours.
@@ -340,6 +345,18 @@ def _product_spans(
         spans[name] = span
         taken |= span
     return spans
+
+
+def _greedy_cost(graph: Graph, span: set[str], measure: LatencyMeasure, max_stages: int) -> float:
+    """What a span's nodes cost fused greedily without it (inf where they cannot be).  A span
+    must beat this as well as one kernel per node: against the latter alone, a span whose
+    product falls to CUDA cores (a projection fused with the window partition and LayerNorm
+    after it, which no tensor-core kind takes as later stages) still looks cheap, though a
+    tensor-core group and a fused normalisation measure three times faster."""
+    try:
+        return fuse(graph, measure, only=span, max_stages=max_stages, product_spans=False).latency_us
+    except InvalidGroup:
+        return math.inf
 
 
 def _with_copies_in(graph: Graph, span: set[str], scheduled: set[str]) -> set[str]:

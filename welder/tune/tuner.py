@@ -73,6 +73,8 @@ VERIFY_DEPTH = 3
 # Threads making groups' inputs and references (numpy: they release the GIL), and how many
 # groups ahead of the one being timed they work; each group ahead holds its arrays.
 HOST_THREADS = 2
+# A candidate this many times slower than the group's fastest so far is not timed precisely.
+GIVE_UP_RATIO = 1.5
 # Threads generating candidates' code (Python, so more would only contend for the GIL).
 CODEGEN_THREADS = 4
 HOST_LOOKAHEAD = 2
@@ -86,7 +88,8 @@ class Device(Protocol):
     (the tuner's limit for that call; None: the device's own); ``run`` and ``time`` raise
     :class:`welder.device.gpu.LaunchError` (``KernelTimeout`` included) for a kernel that cannot be
     launched, faults or hangs.  ``inputs`` are the kernel's input parameters in order; ``run``
-    returns its outputs in order; ``time`` returns the median microseconds of one launch."""
+    returns its outputs in order; ``time`` returns the median microseconds of one launch, and
+    may stop refining it once it is clearly above ``give_up_us``."""
 
     @property
     def name(self) -> str: ...  # the GPU, as its driver names it
@@ -101,7 +104,9 @@ class Device(Protocol):
 
     def run(self, program: Any, kernel: Any, inputs: Sequence[np.ndarray]) -> list[np.ndarray]: ...
 
-    def time(self, program: Any, kernel: Any, inputs: Sequence[np.ndarray]) -> float: ...
+    def time(
+        self, program: Any, kernel: Any, inputs: Sequence[np.ndarray], give_up_us: float | None = None
+    ) -> float: ...
 
 
 class TuneError(WelderError):
@@ -305,10 +310,13 @@ def _product_scales(graph: Graph, group: Group) -> dict[str, float]:
 
 
 def _time_all(device: Device, cands: Candidates, inputs: list[np.ndarray]) -> dict[int, float]:
+    """Each compiled candidate's time; one already ``GIVE_UP_RATIO`` times slower than the
+    fastest so far is timed roughly (it will be checked, if ever, only after those)."""
     timings: dict[int, float] = {}
     for i in sorted(cands.programs):
+        give_up = GIVE_UP_RATIO * min(timings.values()) if timings else None
         try:
-            us = float(device.time(cands.programs[i], cands.kernels[i], inputs))
+            us = float(device.time(cands.programs[i], cands.kernels[i], inputs, give_up))
         except LaunchError as e:
             cands.drop(i, _launch_reason(e), str(e))
             continue

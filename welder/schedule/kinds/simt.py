@@ -117,6 +117,11 @@ class SimtConfig(StageConfig):
         return cls(**{**tuples_of(d, cls), "staged": staged})
 
 
+#: The tile search stops once it holds ``topk`` configs and the best tile left to expand is
+#: estimated this many times slower than the best found.
+SEARCH_GIVE_UP = 3.0
+
+
 class SimtKind:
     """The kind every group has: generic CUDA cores, one thread per register tile."""
 
@@ -155,9 +160,13 @@ def schedule_group(
         heap.append((first.estimate.latency_us, start, first))
     results: list[GroupConfig] = []
     evaluated = 1
+    best = math.inf
     while heap and evaluated < options.max_candidates:
+        if len(results) >= options.topk and heap[0][0] > SEARCH_GIVE_UP * best:
+            break  # what is left to expand is far behind: its neighbours will be too
         _, pos, cfg = heapq.heappop(heap)
         results.append(cfg)
+        best = min(best, cfg.estimate.latency_us)
         for d in range(len(pos)):
             nxt = (*pos[:d], pos[d] + 1, *pos[d + 1 :])
             if nxt[d] >= len(axis_choices[d]) or nxt in seen:
