@@ -935,6 +935,7 @@ def test_gpu_device_sends_module_and_inputs_again_after_a_crash():
         assert y[0] == 28.0
         with pytest.raises(ValueError, match="all-zero"):
             device.time(program, _Kernel("good"), [np.zeros(8, np.float32)])
+        assert device.time(program, _Kernel("good"), x) == pytest.approx(12.5)  # checked per upload
     finally:
         device.close()
 
