@@ -386,12 +386,13 @@ def _staged(kb: KernelBuilder, k: int, st: SimtConfig, c: Compute, sd: StagedInp
     region = read_regions(c, kb.regions.members[st.node].dims, kb.shape_of, st.rstep)[sd.tensor]
     info = kb.graph.tensor(sd.tensor)
     kb.add_view(view, info.dtype, sd.offset, math.prod(sd.extents))
+    last = len(sd.extents) - 1
     dims = [
-        _StagedDim(d, e, f"{view}_o{d}", kb.index_c(iv.lo_expr()))
+        _StagedDim(d, e, f"{view}_o{d}", _origin(kb.index_c(iv.lo_expr()), sd.shift if d == last else 0))
         for d, (e, iv) in enumerate(zip(sd.extents, region.dims))
     ]
     xs = [f"({d.origin_name} + c{d.axis})" for d in dims]
-    vector = _load_vector(sd.vector, region, info.shape, sd.extents, info.dtype)
+    vector = _load_vector(sd.vector, region, info.shape, sd.extents, info.dtype, sd.shift)
     bounds = []
     for d, x, size in zip(dims, xs, info.shape):
         hi = size - vector + 1 if d.axis == len(dims) - 1 else size
@@ -436,8 +437,13 @@ def _printer(
     return CPrinter(load, nonneg=nonneg)
 
 
+def _origin(origin: str, shift: int) -> str:
+    """A staging buffer's origin along one axis: the region's, ``shift`` elements earlier."""
+    return f"({origin}) - {shift}" if shift else origin
+
+
 def _load_vector(
-    requested: int, region: Region, shape: Sequence[int], extents: Sequence[int], dtype: str
+    requested: int, region: Region, shape: Sequence[int], extents: Sequence[int], dtype: str, shift: int = 0
 ) -> int:
     """Elements each staged load moves.  The policy asks for vector loads (``requested`` > 1)
     and counts elements, up to 4; the hardware's limit is bytes, 16 per load, which is 8
@@ -448,7 +454,7 @@ def _load_vector(
         return 1
     item = np_dtype(dtype).itemsize
     widths = sorted((w for d, w in VECTOR_TYPES if d == dtype and w * item <= MAX_VECTOR_BYTES), reverse=True)
-    return next((w for w in widths if vector_aligned(region, shape, extents, w)), 1)
+    return next((w for w in widths if vector_aligned(region, shape, extents, w, shift)), 1)
 
 
 def _nonneg_interval(iv: Interval) -> bool:

@@ -79,6 +79,9 @@ class StagedInput:
     extents: tuple[int, ...]  # region per step
     offset: int  # byte offset in the group's shared pool
     vector: int  # elements per load instruction
+    # Elements the buffer starts before the region along the innermost axis, so that vector
+    # loads start aligned where the region does not (a convolution's halo: origin - 1).
+    shift: int = 0
 
 
 @dataclass
@@ -363,11 +366,12 @@ def group_info(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -
 class StepOption:
     """One reduction step of a stage and the global inputs staged with it.
 
-    ``staged`` holds (tensor, extents per step, vector width); ``coalesced`` is False when
-    the step cuts a staged input's contiguous runs below one read transaction."""
+    ``staged`` holds (tensor, extents per step, vector width, shift: see
+    :class:`StagedInput`); ``coalesced`` is False when the step cuts a staged input's
+    contiguous runs below one read transaction."""
 
     rstep: tuple[int, ...]
-    staged: tuple[tuple[str, tuple[int, ...], int], ...]
+    staged: tuple[tuple[str, tuple[int, ...], int, int], ...]
     nbytes: int  # staging buffers of one step
     coalesced: bool
 
@@ -412,8 +416,11 @@ class StepOptions:
                 continue  # read about once per element: staging buys nothing
             # The buffer spans the whole region, halo outside the tensor included (zero-filled),
             # so kernels index it with the same offsets the region was computed with.
-            staged.append((tensor, reg.extents, vector_width(reg, shape, reg.extents)))
-            nbytes += math.prod(reg.extents) * elem
+            extents, vector, shift = reg.extents, vector_width(reg, shape, reg.extents), 0
+            if vector == 1:
+                extents, vector, shift = aligned_superset(reg, shape, elem)
+            staged.append((tensor, extents, vector, shift))
+            nbytes += math.prod(extents) * elem
         return StepOption(rstep, tuple(staged), nbytes, coalesced)
 
     def smaller(self, k: int, nbytes: int, coalesced_only: bool) -> int | None:
@@ -840,7 +847,7 @@ def _apply_step(stage: SimtConfig, option: StepOption, whole: tuple[int, ...]) -
         stage.rstep, stage.staged = whole, []  # nothing worth staging: one pass over global memory
         return
     stage.rstep = option.rstep
-    stage.staged = [StagedInput(t, ext, 0, v) for t, ext, v in option.staged]
+    stage.staged = [StagedInput(t, ext, 0, v, shift) for t, ext, v, shift in option.staged]
 
 
 def _distinct_loads(c: Compute) -> list[Load]:
@@ -862,11 +869,13 @@ def vector_width(region: Region, shape: Sequence[int], extents: Sequence[int]) -
     return next((v for v in (4, 2) if vector_aligned(region, shape, extents, v)), 1)
 
 
-def vector_aligned(region: Region, shape: Sequence[int], extents: Sequence[int], width: int) -> bool:
+def vector_aligned(
+    region: Region, shape: Sequence[int], extents: Sequence[int], width: int, shift: int = 0
+) -> bool:
     """True if loads of ``width`` elements along the innermost axis start at multiples of
     ``width`` in every block and step: the tensor's rows, the buffer's innermost extent and
-    the region's innermost origin all divide, so a vector is wholly inside the tensor or
-    wholly outside it."""
+    the buffer's innermost origin (the region's, ``shift`` elements earlier) all divide, so
+    a vector is wholly inside the tensor or wholly outside it."""
     if not shape:
         return False
     aff = region.dims[-1].affine
@@ -874,9 +883,32 @@ def vector_aligned(region: Region, shape: Sequence[int], extents: Sequence[int],
         shape[-1] % width == 0
         and extents[-1] % width == 0
         and aff is not None
-        and aff.const % width == 0
+        and (aff.const - shift) % width == 0
         and aff.coefs_divisible_by(width)
     )
+
+
+#: A staging buffer may grow by at most this share to start its vectors aligned.
+SUPERSET_GROWTH = 1.5
+
+
+def aligned_superset(region: Region, shape: Sequence[int], itemsize: int) -> tuple[tuple[int, ...], int, int]:
+    """``(extents, vector, shift)`` of a staging buffer that starts ``shift`` elements before
+    ``region`` along the innermost axis and rounds its extent up, so that 16-byte vectors
+    start aligned -- where only the region's constant offset (a halo) spoils the alignment
+    and the buffer grows by at most ``SUPERSET_GROWTH``; else the region as it is, in
+    single elements.  A depthwise 3x3 convolution's 66-wide rows become 72 halves loaded 8
+    at a time instead of 66 loads of one."""
+    extents = tuple(region.extents)
+    width = VECTOR_BYTES // itemsize
+    aff = region.dims[-1].affine if shape else None
+    if width < 2 or aff is None or shape[-1] % width or not aff.coefs_divisible_by(width):
+        return extents, 1, 0
+    shift = aff.const % width
+    inner = -(-(shift + extents[-1]) // width) * width
+    if inner > SUPERSET_GROWTH * extents[-1]:
+        return extents, 1, 0
+    return (*extents[:-1], inner), min(width, 4), shift
 
 
 def plan_smem(info: _GroupInfo, stages: list[SimtConfig]) -> int:
