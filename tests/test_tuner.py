@@ -588,6 +588,29 @@ def test_a_fusion_the_gpu_disproves_is_split_into_shallower_groups():
     assert checks and all("split into" in line or line.startswith("fusion of") for line in checks)
 
 
+def test_the_first_level_of_splits_is_tuned_in_one_batch(monkeypatch):
+    """Before the checks, the shallower groups of every doubted group are tuned together:
+    the checks' own first-level tunes then find them all tuned (one nvcc batch over every
+    core, not one small batch per doubted group)."""
+    from welder.tune.tuner import _ModelTuner
+
+    calls: list[int] = []  # groups each tune_all had to tune
+    original = _ModelTuner.tune_all
+
+    def counting(self, groups):
+        calls.append(sum(1 for g in groups if not self.measure.known(g)))
+        return original(self, groups)
+
+    monkeypatch.setattr(_ModelTuner, "tune_all", counting)
+    graph = layernorm_gelu()
+    device = ScriptedDevice(graph, latency=lambda k: 1000.0 if stages_of(k) >= 3 else 5.0 * stages_of(k))
+    plan = tune_model(graph, ARCH, 2, None, device)
+    assert any("split into" in line for line in plan.log)
+    assert calls[0] > 0 and calls[1] > 0  # the model's groups, then every first-level split
+    doubted = sum(1 for g in fuse(graph, CostModel(graph, ARCH)).groups if len(g.stages) >= 3)
+    assert calls[2 : 2 + doubted] == [0] * doubted  # the checks' first level: all known
+
+
 def test_a_slow_fusion_is_kept_when_its_parts_are_slower_still():
     graph = layernorm_gelu()
     before = fuse(graph, CostModel(graph, ARCH)).groups

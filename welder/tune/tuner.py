@@ -748,6 +748,7 @@ class _ModelTuner:
         self.measure = GpuMeasure(graph, arch, device, cache, topk, seed, self.cost, self.phases)
         self.log: list[str] = []
         self.split_failures: list[SplitFailure] = []
+        self._ways: dict[tuple[str, tuple[str, ...]], list[tuple[str, list[Group]]] | str] = {}
 
     def fuse_by_measurement(self, nofusion: bool) -> list[Group]:
         bar = ProgressBar(len(self.graph.nodes), "tuning (fusion by measurement)", self.stream)
@@ -772,8 +773,47 @@ class _ModelTuner:
         self.tune_all([g for g in result.groups if g.root not in self.library])
         if nofusion:
             return result.groups
+        self.tune_all([p for g in result.groups if self.doubted(g, 0) for p in self.split_groups(g)])
         groups = [part for g in result.groups for part in self.verified(g, 0)]
         return [groups[k] for k in execution_order(groups)]
+
+    def doubted(self, g: Group, depth: int) -> bool:
+        """Whether :meth:`verified` checks ``g``'s fusion: a fused group measuring over
+        ``VERIFY_RATIO`` times its prediction (or without a valid candidate)."""
+        if g.root in self.library or len(g.stages) < 2 or depth >= VERIFY_DEPTH:
+            return False
+        result = self.measure.tuned(g)
+        predicted = self.cost(g)
+        return predicted is not None and (result is None or result.latency_us > VERIFY_RATIO * predicted)
+
+    def split_groups(self, g: Group) -> list[Group]:
+        """Every group of the ways :meth:`verified` would split ``g``: tuned together before
+        the checks, they compile in one batch over every core rather than in one small batch
+        per doubted group."""
+        ways = self.ways(g)
+        return [] if isinstance(ways, str) else [p for _, split in ways for p in split]
+
+    def ways(self, g: Group) -> list[tuple[str, list[Group]]] | str:
+        """The ways to split ``g`` (halved; first stage apart where that differs), or why it
+        cannot be split; worked out once per group."""
+        key = (g.root, g.members)  # a split's part may keep its parent's root
+        if key not in self._ways:
+            self._ways[key] = self._find_ways(g)
+        return self._ways[key]
+
+    def _find_ways(self, g: Group) -> list[tuple[str, list[Group]]] | str:
+        stages = max(1, len(g.stages) // 2)
+        try:
+            parts = fuse(self.graph, self.cost, only=g.members, max_stages=stages).groups
+        except InvalidGroup as e:
+            return f"its ops cannot be re-fused with at most {stages} stages: {e}"
+        if len(parts) < 2:
+            return f"re-fused with at most {stages} stages, its ops form one group again"
+        ways = [("halved", parts)]
+        peeled = self.peeled(g)
+        if peeled is not None and {p.root for p in peeled} != {p.root for p in parts}:
+            ways.append(("first stage apart", peeled))
+        return ways
 
     def verified(self, g: Group, depth: int) -> list[Group]:
         """``g``, or shallower groups of its members if the GPU disagrees with the fusion.
@@ -788,27 +828,16 @@ class _ModelTuner:
         to ``VERIFY_DEPTH`` levels.  A split that cannot be made, or whose groups are not
         all valid, is no verdict on the fusion: it is a warning and a
         :class:`SplitFailure` in the plan, so a slow group never stays silently."""
-        if g.root in self.library or len(g.stages) < 2 or depth >= VERIFY_DEPTH:
+        if not self.doubted(g, depth):
             return [g]
         result = self.measure.tuned(g)
         predicted = self.cost(g)
-        if predicted is None or (result is not None and result.latency_us <= VERIFY_RATIO * predicted):
+        if predicted is None:  # doubted() rules this out; the check narrows the type
             return [g]
-        stages = max(1, len(g.stages) // 2)
-        try:
-            parts = fuse(self.graph, self.cost, only=g.members, max_stages=stages).groups
-        except InvalidGroup as e:
-            return self.unsplit(
-                g, result, predicted, f"its ops cannot be re-fused with at most {stages} stages: {e}"
-            )
-        if len(parts) < 2:
-            return self.unsplit(
-                g, result, predicted, f"re-fused with at most {stages} stages, its ops form one group again"
-            )
-        ways = [("halved", parts)]
-        peeled = self.peeled(g)
-        if peeled is not None and {p.root for p in peeled} != {p.root for p in parts}:
-            ways.append(("first stage apart", peeled))
+        ways = self.ways(g)
+        if isinstance(ways, str):
+            return self.unsplit(g, result, predicted, ways)
+        parts = ways[0][1]
         measured: list[tuple[float, str, list[Group]]] = []
         why = ""
         for way, split in ways:
