@@ -250,6 +250,9 @@ def _step(fn: Callable[..., object], args: tuple[Any, ...], cudagraphs: bool) ->
     return call
 
 
+#: What a note says where a system's device time could not be taken by capturing its call
+#: (scripts/benchmark.py lists those notes under the table).
+CAPTURE_FALLBACK = "could not be captured"
 #: The same kernels without torch.compile's own CUDA graphs, for a capture of our own.
 UNGRAPHED_MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
@@ -337,10 +340,10 @@ def time_system(
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         torch.cuda.synchronize()
         if system == "eager":
-            note = f"eager could not be captured ({why}): device time is CUDA events around calls"
+            note = f"eager {CAPTURE_FALLBACK} ({why}): device time is CUDA events around calls"
             return SystemTiming(measure(call, CudaEventClock(), plan), latency, compile_s, [note])
         ungraphed = UNGRAPHED_MODES[COMPILE_MODES[system]]
-        note = f"its callable could not be captured ({why}): device time of mode={ungraphed!r}, captured"
+        note = f"its callable {CAPTURE_FALLBACK} ({why}): device time of mode={ungraphed!r}, captured"
         fallback = _step(_compiled(module, ungraphed), args, False)
         return SystemTiming(_device_time(fallback, plan), latency, compile_s, [note])
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "artifacts"))
 sys.path.insert(0, str(ROOT))
 
 from run_onnxrt import PROVIDERS, run_onnxrt  # noqa: E402
-from run_torch import TORCH_SYSTEMS, TimingPlan, load, time_system  # noqa: E402
+from run_torch import CAPTURE_FALLBACK, TORCH_SYSTEMS, TimingPlan, load, time_system  # noqa: E402
 
 SYSTEMS = ("welder", "eager", "compile", "compile-max-autotune", "onnxruntime")
 PEERS = ("eager", "compile", "compile-max-autotune", "onnxruntime")
@@ -551,7 +551,7 @@ def _call_table(rows: Sequence[Row]) -> list[str]:
         for r in rows
         for s, c in r.cells.items()
         for part in c.detail.split(";")
-        if "could not be captured" in part
+        if CAPTURE_FALLBACK in part
     ]
     if fallbacks:
         lines += ["", "Device time taken another way:", "", *fallbacks]

@@ -387,5 +387,5 @@ def test_a_span_must_beat_the_greedy_fusion_of_its_nodes() -> None:
     (home,) = [g for g in result.groups if "m" in g.members]
     assert cm.configs(home)[0].stages[0].kind in ("mma", "wgmma")
     assert not any(line.startswith("span") and "'m'" in line for line in result.log)
-    whole = make_group(graph, [g for g in home.members] + ["y4", "n:sum", "n:mean", "n:centred", "n:sqsum"])
+    whole = make_group(graph, [*home.members, "y4", "n:sum", "n:mean", "n:centred", "n:sqsum"])
     assert cm(whole) > result.latency_us - sum(cm(g) for g in result.groups if "out" in g.members)

@@ -13,6 +13,7 @@ but injective operators still travel with the reduction next to them (see
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from welder.arch import Arch
-from welder.graph import Graph, TensorInfo
+from welder.graph import Graph
 from welder.ir.expr import Load, format_expr, rename_tensors
 from welder.ir.views import aliased_input
 from welder.schedule.config import GroupConfig
@@ -49,7 +50,7 @@ class CostModel:
         self.options = options or Options()
         self.context = ScheduleContext(self._shape, self._dtype, arch, self.options)
         self._cache: dict[str, list[GroupConfig]] = {}
-        self._tensors: dict[str, TensorInfo] = {}  # graph.tensor, asked a million times a search
+        self._tensor = functools.cache(graph.tensor)  # asked a million times a search
         self.calls = 0
 
     def configs(self, group: Group) -> list[GroupConfig]:
@@ -65,12 +66,6 @@ class CostModel:
     def __call__(self, group: Group) -> float | None:
         cfgs = self.configs(group)
         return cfgs[0].estimate.latency_us if cfgs else None
-
-    def _tensor(self, t: str) -> TensorInfo:
-        info = self._tensors.get(t)
-        if info is None:
-            info = self._tensors[t] = self.graph.tensor(t)
-        return info
 
     def _shape(self, t: str) -> tuple[int, ...]:
         return self._tensor(t).shape

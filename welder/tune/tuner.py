@@ -73,11 +73,11 @@ VERIFY_DEPTH = 3
 # Threads making groups' inputs and references (numpy: they release the GIL), and how many
 # groups ahead of the one being timed they work; each group ahead holds its arrays.
 HOST_THREADS = 2
-# A candidate this many times slower than the group's fastest so far is not timed precisely.
-GIVE_UP_RATIO = 1.5
+HOST_LOOKAHEAD = 2
 # Threads generating candidates' code (Python, so more would only contend for the GIL).
 CODEGEN_THREADS = 4
-HOST_LOOKAHEAD = 2
+# A candidate this many times slower than the group's fastest so far is not timed precisely.
+GIVE_UP_RATIO = 1.5
 _CANDIDATE = re.compile(rf"^{CANDIDATE_PREFIX}(\d+)_")
 
 
@@ -773,18 +773,21 @@ class _ModelTuner:
         self.tune_all([g for g in result.groups if g.root not in self.library])
         if nofusion:
             return result.groups
-        self.tune_all([p for g in result.groups if self.doubted(g, 0) for p in self.split_groups(g)])
+        self.tune_all([p for g in result.groups if self.doubt(g, 0) for p in self.split_groups(g)])
         groups = [part for g in result.groups for part in self.verified(g, 0)]
         return [groups[k] for k in execution_order(groups)]
 
-    def doubted(self, g: Group, depth: int) -> bool:
-        """Whether :meth:`verified` checks ``g``'s fusion: a fused group measuring over
-        ``VERIFY_RATIO`` times its prediction (or without a valid candidate)."""
+    def doubt(self, g: Group, depth: int) -> tuple[TunedConfig | None, float] | None:
+        """``(measured, predicted)`` where :meth:`verified` checks ``g``'s fusion -- a fused
+        group measuring over ``VERIFY_RATIO`` times its prediction, or without a valid
+        candidate -- else None."""
         if g.root in self.library or len(g.stages) < 2 or depth >= VERIFY_DEPTH:
-            return False
+            return None
         result = self.measure.tuned(g)
         predicted = self.cost(g)
-        return predicted is not None and (result is None or result.latency_us > VERIFY_RATIO * predicted)
+        if predicted is None or (result is not None and result.latency_us <= VERIFY_RATIO * predicted):
+            return None
+        return result, predicted
 
     def split_groups(self, g: Group) -> list[Group]:
         """Every group of the ways :meth:`verified` would split ``g``: tuned together before
@@ -828,12 +831,10 @@ class _ModelTuner:
         to ``VERIFY_DEPTH`` levels.  A split that cannot be made, or whose groups are not
         all valid, is no verdict on the fusion: it is a warning and a
         :class:`SplitFailure` in the plan, so a slow group never stays silently."""
-        if not self.doubted(g, depth):
+        doubt = self.doubt(g, depth)
+        if doubt is None:
             return [g]
-        result = self.measure.tuned(g)
-        predicted = self.cost(g)
-        if predicted is None:  # doubted() rules this out; the check narrows the type
-            return [g]
+        result, predicted = doubt
         ways = self.ways(g)
         if isinstance(ways, str):
             return self.unsplit(g, result, predicted, ways)
