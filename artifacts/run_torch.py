@@ -31,7 +31,8 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -367,7 +368,8 @@ def run_systems(
 
 
 def torch_setup_notes() -> list[str]:
-    """The precision switches the peers run with (torch defaults, left as users get them)."""
+    """The precision switches the peers run with (torch defaults unless ``tf32_allowed``
+    set them)."""
     import torch
 
     return [
@@ -375,6 +377,24 @@ def torch_setup_notes() -> list[str]:
         f"matmul tf32={torch.backends.cuda.matmul.allow_tf32}",
         f"cudnn tf32={torch.backends.cudnn.allow_tf32}",
     ]
+
+
+@contextmanager
+def tf32_allowed(allowed: bool) -> Iterator[str]:
+    """torch's two TF32 switches (matmul and cuDNN) set to ``allowed`` inside, restored
+    after; yields the note that says so.
+
+    torch's defaults mix the two (cuDNN convolutions on TF32, matrix products exact), so a
+    peer left at its defaults answers an exact-fp32 question with TF32 convolutions.  The
+    benchmark sets both: off for its fp32 rows, on for its tf32 rows (welder ``--tf32``)."""
+    import torch
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allowed
+    try:
+        yield f"torch matmul and cuDNN tf32={allowed}"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def build_parser() -> argparse.ArgumentParser:

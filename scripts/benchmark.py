@@ -22,16 +22,20 @@ runs -- each row's ratios still come from one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gc
 import json
+import math
 import os
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +44,14 @@ sys.path.insert(0, str(ROOT / "artifacts"))
 sys.path.insert(0, str(ROOT))
 
 from run_onnxrt import PROVIDERS, run_onnxrt  # noqa: E402
-from run_torch import CAPTURE_FALLBACK, TORCH_SYSTEMS, TimingPlan, load, time_system  # noqa: E402
+from run_torch import CAPTURE_FALLBACK, TORCH_SYSTEMS, TimingPlan, load, tf32_allowed, time_system  # noqa: E402
 
 SYSTEMS = ("welder", "eager", "compile", "compile-max-autotune", "onnxruntime")
 PEERS = ("eager", "compile", "compile-max-autotune", "onnxruntime")
-DTYPES = {"fp32": "float32", "fp16": "float16"}
+#: Row precisions and the dtype each exports.  ``fp32`` is exact fp32 for every system (torch's
+#: TF32 switches off, welder on CUDA cores); ``tf32`` is the same fp32 model with TF32 allowed
+#: everywhere (torch's switches on, ``welder tune --tf32``), a row of its own.
+DTYPES = {"fp32": "float32", "fp16": "float16", "tf32": "float32"}
 TABLE_MODELS = ("bert", "vit_small_p32", "swin_tiny", "mobilenet_v2", "mobilevit_s", "nerf_large")
 #: Models whose batch multiplies a point count: the tables run them at batch 1 only.
 SINGLE_BATCH = ("nerf", "nerf_large")
@@ -67,19 +74,30 @@ class Config:
         batch = int(parts[1]) if len(parts) > 1 and parts[1] else 1
         dtype = parts[2] if len(parts) > 2 else "fp32"
         if dtype not in DTYPES:
-            raise argparse.ArgumentTypeError(f"dtype must be fp32 or fp16, got {dtype!r} in {text!r}")
+            choices = ", ".join(DTYPES)
+            raise argparse.ArgumentTypeError(f"dtype must be one of {choices}, got {dtype!r} in {text!r}")
         return cls(parts[0], batch, dtype)
 
     @property
     def key(self) -> str:
         return f"{self.model}_b{self.batch}_{self.dtype}"
 
+    @property
+    def text(self) -> str:
+        """The ``--configs`` spelling, which ``parse`` reads back."""
+        return f"{self.model}:{self.batch}:{self.dtype}"
+
 
 def reference_configs() -> list[Config]:
     """The rows of the reference latency table: every model at batch 1, all but the NeRF
     MLP at batch 64, each in fp32 and fp16."""
-    rows = [Config(m, 1, d) for m in TABLE_MODELS for d in DTYPES]
-    return rows + [Config(m, 64, d) for m in TABLE_MODELS if m not in SINGLE_BATCH for d in DTYPES]
+    rows = [Config(m, 1, d) for m in TABLE_MODELS for d in ("fp32", "fp16")]
+    return rows + [Config(m, 64, d) for m in TABLE_MODELS if m not in SINGLE_BATCH for d in ("fp32", "fp16")]
+
+
+def with_tf32_twins(configs: Sequence[Config]) -> list[Config]:
+    """``configs`` with a tf32 row after every fp32 row (--tf32)."""
+    return [t for c in configs for t in ([c, Config(c.model, c.batch, "tf32")] if c.dtype == "fp32" else [c])]
 
 
 @dataclass
@@ -323,9 +341,11 @@ def _tail(proc: subprocess.CompletedProcess[str], lines: int) -> str:
 # -- the peers -----------------------------------------------------------------------------
 
 
-def run_torch_peers(prefix: Path, systems: Sequence[str], device: str, plan: TimingPlan) -> dict[str, Cell]:
+def run_torch_peers(
+    prefix: Path, systems: Sequence[str], device: str, plan: TimingPlan, tf32: bool = False
+) -> dict[str, Cell]:
     """The torch systems asked for (eager and the torch.compile modes) on one rebuilt
-    module (built once: bert-base takes seconds)."""
+    module (built once: bert-base takes seconds), with torch's TF32 switches set to ``tf32``."""
     wanted = [s for s in TORCH_SYSTEMS if s in systems]
     if not wanted:
         return {}
@@ -336,12 +356,13 @@ def run_torch_peers(prefix: Path, systems: Sequence[str], device: str, plan: Tim
     cells = {}
     for system in wanted:
         try:
-            timing = time_system(system, module, args, device, plan)
+            with tf32_allowed(tf32) as precision:
+                timing = time_system(system, module, args, device, plan)
             cells[system] = Cell(
                 ms=timing.device.median_ms,
                 call_ms=timing.call.median_ms,
                 build_s=timing.compile_s,
-                detail="; ".join([*notes, *timing.notes]),
+                detail="; ".join([*notes, precision, *timing.notes]),
             )
         except Exception as e:
             cells[system] = Cell(error=_error(e))
@@ -426,13 +447,15 @@ def measure_row(config: Config, args: argparse.Namespace, device_name: str) -> R
         row.cells = {s: Cell(error=f"export failed: {_error(e)}") for s in args.systems}
         return row
     plan = TimingPlan(budget_s=args.budget_s)
+    tf32 = config.dtype == "tf32"
     if "welder" in args.systems:
+        options = replace(args.welder, tune_args=(*args.welder.tune_args, "--tf32")) if tf32 else args.welder
         try:
-            row.cells["welder"] = run_welder(prefix, args.welder)
+            row.cells["welder"] = run_welder(prefix, options)
         except Exception as e:
             row.cells["welder"] = Cell(error=_error(e))
         _log(config, "welder", row.cells["welder"])
-    for system, cell in run_torch_peers(prefix, args.systems, args.device, plan).items():
+    for system, cell in run_torch_peers(prefix, args.systems, args.device, plan, tf32).items():
         row.cells[system] = cell
         _log(config, system, cell)
     if "onnxruntime" in args.systems:
@@ -505,6 +528,7 @@ def render_markdown(rows: Sequence[Row], meta: dict[str, str]) -> str:
             + " | ".join(_speedup(w, p) for p in peers)
             + f" | {_seconds(w)} | {_seconds(compiled)} | {_seconds(autotune)} |"
         )
+    lines += _geomean_lines(rows)
     lines += _call_table(rows)
     lines += _runtime_table(rows)
     devices = sorted({r.device for r in rows if r.device})
@@ -524,6 +548,45 @@ def render_markdown(rows: Sequence[Row], meta: dict[str, str]) -> str:
         "Speedups are peer latency / welder latency (above 1: welder is faster), per row from one run."
     )
     return "\n".join(lines) + "\n"
+
+
+def geomean_speedups(rows: Sequence[Row], peer: str = "compile") -> dict[str, tuple[float, list[Row]]]:
+    """Per precision: the geometric mean of ``peer``'s device time over welder's, and the
+    rows it is taken over -- those where both were timed and welder's runtime did not fail
+    test_acc (a wrong answer is no speedup)."""
+    by_dtype: dict[str, list[Row]] = {}
+    for r in rows:
+        w, other = r.cells.get("welder"), r.cells.get(peer)
+        if w is None or other is None or not w.ms or not other.ms or w.accuracy == "FAIL":
+            continue
+        by_dtype.setdefault(r.config.dtype, []).append(r)
+    return {
+        dtype: (math.exp(statistics.fmean(math.log(r.cells[peer].ms / r.cells["welder"].ms) for r in rs)), rs)
+        for dtype, rs in by_dtype.items()
+    }
+
+
+def _geomean_lines(rows: Sequence[Row]) -> list[str]:
+    """One line per precision: welder's geometric-mean speedup over torch.compile, and the
+    rows that still lose."""
+    means = geomean_speedups(rows)
+    if not means:
+        return []
+    lines = ["", "Geometric-mean speedup over torch.compile (device time):", ""]
+    for dtype, (mean, rs) in means.items():
+        losing = [
+            f"{r.config.model} b{r.config.batch} {_speedup(r.cells['welder'], r.cells['compile'])}"
+            for r in rs
+            if r.cells["compile"].ms < r.cells["welder"].ms
+        ]
+        lines.append(
+            f"- {dtype}: **{mean:.2f}x** over {len(rs)} rows"
+            + (f"; behind on {', '.join(losing)}" if losing else "; ahead on every row")
+        )
+    failed = [r.config.key for r in rows if "welder" in r.cells and r.cells["welder"].accuracy == "FAIL"]
+    if failed:
+        lines.append(f"- left out, test_acc FAIL: {', '.join(failed)}")
+    return lines
 
 
 def _call_table(rows: Sequence[Row]) -> list[str]:
@@ -710,6 +773,20 @@ def build_parser() -> argparse.ArgumentParser:
         help='JSON of per-model export options, e.g. \'{"nerf": {"points": 262144}}\'',
     )
     p.add_argument("--deadline-s", type=float, help="start no new config after this many seconds")
+    p.add_argument("--tf32", action="store_true", help="add a tf32 row after every fp32 row")
+    p.add_argument(
+        "--skip-done",
+        action="store_true",
+        help="leave out configs whose row in --json already has every system's figure (resume a long table)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="measure this many configs at once, each in its own process on its own GPU "
+        "(CUDA_VISIBLE_DEVICES) and its own equal share of the cores (default 1); every row "
+        "still comes from one process on one GPU",
+    )
     return p
 
 
@@ -724,8 +801,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device is None:
         args.device = _default_device()
     configs = args.configs or reference_configs()
+    configs = with_tf32_twins(configs) if args.tf32 else configs
     meta = machine_meta(args)
     rows = load_rows(Path(args.json) if args.json else None)
+    if args.skip_done:
+        configs = [c for c in configs if not _done(rows.get(c.key), args.systems)]
+    if args.gpus > 1:
+        run_on_gpus(configs, args, sys.argv[1:] if argv is None else list(argv), rows, meta)
+        print(save(rows, meta, args))
+        return 0
     start = time.perf_counter()
     for config in configs:
         if args.deadline_s is not None and time.perf_counter() - start > args.deadline_s:
@@ -735,6 +819,126 @@ def main(argv: Sequence[str] | None = None) -> int:
         save(rows, meta, args)
     print(save(rows, meta, args))
     return 0
+
+
+def _done(row: Row | None, systems: Sequence[str]) -> bool:
+    """Every system asked for has its figure in ``row`` (or is absent on this machine)."""
+    cells = row.cells if row is not None else {}
+    return all(s in cells and (cells[s].ms is not None or cells[s].absent) for s in systems)
+
+
+# -- several GPUs --------------------------------------------------------------------------
+
+#: Options the parent of run_on_gpus decides per worker (value-taking, then plain flags).
+_PARENT_OPTIONS = ("--configs", "--json", "--out", "--gpus", "--deadline-s")
+_PARENT_FLAGS = ("--skip-done", "--tf32")
+
+
+def worker_argv(argv: Sequence[str]) -> list[str]:
+    """The command line of one worker: the parent's, less the options the parent decides."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _PARENT_OPTIONS:
+            skip = True
+        elif arg not in _PARENT_FLAGS and not any(arg.startswith(f"{o}=") for o in _PARENT_OPTIONS):
+            out.append(arg)
+    return out
+
+
+def core_slices(cores: Sequence[int], n: int) -> list[list[int]]:
+    """``cores`` cut into ``n`` equal runs (the remainder left unused), one per worker;
+    every worker gets at least one core."""
+    share = len(cores) // n
+    if share == 0:
+        return [[cores[i % len(cores)]] for i in range(n)]
+    return [list(cores[i * share : (i + 1) * share]) for i in range(n)]
+
+
+def run_on_gpus(
+    configs: Sequence[Config], args: argparse.Namespace, argv: Sequence[str], rows: dict[str, Row], meta: dict
+) -> None:
+    """Measure ``configs`` ``args.gpus`` at a time: each is a child run of this script on
+    one GPU and one slice of the cores, taking the next config when it finishes (the slow
+    batch-64 tunes do not hold a queue behind them).  A worker's row joins ``rows`` (and
+    the --json file) as it lands; its output goes to ``<config>.log`` beside --json."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(i) for i in range(args.gpus)]
+    gpus = gpus[: args.gpus]
+    slices = core_slices(sorted(os.sched_getaffinity(0)), len(gpus))
+    logs = Path(args.json).parent if args.json else Path(tempfile.mkdtemp(prefix="welder-bench-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    base = worker_argv(argv)
+    running: dict[int, tuple[Config, subprocess.Popen[bytes], Path]] = {}
+    # Stopped from outside (timeout's SIGTERM), the workers and their tunes stop too:
+    # each leads its own process group, so nvcc and the timing children go with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        _dispatch(configs, args, base, gpus, slices, logs, rows, meta, running)
+    finally:
+        for _, proc, _ in running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _dispatch(
+    configs: Sequence[Config],
+    args: argparse.Namespace,
+    base: Sequence[str],
+    gpus: Sequence[str],
+    slices: Sequence[Sequence[int]],
+    logs: Path,
+    rows: dict[str, Row],
+    meta: dict,
+    running: dict[int, tuple[Config, subprocess.Popen[bytes], Path]],
+) -> None:
+    pending, free = list(configs), list(range(len(gpus)))
+    start = time.perf_counter()
+    while pending or running:
+        if pending and args.deadline_s is not None and time.perf_counter() - start > args.deadline_s:
+            print(f"deadline reached: {', '.join(c.key for c in pending)} not measured", file=sys.stderr)
+            pending.clear()
+        while pending and free:
+            worker, config = free.pop(0), pending.pop(0)
+            part = logs / f"{config.key}.part.json"
+            part.unlink(missing_ok=True)
+            command = [sys.executable, __file__, *base, "--configs", config.text, "--json", str(part)]
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus[worker])
+            with open(logs / f"{config.key}.log", "wb") as log:
+                proc = subprocess.Popen(
+                    command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=ROOT,
+                    preexec_fn=lambda cores=slices[worker]: os.sched_setaffinity(0, cores),
+                    start_new_session=True,
+                )
+            print(f"[{config.key}] started on GPU {gpus[worker]}", file=sys.stderr, flush=True)
+            running[worker] = (config, proc, part)
+        time.sleep(1.0)
+        for worker, (config, proc, part) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[worker]
+            free.append(worker)
+            landed = load_rows(part).get(config.key)
+            if landed is None:
+                tail = _log_tail(logs / f"{config.key}.log")
+                landed = Row(
+                    config, {s: Cell(error=f"worker exit {proc.returncode}: {tail}") for s in args.systems}
+                )
+            rows[config.key] = landed
+            save(rows, meta, args)
+            for system, cell in landed.cells.items():
+                _log(config, system, cell)
+
+
+def _log_tail(path: Path, lines: int = 3) -> str:
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    return " / ".join(text.strip().splitlines()[-lines:])
 
 
 def welder_options(args: argparse.Namespace, cache: Path | None) -> WelderOptions:

@@ -6,6 +6,12 @@
 # (tuned.json's tuning_phase_seconds).
 # Writes everything to $OUT (or /tmp/welder-pending) and prints the tables last.
 #
+# A table longer than one call: GPUS=4 measures four configs at once on a four-GPU machine
+# (benchmark.py --gpus); the rows, the exports and the tuning cache stay in $STATE
+# (default /tmp/welder-table) on the machine, so the next call on the same warm machine
+# goes on with the configs not yet measured (--skip-done), and a tune cut short resumes
+# from its cache.
+#
 #   ../shared/device/stage.sh                                  # on the development machine
 #   source .device/setup.sh; bash scripts/measure_pending.sh   # on the GPU machine
 set -uo pipefail
@@ -21,9 +27,14 @@ systems=${SYSTEMS:-welder,eager,compile}
 name=${NAME:-benchmark}
 start=$(date +%s)
 
-runs=/tmp/welder-pending-runs
+state=${STATE:-/tmp/welder-table}
+runs=$state/runs
+mkdir -p "$state/cache"
 timeout "${LIMIT:-540}" python scripts/benchmark.py --configs "$configs" --systems "$systems" --topk "${TOPK:-20}" \
-  --runs "$runs" --json "$out/$name.json" --out "$out/$name.md" 2>&1 | tail -n 4
+  --runs "$runs" --json "$state/$name.json" --out "$state/$name.md" --gpus "${GPUS:-1}" --skip-done \
+  --cache-dir "$state/cache" 2>&1 | grep -v "^\[.*\] started on GPU" | tail -n "${TAIL:-4}"
+cp "$state/$name.json" "$state/$name.md" "$out/" 2>/dev/null
+mkdir -p "$out/logs" && cp "$state"/*.log "$out/logs/" 2>/dev/null
 python - "$runs" "$out" <<'PY'
 import json
 import shutil

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "artifacts"))
 
 import benchmark  # noqa: E402
-from run_torch import TimingPlan, WallClock, measure, measure_calls, time_system  # noqa: E402
+from run_torch import TimingPlan, WallClock, measure, measure_calls, tf32_allowed, time_system  # noqa: E402
 
 # Small configurations that keep each model's structure (attention, windows and shifts,
 # MobileViT blocks, the NeRF skip) and export in seconds.
@@ -167,13 +167,72 @@ def test_measure_sizes_repeats_to_the_budget() -> None:
 def test_benchmark_configs_parse_and_cover_the_reference_table() -> None:
     assert benchmark.Config.parse("bert:64:fp16") == benchmark.Config("bert", 64, "fp16")
     assert benchmark.Config.parse("nerf") == benchmark.Config("nerf", 1, "fp32")
-    with pytest.raises(Exception, match="fp32 or fp16"):
+    with pytest.raises(Exception, match="fp32, fp16, tf32"):
         benchmark.Config.parse("bert:1:int8")
+    assert benchmark.Config.parse(benchmark.Config("swin_tiny", 64, "tf32").text) == benchmark.Config(
+        "swin_tiny", 64, "tf32"
+    )
     configs = benchmark.reference_configs()
     assert len(configs) == 22 and len(set(configs)) == 22
     assert benchmark.Config("nerf_large", 1, "fp16") in configs
     assert benchmark.Config("nerf_large", 64, "fp32") not in configs
     assert not any(c.model == "nerf" for c in configs)
+    assert {c.dtype for c in configs} == {"fp32", "fp16"}
+    twins = benchmark.with_tf32_twins(configs)
+    assert len(twins) == 33
+    for c in configs:
+        if c.dtype == "fp32":
+            assert twins[twins.index(c) + 1] == benchmark.Config(c.model, c.batch, "tf32")
+
+
+def test_benchmark_geomean_over_compile_leaves_out_failed_rows() -> None:
+    """Checked against the definition: the n-th root of the product of the ratios."""
+    speedups = {"bert": (1.0, 0.5), "vit_small_p32": (2.0, 3.0), "swin_tiny": (1.0, 1.5)}
+    rows = [
+        benchmark.Row(
+            benchmark.Config(m, 64, "fp16"),
+            {"welder": benchmark.Cell(ms=w, accuracy="PASS"), "compile": benchmark.Cell(ms=c)},
+        )
+        for m, (w, c) in speedups.items()
+    ]
+    rows.append(
+        benchmark.Row(
+            benchmark.Config("mobilenet_v2", 64, "fp16"),
+            {"welder": benchmark.Cell(ms=0.1, accuracy="FAIL"), "compile": benchmark.Cell(ms=9.0)},
+        )
+    )
+    rows.append(benchmark.Row(benchmark.Config("bert", 1, "fp32"), {"welder": benchmark.Cell(ms=1.0)}))
+    means = benchmark.geomean_speedups(rows)
+    assert set(means) == {"fp16"}
+    mean, used = means["fp16"]
+    assert mean == pytest.approx((0.5 * 1.5 * 1.5) ** (1 / 3))
+    assert [r.config.model for r in used] == list(speedups)
+    table = benchmark.render_markdown(rows, {})
+    assert f"- fp16: **{mean:.2f}x** over 3 rows; behind on bert b64 0.50x" in table
+    assert "left out, test_acc FAIL: mobilenet_v2_b64_fp16" in table
+
+
+def test_tf32_switches_are_set_inside_and_restored_after() -> None:
+    need("torch")
+    import torch
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    for allowed in (True, False):
+        with tf32_allowed(allowed) as note:
+            assert torch.backends.cuda.matmul.allow_tf32 is allowed
+            assert torch.backends.cudnn.allow_tf32 is allowed
+            assert note.endswith(f"tf32={allowed}")
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == saved
+
+
+def test_benchmark_workers_get_their_own_gpu_cores_and_options() -> None:
+    argv = ["--configs", "bert:1:fp16", "--topk", "20", "--json=x.json", "--gpus", "4", "--skip-done"]
+    argv += ["--out", "t.md", "--tf32", "--cache-dir", "c", "--deadline-s", "9"]
+    assert benchmark.worker_argv(argv) == ["--topk", "20", "--cache-dir", "c"]
+    slices = benchmark.core_slices(list(range(64)), 4)
+    assert [len(s) for s in slices] == [16] * 4
+    assert sorted(c for s in slices for c in s) == list(range(64))
+    assert benchmark.core_slices([3, 5], 4) == [[3], [5], [3], [5]]
 
 
 def test_call_latency_waits_for_every_call() -> None:
@@ -529,6 +588,20 @@ def test_peer_scripts_and_benchmark_run_on_the_cpu(tmp_path: Path) -> None:
     [row] = json.loads((tmp_path / "b.json").read_text())["rows"]
     assert row["cells"]["eager"]["ms"] > 0 and row["cells"]["onnxruntime"]["ms"] > 0
     assert "| nerf | 2 | fp32 |" in (tmp_path / "b.md").read_text()
+
+    # Two configs at once, each in its own worker: both rows land, beside the first run's,
+    # and a resumed run with --skip-done measures nothing again.
+    more = ["--configs", "nerf:2:fp32,nerf:3:fp32,nerf:4:fp32", "--gpus", "2", "--skip-done"]
+    proc = subprocess.run(cmd + more, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = {
+        r["config"]["dtype"] + str(r["config"]["batch"]): r
+        for r in json.loads((tmp_path / "b.json").read_text())["rows"]
+    }
+    assert set(rows) == {"fp322", "fp323", "fp324"}
+    assert all(r["cells"]["eager"]["ms"] > 0 for r in rows.values())
+    assert "[nerf_b2_fp32] started" not in proc.stderr and "[nerf_b4_fp32] started on GPU" in proc.stderr
+    assert (tmp_path / "nerf_b4_fp32.log").is_file()
 
     prefix = str(tmp_path / "nerf_b2_fp32")
     for script in ("run_torch.py", "run_onnxrt.py"):

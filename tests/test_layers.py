@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "welder.errors",
         "welder.resources",
         "welder.lock",
+        "welder.hostcpu",
         "welder.arch",
         "welder.ir",
         "welder.graph",

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from welder.errors import WelderError
+from welder.hostcpu import usable_cores
 from welder.lock import prefix_lock
 from welder.resources import EMU_DIR
 from welder.runtime.emit import CudaArchError, normalize_cuda_arch
@@ -79,7 +80,7 @@ def _build(source: Path, cuda_arch: str | None, emulate: bool, jobs: int | None)
             check_cuda_arch(target, nvcc)
     _reset_stale_build(build, emulate)
     _run([cmake, "-S", str(source), "-B", str(build), *options], "configuring the runtime (cmake)")
-    cores = jobs or os.cpu_count() or 1
+    cores = jobs or usable_cores()
     _run([cmake, "--build", str(build), "--parallel", str(cores)], "compiling the runtime")
     for name in (LIBRARY_NAME, MAIN_TEST_NAME):
         if not (build / name).is_file():

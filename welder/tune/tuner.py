@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import shutil
 import sys
@@ -51,6 +50,7 @@ from welder.codegen import generate_kernel, sanitize_identifier
 from welder.device.gpu import CompileError, GpuDevice, KernelTimeout, LaunchError
 from welder.errors import WelderError
 from welder.graph import Graph
+from welder.hostcpu import usable_cores
 from welder.ir.expr import Binary, loads
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
@@ -741,7 +741,7 @@ class _ModelTuner:
         self.topk = topk
         self.cache = cache
         self.device = device
-        self.workers = workers or os.cpu_count() or 1
+        self.workers = workers or usable_cores()
         self.stream = stream
         self.cost = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)))
         self.phases = Phases()
