@@ -29,12 +29,19 @@ start=$(date +%s)
 
 state=${STATE:-/tmp/welder-table}
 runs=$state/runs
+# A fresh machine goes on from what an earlier call brought back ($OUT/state), carried
+# here as .table-state/: the rows and the tuning cache (exports are redone).
+if [ -d .table-state ] && [ ! -d "$state" ]; then
+  mkdir -p "$state" && cp -r .table-state/. "$state/"
+fi
 mkdir -p "$state/cache"
 timeout "${LIMIT:-540}" python scripts/benchmark.py --configs "$configs" --systems "$systems" --topk "${TOPK:-20}" \
   --runs "$runs" --json "$state/$name.json" --out "$state/$name.md" --gpus "${GPUS:-1}" --skip-done \
   --cache-dir "$state/cache" 2>&1 | grep -v "^\[.*\] started on GPU" | tail -n "${TAIL:-4}"
 cp "$state/$name.json" "$state/$name.md" "$out/" 2>/dev/null
 mkdir -p "$out/logs" && cp "$state"/*.log "$out/logs/" 2>/dev/null
+mkdir -p "$out/state/cache" && cp "$state/$name.json" "$out/state/" 2>/dev/null
+cp "$state"/cache/tuning.db* "$out/state/cache/" 2>/dev/null
 python - "$runs" "$out" <<'PY'
 import json
 import shutil
