@@ -143,6 +143,7 @@ def test_schedule_imports_in_order() -> None:
 EXTENDS = {
     "welder.schedule.kinds.wgmma": {"welder.schedule.kinds.mma"},
     "welder.schedule.kinds.attention": {"welder.schedule.kinds.mma"},
+    "welder.schedule.kinds.ffma": {"welder.schedule.kinds.mma"},
 }
 
 

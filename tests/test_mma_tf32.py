@@ -252,14 +252,16 @@ def test_both_contiguity_cases_use_their_own_fragment_loads() -> None:
 
 
 def test_without_tf32_no_mma_stage_is_proposed_for_fp32() -> None:
+    """Exact fp32 stays off the tensor cores: on CUDA cores, as FMAs in the mma kind's tiles
+    (``ffma``) or as any SIMT reduction."""
     graph = import_onnx(_matmul(512, 768, 768)[0])
     group = _whole_group(graph)
     assert mma.KIND.propose(group, _context(graph)) is None  # the fp16 kind leaves fp32 alone
-    for kinds in (Options.kinds, ("simt",)):
+    for kinds, allowed in ((Options.kinds, {"ffma", "simt"}), (("simt",), {"simt"})):
         found = propose(group, _context(graph, kinds=kinds))
-        assert found and all(st.kind == "simt" for c in found for st in c.stages)
+        assert found and {st.kind for c in found for st in c.stages} <= allowed
     plan = plan_model(graph, ARCH, topk=2)
-    assert all(st.kind == "simt" for g in plan.groups for c in g.configs for st in c.stages)
+    assert {st.kind for g in plan.groups for c in g.configs for st in c.stages} <= {"ffma", "simt"}
     # With TF32 allowed the large product goes to tensor cores; a V100 has none for it.
     assert propose(group, _context(graph))[0].stages[0].kind == "mma_tf32"
     plan = plan_model(graph, ARCH, topk=2, kinds=TF32_KINDS)
@@ -296,6 +298,19 @@ def test_tf32_configs_fit_the_arch_and_pad_rows_for_their_loads() -> None:
                 assert ld > cols
 
 
+def ptx_of(kernels: list, tmp_path: Path, archs: tuple[str, ...] = ("sm_80", "sm_90")) -> list[str]:
+    """The PTX nvcc makes of ``kernels`` for each of ``archs``, any warning an error."""
+    source = tmp_path / "kernels.cu"
+    source.write_text(model_source(kernels))
+    texts = []
+    for sm in archs:
+        ptx = tmp_path / f"{sm}.ptx"
+        command = ["nvcc", "-std=c++17", f"-arch={sm}", "-Werror", "all-warnings", "-I", str(TEMPLATE_DIR)]
+        subprocess.run([*command, "-ptx", str(source), "-o", str(ptx)], check=True, capture_output=True)
+        texts.append(ptx.read_text())
+    return texts
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_tf32_kernels_compile_to_m16n8k8(tmp_path: Path) -> None:
     """nvcc builds TF32 kernels for sm_80 and sm_90 without warnings; their PTX holds the
@@ -306,13 +321,7 @@ def test_tf32_kernels_compile_to_m16n8k8(tmp_path: Path) -> None:
         group = _whole_group(graph)
         cfg = mma.TF32_KIND.propose(group, _context(graph))[0]
         kernels.append(generate_kernel(graph, group, cfg, f"tf32_ptx_{j}"))
-    source = tmp_path / "kernels.cu"
-    source.write_text(model_source(kernels))
-    for sm in ("sm_80", "sm_90"):
-        ptx = tmp_path / f"{sm}.ptx"
-        command = ["nvcc", "-std=c++17", f"-arch={sm}", "-Werror", "all-warnings", "-I", str(TEMPLATE_DIR)]
-        subprocess.run([*command, "-ptx", str(source), "-o", str(ptx)], check=True, capture_output=True)
-        text = ptx.read_text()
+    for text in ptx_of(kernels, tmp_path):
         assert re.search(r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32", text)
         assert "cvt.rna.tf32.f32" in text
         assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in text and "ld.shared.f32" in text
@@ -364,7 +373,8 @@ class _Perturbing(ScriptedDevice):
 def test_tune_flag_puts_fp32_products_on_tf32_and_records_it(tmp_path: Path) -> None:
     """``welder tune --tf32`` (cost model): the fp32 product is an mma stage, its kernel holds
     the TF32 product, and tuned.json records the precision that test_acc and ``welder
-    check`` read; without the flag no stage is an mma stage and fp32 is recorded."""
+    check`` read; without the flag the product runs on CUDA cores (its FMA stage) and fp32
+    is recorded."""
     model, _ = _matmul(512, 768, 768)
     for flags in ([], ["--tf32"]):
         prefix = tmp_path / ("tf32" if flags else "exact")
@@ -376,7 +386,7 @@ def test_tune_flag_puts_fp32_products_on_tf32_and_records_it(tmp_path: Path) -> 
         kinds = {st["kind"] for g in doc["groups"] for st in g["configs"][0]["stages"]}
         sources = "".join(g["kernel"]["source"] for g in doc["groups"])
         assert ("welder_mma_m16n8k8_tf32(" in sources) == bool(flags)
-        assert kinds == ({"mma_tf32"} if flags else {"simt"})
+        assert kinds == ({"mma_tf32"} if flags else {"ffma"})
         assert doc["precision"] == ("tf32" if flags else "fp32")
         assert recorded_precision(prefix) == doc["precision"]
 

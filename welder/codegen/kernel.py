@@ -26,7 +26,7 @@ from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.group import Group
 from welder.tile.propagate import propagate_group
 
-from . import attention, mma, simt, wgmma
+from . import attention, ffma, mma, simt, wgmma
 from .common import (
     STORAGE_TYPES,
     Kernel,
@@ -50,6 +50,7 @@ STAGE_EMITTERS: dict[str, StageEmitter] = {
     "simt": simt.emit_stage,
     "mma": mma.emit_stage,
     "mma_tf32": mma.emit_stage,  # the same stage with fp32 operands (MmaFormat TF32)
+    "ffma": ffma.emit_stage,  # the mma stage's tiles with exact fp32 FMAs
     "wgmma": wgmma.emit_stage,
     "attention": attention.emit_stage,
 }

@@ -301,7 +301,14 @@ def operand_offset(con: Contraction, op: Operand, origins: list[str]) -> str:
 
 def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
     """The context of tensor-core stage ``k`` (config ``st``) of the kernel ``kb`` builds."""
-    con = stage_contraction(kb, st)
+    return contraction_stage(kb, k, st, stage_contraction(kb, st), TEMPLATE, "tensor cores")
+
+
+def contraction_stage(
+    kb: KernelBuilder, k: int, st: StageConfig, con: Contraction, template: str, where: str
+) -> MmaStageCtx:
+    """The context of stage ``k`` computing ``con`` in the mma kind's tiles, rendered by
+    ``template`` (``where``: what computes the products, for the kernel's comment)."""
     assert isinstance(st, MmaConfig)
     o = [kb.origin_name(k, d) for d in range(len(con.compute.axes))]
     wm, wn = st.block_m // st.warps[0], st.block_n // st.warps[1]
@@ -314,9 +321,9 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
         b_view, dtype, st.pipeline_offset + st.pipeline * a_elems * fmt.elem_bytes, st.pipeline * b_elems
     )
     return MmaStageCtx(
-        template=TEMPLATE,
+        template=template,
         headers=HEADERS,
-        **contraction_fields(kb, k, st, con, "tensor cores"),
+        **contraction_fields(kb, k, st, con, where),
         mma_k=fmt.mma_k,
         mma=fmt.instruction,
         convert=fmt.convert,

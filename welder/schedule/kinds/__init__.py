@@ -7,6 +7,8 @@ mma        :mod:`.mma` -- fp16 contractions on tensor cores  ``codegen_templates
            (the group's first stage; later stages SIMT)
 mma_tf32   :mod:`.mma` -- the same for fp32 contractions,    the same template
            as TF32 (listed only with ``--tf32``)
+ffma       :mod:`.ffma` -- exact fp32 contractions in the  ``codegen_templates/stages/ffma.cu.j2``
+           mma kind's tiles, FMAs on CUDA cores            (the mma template's ring and epilogue)
 wgmma      :mod:`.wgmma` -- fp16 contractions on Hopper's    ``codegen_templates/stages/wgmma.cu.j2``
            warpgroup instructions (the mma search, other
            data; compute capability 9.0 only)
@@ -37,7 +39,7 @@ from typing import Any
 from welder.errors import WelderError
 from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
 from welder.schedule.group import Group
-from welder.schedule.kinds import attention, library, mma, simt, wgmma
+from welder.schedule.kinds import attention, ffma, library, mma, simt, wgmma
 from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top_by_family
 
 KINDS: dict[str, KernelKind] = {
@@ -47,6 +49,7 @@ KINDS: dict[str, KernelKind] = {
     wgmma.KIND.name: wgmma.KIND,
     mma.KIND.name: mma.KIND,
     mma.TF32_KIND.name: mma.TF32_KIND,
+    ffma.KIND.name: ffma.KIND,
 }
 
 

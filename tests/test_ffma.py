@@ -1,0 +1,122 @@
+"""Exact fp32 contractions as FMAs in the mma kind's tiles (the ``ffma`` kind), run on the CPU
+emulator against numpy in fp64.
+
+The cases are the TF32 suite's (tests/test_mma_tf32.py): every operand layout (A with K or M
+contiguous, B with N or K contiguous), batches, ragged M, N and K, 16- and 4-byte copies, an
+odd N, split-K, and later SIMT stages reading the tile.  The kernels must be exact fp32: far
+inside fp32's threshold, where TF32 operands would miss it.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_mma_tf32 import CASES, _context, _emulate, _matmul, _reference, _seed, _whole_group, ptx_of
+
+from welder.arch import get_arch
+from welder.check import THRESHOLDS, error_metric
+from welder.codegen import generate_kernel
+from welder.frontend.onnx import import_onnx
+from welder.runtime.emu import available
+from welder.schedule.kinds import Options, ffma, mma, propose
+from welder.schedule.kinds.ffma import FfmaConfig
+from welder.schedule.kinds.mma import config_precision, contraction
+from welder.schedule.plan import plan_model
+
+ARCH = get_arch("H100")
+FFMA_KINDS = ("ffma", "simt")
+#: Exact fp32 products of order-one values over up to a few hundred terms stay within a few
+#: units of fp32's rounding; TF32 operands would be some 1e-3 away.
+EXACT = 1e-5
+
+needs_emulator = pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
+
+
+def _configs(label: str, topk: int = 4):
+    _seed(label)
+    model, feeds = CASES[label]()
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    return graph, group, feeds, ffma.KIND.propose(group, _context(graph, topk=topk, kinds=FFMA_KINDS))
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(CASES))
+def test_ffma_stage_computes_exact_fp32(label: str) -> None:
+    graph, group, feeds, configs = _configs(label)
+    assert configs, f"{label}: the ffma rule proposed nothing"
+    assert all(isinstance(c.stages[0], FfmaConfig) and config_precision(c) == "fp32" for c in configs)
+    exact = _reference(graph, feeds, round_operands=False)
+    for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
+        for name, got in outputs.items():
+            err = error_metric(got, exact[name])
+            assert err <= EXACT < THRESHOLDS["fp32"], f"{label}, {cfg.stages[0]}, {name}: {err:.2e}"
+
+
+@needs_emulator
+def test_split_k_on_ffma_is_exact() -> None:
+    _seed("ffma split-k")
+    model, feeds = _matmul(24, 600, 40, trans_a=True)
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    ctx = _context(graph, topk=50, kinds=FFMA_KINDS)
+    configs = []
+    for cfg in ffma.KIND.propose(group, ctx)[:2]:
+        st = cfg.stages[0]
+        con = ffma.as_ffma(contraction(group.computes[st.node], ctx.shape_of))
+        for splits in mma.split_choices(con, st, cfg.num_blocks, ctx):
+            configs.append(replace(cfg, stages=[replace(st, splits=splits), *cfg.stages[1:]]))
+    assert len({c.stages[0].splits for c in configs}) >= 2
+    exact = _reference(graph, feeds, round_operands=False)
+    for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
+        for name, got in outputs.items():
+            assert error_metric(got, exact[name]) <= EXACT, cfg.stages[0]
+
+
+def test_exact_fp32_products_get_ffma_beside_simt_candidates() -> None:
+    """By default an fp32 product is offered both ways (the tuner measures each family);
+    fp16 products and a GPU without cp.async get no ffma stage."""
+    graph = import_onnx(_matmul(512, 768, 768)[0])
+    group = _whole_group(graph)
+    found = propose(group, _context(graph, topk=8, kinds=Options.kinds))
+    assert {c.stages[0].kind for c in found} == {"ffma", "simt"}
+    plan = plan_model(graph, ARCH, topk=8)
+    assert "ffma" in {c.stages[0].kind for c in plan.groups[0].configs}
+    assert ffma.KIND.propose(group, _context(graph, arch="V100")) is None
+
+
+def test_large_products_take_large_warp_tiles() -> None:
+    """Shared memory, not the FMA units, bounds a small warp tile (smem_share): the best
+    estimates of a BERT-sized product give every warp at least 64 x 32 of it, and every
+    config fits the H100's registers and shared memory."""
+    graph = import_onnx(_matmul(8192, 768, 3072)[0])
+    group = _whole_group(graph)
+    configs = ffma.KIND.propose(group, _context(graph, topk=20, kinds=("ffma",)))
+    assert configs
+    for cfg in configs:
+        st = cfg.stages[0]
+        warp_m, warp_n = st.block_m // st.warps[0], st.block_n // st.warps[1]
+        assert warp_m * warp_n >= 64 * 32, st
+        assert cfg.smem_bytes <= ARCH.smem_per_block
+        assert cfg.estimate.regs_per_thread <= ARCH.max_regs_per_thread
+    small = replace(configs[0].stages[0], block=(16, 32), warps=(1, 1))
+    assert ffma.smem_share(small) < ffma.smem_share(configs[0].stages[0]) == 1.0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_ffma_kernels_compile_to_fmas_and_vector_shared_loads(tmp_path: Path) -> None:
+    """nvcc builds the kernels for sm_80 and sm_90 without warnings; their PTX multiplies
+    with fp32 FMAs only (no tensor-core product, no TF32 rounding), reads A's rows four K
+    steps at a time and B's column pairs in one load each."""
+    graph = import_onnx(_matmul(256, 64, 128)[0])
+    group = _whole_group(graph)
+    configs = ffma.KIND.propose(group, _context(graph, topk=2, kinds=("ffma",)))
+    kernels = [generate_kernel(graph, group, cfg, f"ffma_ptx_{j}") for j, cfg in enumerate(configs)]
+    for text in ptx_of(kernels, tmp_path):
+        assert "fma.rn.f32" in text and "ld.shared.v4.f32" in text and "ld.shared.v2.f32" in text
+        assert "cp.async.cg.shared.global" in text
+        assert not re.search(r"mma\.sync|cvt\.rna\.tf32|wgmma", text)
