@@ -613,6 +613,32 @@ def test_the_first_level_of_splits_is_tuned_in_one_batch(monkeypatch):
     assert calls[2 : 2 + doubted] == [0] * doubted  # the checks' first level: all known
 
 
+def test_every_level_of_the_fusion_check_is_one_batch(monkeypatch):
+    """Two BERT layers on a GPU where a kernel's time grows with the square of its stages:
+    groups are doubted and split at every level, yet each level's splits -- of every doubted group at
+    that depth -- are tuned by one call, so the tune makes at most one round of compiles per
+    level after the model's own groups (it had made one per doubted group)."""
+    from welder.tune.tuner import VERIFY_DEPTH, _ModelTuner
+
+    calls: list[int] = []  # groups each tune_all had to tune
+    original = _ModelTuner.tune_all
+
+    def counting(self, groups):
+        calls.append(sum(1 for g in groups if not self.measure.known(g)))
+        return original(self, groups)
+
+    monkeypatch.setattr(_ModelTuner, "tune_all", counting)
+    graph = bert(2)
+    # A kernel costs the square of its stages: halving a group always pays, at every level.
+    device = ScriptedDevice(graph, latency=lambda k: 100.0 * stages_of(k) ** 2)
+    plan = tune_model(graph, ARCH, 2, None, device)
+    splits = [line for line in plan.log if "split into" in line]
+    assert len(splits) > VERIFY_DEPTH + 1  # many doubted groups, over more than one level
+    rounds = [n for n in calls if n > 0]
+    assert len(rounds) <= 1 + VERIFY_DEPTH, calls
+    assert sorted(m for g in plan.groups for m in g.group.members) == sorted(graph.nodes)
+
+
 def test_a_slow_fusion_is_kept_when_its_parts_are_slower_still():
     graph = layernorm_gelu()
     before = fuse(graph, CostModel(graph, ARCH)).groups
