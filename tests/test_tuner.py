@@ -590,13 +590,11 @@ def test_a_fusion_the_gpu_disproves_is_split_into_shallower_groups():
     assert checks and all("split into" in line or line.startswith("fusion of") for line in checks)
 
 
-def test_the_first_level_of_splits_is_tuned_in_one_batch(monkeypatch):
-    """Before the checks, the shallower groups of every doubted group are tuned together:
-    the checks' own first-level tunes then find them all tuned (one nvcc batch over every
-    core, not one small batch per doubted group)."""
+def _count_tunes(monkeypatch) -> list[int]:
+    """How many groups each call of the tuner's ``tune_all`` had to tune, in call order."""
     from welder.tune.tuner import _ModelTuner
 
-    calls: list[int] = []  # groups each tune_all had to tune
+    calls: list[int] = []
     original = _ModelTuner.tune_all
 
     def counting(self, groups):
@@ -604,6 +602,14 @@ def test_the_first_level_of_splits_is_tuned_in_one_batch(monkeypatch):
         return original(self, groups)
 
     monkeypatch.setattr(_ModelTuner, "tune_all", counting)
+    return calls
+
+
+def test_the_first_level_of_splits_is_tuned_in_one_batch(monkeypatch):
+    """Before the checks, the shallower groups of every doubted group are tuned together:
+    the checks' own first-level tunes then find them all tuned (one nvcc batch over every
+    core, not one small batch per doubted group)."""
+    calls = _count_tunes(monkeypatch)
     graph = layernorm_gelu()
     device = ScriptedDevice(graph, latency=lambda k: 1000.0 if stages_of(k) >= 3 else 5.0 * stages_of(k))
     plan = tune_model(graph, ARCH, 2, None, device)
@@ -618,16 +624,9 @@ def test_every_level_of_the_fusion_check_is_one_batch(monkeypatch):
     groups are doubted and split at every level, yet each level's splits -- of every doubted group at
     that depth -- are tuned by one call, so the tune makes at most one round of compiles per
     level after the model's own groups (it had made one per doubted group)."""
-    from welder.tune.tuner import VERIFY_DEPTH, _ModelTuner
+    from welder.tune.tuner import VERIFY_DEPTH
 
-    calls: list[int] = []  # groups each tune_all had to tune
-    original = _ModelTuner.tune_all
-
-    def counting(self, groups):
-        calls.append(sum(1 for g in groups if not self.measure.known(g)))
-        return original(self, groups)
-
-    monkeypatch.setattr(_ModelTuner, "tune_all", counting)
+    calls = _count_tunes(monkeypatch)
     graph = bert(2)
     # A kernel costs the square of its stages: halving a group always pays, at every level.
     device = ScriptedDevice(graph, latency=lambda k: 100.0 * stages_of(k) ** 2)
