@@ -79,6 +79,22 @@ def test_tune_without_gpu_asks_for_the_cost_model(bert_prefix: Path, capsys) -> 
     assert "--cost-model" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--budget-s", "0"], "--budget-s must be a positive number of seconds, got 0.0"),
+        (["--budget-s", "-5"], "--budget-s must be a positive number of seconds, got -5.0"),
+        (["--budget-s", "60", "--cost-model"], "--budget-s limits tuning on the GPU"),
+    ],
+)
+def test_a_bad_time_budget_is_a_usage_error(tmp_path: Path, capsys, flags, message) -> None:
+    model, _ = mobilenetv2_block()
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["tune", str(tmp_path / "m.onnx"), "--arch", "H100", "--no-build", *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()  # nothing left behind
+
+
 @dataclass(frozen=True)
 class Tuned:
     prefix: Path

@@ -638,6 +638,25 @@ def test_every_level_of_the_fusion_check_is_one_batch(monkeypatch):
     assert sorted(m for g in plan.groups for m in g.group.members) == sorted(graph.nodes)
 
 
+def test_a_spent_time_budget_stops_fusion_checks_and_narrows_the_candidates():
+    """With a budget already spent, every group tries only the cost model's BUDGET_TOPK best
+    configs and no fusion check runs (the log says how many doubted groups were left); the
+    same tune without a budget tries more and splits the slow fusions."""
+    from welder.tune.tuner import BUDGET_TOPK
+
+    graph = bert(2)
+    slow_deep = lambda k: 100.0 * stages_of(k) ** 2  # noqa: E731
+    free = tune_model(graph, ARCH, 8, None, ScriptedDevice(graph, latency=slow_deep))
+    assert max(g.candidates for g in free.groups) > BUDGET_TOPK
+    assert any("split into" in line for line in free.log)
+    spent = tune_model(graph, ARCH, 8, None, ScriptedDevice(graph, latency=slow_deep), budget_s=1e-9)
+    assert all(g.candidates <= BUDGET_TOPK for g in spent.groups)
+    assert not any("split into" in line for line in spent.log)
+    [stopped] = [line for line in spent.log if line.startswith("fusion checks stopped")]
+    assert "doubted groups kept unchecked" in stopped
+    assert sorted(m for g in spent.groups for m in g.group.members) == sorted(graph.nodes)
+
+
 def test_a_slow_fusion_is_kept_when_its_parts_are_slower_still():
     graph = layernorm_gelu()
     before = fuse(graph, CostModel(graph, ARCH)).groups

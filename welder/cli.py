@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--measure-fusion", action="store_true", help="decide fusion by measured latencies (slower)"
     )
     p.add_argument(
+        "--budget-s",
+        type=float,
+        metavar="SECONDS",
+        help="soft limit on the tune's wall time: once it is spent, groups still to tune try only "
+        "the cost model's 3 best configs and no further fusion check starts (default: none)",
+    )
+    p.add_argument(
         "--cuda-arch", help="compile for this GPU architecture, e.g. 90 (default: the GPU present)"
     )
     p.add_argument("--no-build", action="store_true", help="emit the runtime sources but do not build them")
@@ -224,6 +231,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         skip_dot=args.skip_dot,
         tensor_cores=not args.no_tc,
         tf32=args.tf32,
+        budget_s=args.budget_s,
         cuda_arch=args.cuda_arch,
         build=not args.no_build,
         input_shapes=dict(args.input_shape),

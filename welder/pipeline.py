@@ -48,6 +48,7 @@ class TuneOptions:
     skip_dot: bool = False  # matrix products to cuBLAS
     tensor_cores: bool = True  # False: --no-tc, every stage on CUDA cores
     tf32: bool = False  # --tf32: fp32 contractions may run on TF32 tensor cores
+    budget_s: float | None = None  # --budget-s: soft limit on the tune's wall time (tune_model)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -131,6 +132,10 @@ def tune(
         raise WelderError(
             "--tf32 puts fp32 products on tensor cores, which --no-tc rules out; pass one of them"
         )
+    if options.budget_s is not None and not options.budget_s > 0:
+        raise WelderError(f"--budget-s must be a positive number of seconds, got {options.budget_s}")
+    if options.budget_s is not None and options.cost_model:
+        raise WelderError("--budget-s limits tuning on the GPU; --cost-model measures nothing")
     start = time.perf_counter()
     notes: list[str] = []
     source = Path(model_file(model))
@@ -258,6 +263,7 @@ def _tune_on_gpu(graph: Graph, arch: Arch, options: TuneOptions, model: str) -> 
             progress_stream=sys.stderr,
             skip_dot=options.skip_dot,
             kinds=options.kinds,
+            budget_s=options.budget_s,
         )
 
 

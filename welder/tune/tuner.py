@@ -70,6 +70,8 @@ CANDIDATE_PREFIX = "welder_c"
 # on the GPU (see _ModelTuner.checked), at most VERIFY_DEPTH levels deep.
 VERIFY_RATIO = 2.0
 VERIFY_DEPTH = 3
+#: Configs a group tunes once the tune's time budget (``tune_model(budget_s=...)``) is spent.
+BUDGET_TOPK = 3
 # Threads making groups' inputs and references (numpy: they release the GIL), and how many
 # groups ahead of the one being timed they work; each group ahead holds its arrays.
 HOST_THREADS = 2
@@ -734,8 +736,11 @@ class _ModelTuner:
         stream: TextIO | None,
         library: Sequence[LibraryGroup] = (),
         kinds: Sequence[str] = Options.kinds,
+        budget_s: float | None = None,
     ) -> None:
         self.graph = graph
+        self.budget_s = budget_s
+        self.deadline = None if budget_s is None else time.perf_counter() + budget_s
         self.library = {lg.group.root: lg for lg in library}
         self.arch = arch
         self.topk = topk
@@ -784,6 +789,14 @@ class _ModelTuner:
         final: list[Group] = []
         pending = [(g, 0) for g in groups]
         while pending:
+            if self.over_budget():
+                doubted = sum(1 for g, depth in pending if self.doubt(g, depth))
+                if doubted:
+                    self.log.append(
+                        f"fusion checks stopped: the time budget of {self.budget_s:.0f} s is spent; "
+                        f"{doubted} doubted groups kept unchecked"
+                    )
+                return final + [g for g, _ in pending]
             self.tune_all([p for g, depth in pending if self.doubt(g, depth) for p in self.split_groups(g)])
             deeper = []
             for g, depth in pending:
@@ -911,6 +924,10 @@ class _ModelTuner:
         self.split_failures.append(failure)
         return [g]
 
+    def over_budget(self) -> bool:
+        """Whether the time budget, if any, is spent."""
+        return self.deadline is not None and time.perf_counter() > self.deadline
+
     @property
     def fixed(self) -> list[LibraryGroup]:
         """The groups a library computes: never searched, tuned or measured here."""
@@ -936,7 +953,9 @@ class _ModelTuner:
         host_pool = ThreadPoolExecutor(max_workers=HOST_THREADS, thread_name_prefix="welder-host")
         groups = list(todo.values())
         host: dict[int, HostSide] = {}  # by position in groups; each holds its arrays
-        configs = [self.cost.configs(g) for g in groups]
+        # Past the time budget, only the best estimates (and the cache records that topk).
+        topk = min(self.topk, BUDGET_TOPK) if self.over_budget() else self.topk
+        configs = [self.cost.configs(g)[:topk] for g in groups]
         per_call = kernels_per_call(sum(len(c) for c in configs), self.workers)
         try:
             futures: list[Future[Candidates]] = [
@@ -957,7 +976,7 @@ class _ModelTuner:
                     self.device,
                     self.cache,
                     key,
-                    self.topk,
+                    topk,
                     self.measure.seed,
                     self.phases,
                     host.pop(k),
@@ -1062,6 +1081,7 @@ def tune_model(
     progress_stream: TextIO | None = None,
     skip_dot: bool = False,
     kinds: Sequence[str] = Options.kinds,
+    budget_s: float | None = None,
 ) -> Plan:
     """Fuse ``graph`` and tune every group on ``device`` (default: the local GPU).
 
@@ -1072,7 +1092,11 @@ def tune_model(
     ``Plan.measure`` says on which GPU and how fusion and the unfused baseline were rated.
     With ``skip_dot`` the matrix products go to cuBLAS: they are fixed groups that are
     neither tuned nor measured (their latency is the library estimate).  ``kinds`` are the
-    kernel kinds that may propose configs (``("simt",)``: no tensor cores)."""
+    kernel kinds that may propose configs (``("simt",)``: no tensor cores).  ``budget_s``
+    is a soft limit on the wall time: once it is spent, groups not yet tuned try only the
+    cost model's ``BUDGET_TOPK`` best configs and no further level of fusion checks starts
+    (the plan's log says how many doubted groups were left unchecked); work under way
+    finishes, so a tune may overrun it by one round of compiles and timings."""
     if topk < 1:
         raise WelderError("topk must be at least 1")
     if device is None:
@@ -1091,10 +1115,13 @@ def tune_model(
                 progress_stream=progress_stream,
                 skip_dot=skip_dot,
                 kinds=kinds,
+                budget_s=budget_s,
             )
     start = time.perf_counter()
     library = find_gemm_groups(graph, arch) if skip_dot else []
-    tuner = _ModelTuner(graph, arch, topk, cache, device, seed, workers, progress_stream, library, kinds)
+    tuner = _ModelTuner(
+        graph, arch, topk, cache, device, seed, workers, progress_stream, library, kinds, budget_s
+    )
     note = target_note(arch, device)
     if note:
         log.warning(note)
