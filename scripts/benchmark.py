@@ -114,6 +114,9 @@ class Cell:
     main_test_ms: float | None = None  # main_test's Summary mean: single runs, no CUDA graph
     accuracy: str | None = None  # test_acc: PASS, FAIL, or "error: why it could not run"
     max_error: float | None = None  # test_acc's max(|a-b|/max(|b|,1)) over every output
+    # welder's cell: the model's floor on the tuned arch (welder.profile.model_floor): its
+    # FLOPs at the best ceiling of each operation against its compulsory DRAM bytes.
+    floor_ms: float | None = None
     # Why the system was not run on this machine (onnxruntime without its CUDA provider
     # beside a GPU, welder without a GPU): not a failure of the system, and not timed
     # elsewhere instead, which would compare a CPU with a GPU.
@@ -237,6 +240,7 @@ def measure_built(prefix: Path, options: WelderOptions, tune_s: float, build_s: 
     budget_ms = str(1e3 * options.budget_s)
     out = _python(["-c", WELDER_TIMING, str(prefix), "1" if options.cuda_graph else "0", budget_ms], 600, env)
     device_ms, call_ms = (float(v) for v in out.split()[-2:])
+    floor_ms = model_floor_ms(prefix)
     notes = [f"tune {tune_s:.0f} s + build {build_s:.0f} s", f"topk {options.topk}"]
     notes += [accuracy.describe()] + ([f"main_test: {main_test_error}"] if main_test_error else [])
     return Cell(
@@ -247,7 +251,20 @@ def measure_built(prefix: Path, options: WelderOptions, tune_s: float, build_s: 
         main_test_ms=main_test_ms,
         accuracy=accuracy.verdict,
         max_error=accuracy.max_error,
+        floor_ms=floor_ms,
     )
+
+
+def model_floor_ms(prefix: Path) -> float | None:
+    """The model's floor (ms) on the arch PREFIX was tuned for, None where the tune left no
+    model.json to read it from."""
+    from welder.errors import WelderError
+    from welder.profile import prefix_floor
+
+    try:
+        return prefix_floor(prefix).floor_us / 1e3
+    except WelderError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -629,18 +646,23 @@ def _runtime_table(rows: Sequence[Row]) -> list[str]:
         return []
     lines = [
         "",
-        "welder's runtime: `main_test` mean (single runs, no CUDA graph) and `test_acc` against onnxruntime.",
+        "welder's runtime: `main_test` mean (single runs, no CUDA graph), `test_acc` against onnxruntime, "
+        "and the model's floor (its FLOPs at the best ceiling of each operation against its compulsory "
+        "DRAM bytes, on the tuned arch) beside welder's device time.",
         "",
-        "| model | bs | dtype | main_test ms | test_acc | max error |",
-        "|" + "---|" * 6,
+        "| model | bs | dtype | main_test ms | test_acc | max error | floor ms | welder / floor |",
+        "|" + "---|" * 8,
     ]
     for r in welder_rows:
         w = r.cells["welder"]
         main_test = f"{w.main_test_ms:.3f}" if w.main_test_ms is not None else "-"
         verdict = (w.accuracy or "-").replace("|", "/").replace("\n", " ")
         worst = f"{w.max_error:.1e}" if w.max_error is not None else "-"
+        floor = f"{w.floor_ms:.3f}" if w.floor_ms is not None else "-"
+        over = f"{w.ms / w.floor_ms:.1f}x" if w.floor_ms and w.ms is not None else "-"
         lines.append(
-            f"| {r.config.model} | {r.config.batch} | {r.config.dtype} | {main_test} | {verdict} | {worst} |"
+            f"| {r.config.model} | {r.config.batch} | {r.config.dtype} | {main_test} | {verdict} | {worst} "
+            f"| {floor} | {over} |"
         )
     return lines
 

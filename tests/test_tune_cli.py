@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 from models import bert_encoder_layer, mobilenetv2_block
 
 import welder
+from welder.arch import get_arch
 from welder.check import compare, onnxruntime_outputs, random_inputs
 from welder.cli import main
 from welder.errors import WelderError
@@ -338,13 +340,32 @@ def test_benchmark_records_main_test_and_test_acc(emulated_bert: Tuned, tmp_path
     assert missing.verdict.startswith("error: test_acc exit 2") and missing.max_error is None
     assert benchmark.run_main_test(tmp_path)[0] is None
 
+    # The floor: the model's FLOPs at fp32's peak against its own bytes at DRAM bandwidth on
+    # the tuned arch (H100), from model.json here.
+    model = json.loads((emulated_bert.prefix / "model.json").read_text())
+    h100 = get_arch("H100")
+    flops = sum(int(n.get("flops", 0)) for n in model["nodes"])
+    own = [t for key in ("inputs", "outputs", "constants") for t in model[key]]
+    nbytes = sum(math.prod(t["shape"]) * np.dtype(t["dtype"]).itemsize for t in own)
+    expected = max(flops / (h100.fp32_tflops * 1e9), nbytes / (h100.global_bw_gbs * 1e6))
+    floor_ms = benchmark.model_floor_ms(emulated_bert.prefix)
+    assert floor_ms == pytest.approx(expected, rel=1e-6) and floor_ms > 0
+    assert benchmark.model_floor_ms(tmp_path) is None
+
     config = benchmark.Config("bert", 1, "fp32")
     cell = benchmark.Cell(
-        ms=1.0, main_test_ms=mean_ms, accuracy=accuracy.verdict, max_error=accuracy.max_error
+        ms=1.0,
+        main_test_ms=mean_ms,
+        accuracy=accuracy.verdict,
+        max_error=accuracy.max_error,
+        floor_ms=floor_ms,
     )
     row = benchmark.Row(config, {"welder": cell, "eager": benchmark.Cell(ms=2.0)})
     table = benchmark.render_markdown([row], {"device": "test"})
-    assert f"| bert | 1 | fp32 | {mean_ms:.3f} | PASS | {accuracy.max_error:.1e} |" in table
+    assert (
+        f"| bert | 1 | fp32 | {mean_ms:.3f} | PASS | {accuracy.max_error:.1e} | {floor_ms:.3f} "
+        f"| {1.0 / floor_ms:.1f}x |" in table
+    )
     again = benchmark.Row.from_dict(json.loads(json.dumps(row.to_dict())))
     assert again.cells["welder"] == cell
 

@@ -239,18 +239,7 @@ def profile_prefix(
                 bound=bound,
             )
         )
-    # The model's floor: every operation at its best ceiling (tensor cores for a half-precision
-    # contraction, whatever kind the plan chose), the model's own inputs, weights and outputs once.
-    model_flops = 0
-    compute_us = 0.0
-    for n in model["nodes"]:
-        flops = int(n.get("flops", 0))
-        model_flops += flops
-        half = any(tensors[t]["dtype"] in HALF_DTYPES for t in n["inputs"] if t in tensors)
-        best = described.fp16_tc_tflops if half and n["kind"] == "reduction" else described.fp32_tflops
-        compute_us += flops / (best * 1e6)
-    model_bytes = nbytes([t["name"] for key in ("inputs", "outputs", "constants") for t in model[key]])
-    model_floor = max(compute_us, model_bytes / (described.global_bw_gbs * 1e3))
+    floor = model_floor(model, described)
     return Profile(
         model=tuned.get("model", model.get("name", prefix.name)),
         device=device or f"{described.name} (figures of the arch; nothing timed)",
@@ -262,11 +251,54 @@ def profile_prefix(
         arch=described,
         groups=sorted(profiled, key=lambda p: -p.time_us),
         end_to_end_us=end_to_end,
-        model_flops=model_flops,
-        model_bytes=model_bytes,
-        model_floor_us=model_floor,
+        model_flops=floor.flops,
+        model_bytes=floor.bytes,
+        model_floor_us=floor.floor_us,
         plan_floor_us=sum(p.floor_us for p in profiled),
     )
+
+
+@dataclass(frozen=True)
+class ModelFloor:
+    """The least time any plan of a model can take on an arch: its FLOPs at the best
+    ceiling of each operation against its compulsory DRAM bytes."""
+
+    floor_us: float
+    flops: int
+    bytes: int  # the model's inputs, weights and outputs, each once
+    bound: str  # "compute" or "memory"
+
+
+def model_floor(model: Mapping, arch: Arch) -> ModelFloor:
+    """The floor of the graph ``model`` (model.json's dict): every operation at its best
+    ceiling -- tensor cores for a half-precision contraction, whatever kind a plan chose --
+    and the model's own inputs, weights and outputs read or written once."""
+    tensors = {t["name"]: t for key in ("inputs", "outputs", "constants") for t in model[key]}
+    tensors.update({n["name"]: n for n in model["nodes"]})
+    flops_total = 0
+    compute_us = 0.0
+    for n in model["nodes"]:
+        flops = int(n.get("flops", 0))
+        flops_total += flops
+        half = any(tensors[t]["dtype"] in HALF_DTYPES for t in n["inputs"] if t in tensors)
+        best = arch.fp16_tc_tflops if half and n["kind"] == "reduction" else arch.fp32_tflops
+        compute_us += flops / (best * 1e6)
+    own = [t for key in ("inputs", "outputs", "constants") for t in model[key]]
+    nbytes = sum(math.prod(t["shape"]) * np_dtype(t["dtype"]).itemsize for t in own)
+    memory_us = nbytes / (arch.global_bw_gbs * 1e3)
+    bound = "compute" if compute_us >= memory_us else "memory"
+    return ModelFloor(max(compute_us, memory_us), flops_total, nbytes, bound)
+
+
+def prefix_floor(prefix: str | Path, arch: str | None = None) -> ModelFloor:
+    """:func:`model_floor` of the model ``welder tune`` (or ``welder import``) wrote into
+    ``prefix``, on ``arch`` (default: the arch tuned.json names, else the H100)."""
+    prefix = Path(prefix)
+    model = _read_json(prefix / "model.json", "the graph")
+    if arch is None:
+        tuned = prefix / "tuned.json"
+        arch = _arch_of(None, _read_json(tuned, "the plan")) if tuned.is_file() else "H100"
+    return model_floor(model, get_arch(arch))
 
 
 def _arch_of(device: str | None, tuned: Mapping) -> str:
