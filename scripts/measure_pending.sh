@@ -4,13 +4,16 @@
 # $SYSTEMS (default: welder,eager,compile) at --topk $TOPK (default 20): device time and
 # call latency for every system, then each welder tune's wall time and where it went
 # (tuned.json's tuning_phase_seconds).
-# Writes everything to $OUT (or /tmp/welder-pending) and prints the tables last.
+# Writes the table (JSON and markdown) and $NAME-files.tgz (logs, each row's tuned.json, and
+# the state below) to $OUT (or /tmp/welder-pending), and prints the tables last.
 #
 # A table longer than one call: GPUS=4 measures four configs at once on a four-GPU machine
 # (benchmark.py --gpus); the rows, the exports and the tuning cache stay in $STATE
 # (default /tmp/welder-table) on the machine, so the next call on the same warm machine
 # goes on with the configs not yet measured (--skip-done), and a tune cut short resumes
-# from its cache.
+# from its cache.  On a fresh machine, unpack the archive's state/ into .table-state/ here
+# (`mkdir .table-state && tar xzf FILES.tgz -C /tmp/x && cp -r /tmp/x/state/. .table-state/`)
+# and carry it.
 #
 #   ../shared/device/stage.sh                                  # on the development machine
 #   source .device/setup.sh; bash scripts/measure_pending.sh   # on the GPU machine
@@ -39,10 +42,14 @@ timeout "${LIMIT:-540}" python scripts/benchmark.py --configs "$configs" --syste
   --runs "$runs" --json "$state/$name.json" --out "$state/$name.md" --gpus "${GPUS:-1}" --skip-done \
   --cache-dir "$state/cache" 2>&1 | grep -v "^\[.*\] started on GPU" | tail -n "${TAIL:-4}"
 cp "$state/$name.json" "$state/$name.md" "$out/" 2>/dev/null
-mkdir -p "$out/logs" && cp "$state"/*.log "$out/logs/" 2>/dev/null
-mkdir -p "$out/state/cache" && cp "$state/$name.json" "$out/state/" 2>/dev/null
-cp "$state"/cache/tuning.db* "$out/state/cache/" 2>/dev/null
-python - "$runs" "$out" <<'PY'
+# Everything else goes back in one archive (a call returns only a few files): the workers'
+# logs, each row's tuned.json, and the state a fresh machine goes on from (.table-state/).
+bundle=$(mktemp -d)
+mkdir -p "$bundle/logs" "$bundle/tuned" "$bundle/state/cache"
+cp "$state"/*.log "$bundle/logs/" 2>/dev/null
+cp "$state/$name.json" "$bundle/state/" 2>/dev/null
+cp "$state"/cache/tuning.db* "$bundle/state/cache/" 2>/dev/null
+python - "$runs" "$bundle/tuned" <<'PY'
 import json
 import shutil
 import sys
@@ -54,5 +61,6 @@ for tuned in sorted(Path(sys.argv[1]).glob("*/tuned.json")):
     phases = ", ".join(f"{k} {v:.0f}" for k, v in totals.get("tuning_phase_seconds", {}).items())
     print(f"{tuned.parent.name}: tune {totals['tuning_seconds']:.0f} s ({phases}), {totals['kernels']} kernels")
 PY
+tar czf "$out/$name-files.tgz" -C "$bundle" . && rm -rf "$bundle"
 cat "$out/$name.md" 2>/dev/null
 echo "measure_pending: $(( $(date +%s) - start )) s"
