@@ -127,6 +127,15 @@ def test_what_cannot_be_profiled_is_said(prefix: Path, tmp_path: Path, capsys) -
     assert "--number must be >= 1" in capsys.readouterr().err
     assert welder_main(["profile", str(prefix), "--source", "predicted", "--arch", "Z80"]) == 2
     assert "Z80" in capsys.readouterr().err
+    # tuned.json of another tune (another export's tensor names) beside this model.json
+    other = tmp_path / "other"
+    shutil.copytree(prefix, other)
+    tuned = json.loads((other / "tuned.json").read_text())
+    tuned["groups"][0]["inputs"][0] = "onnx::MatMul_1348"
+    (other / "tuned.json").write_text(json.dumps(tuned))
+    assert welder_main(["profile", str(other), "--source", "predicted"]) == 2
+    assert "names tensors that" in (err := capsys.readouterr().err) and "'onnx::MatMul_1348'" in err
+    assert "different tunes" in err
 
 
 @pytest.mark.skipif(not (emulator_available() and shutil.which("cmake")), reason="needs g++ and cmake")

@@ -186,6 +186,7 @@ def profile_prefix(
     tensors = {t["name"]: t for key in ("inputs", "outputs", "constants") for t in model[key]}
     tensors.update({n["name"]: n for n in model["nodes"]})
     groups = tuned["groups"]
+    _check_same_model(prefix, groups, tensors)
     measured = all(g.get("measured_latency_us") is not None for g in groups)
     if source is None:
         source = "run" if _gpu_present() else "tuning" if measured else "predicted"
@@ -256,6 +257,19 @@ def profile_prefix(
         model_floor_us=floor.floor_us,
         plan_floor_us=sum(p.floor_us for p in profiled),
     )
+
+
+def _check_same_model(prefix: Path, groups: Sequence[Mapping], tensors: Mapping[str, Mapping]) -> None:
+    """A ProfileError unless every tensor tuned.json's groups name is in model.json: files of
+    two different tunes (or exports) cannot be read together."""
+    for g in groups:
+        unknown = [t for t in (*g["members"], *g["inputs"], *g["outputs"]) if t not in tensors]
+        if unknown:
+            raise ProfileError(
+                f"{prefix / 'tuned.json'} names tensors that {prefix / 'model.json'} lacks "
+                f"({', '.join(repr(t) for t in unknown[:3])}{', ...' if len(unknown) > 3 else ''}): "
+                "the two files come from different tunes; run `welder tune` again"
+            )
 
 
 @dataclass(frozen=True)
