@@ -14,8 +14,21 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
-from test_mma_tf32 import CASES, _context, _emulate, _matmul, _reference, _seed, _whole_group, ptx_of
+from onnx import helper
+from onnx_util import make_model
+from test_mma_tf32 import (
+    CASES,
+    _context,
+    _emulate,
+    _evaluate64,
+    _matmul,
+    _reference,
+    _seed,
+    _whole_group,
+    ptx_of,
+)
 
 from welder.arch import get_arch
 from welder.check import THRESHOLDS, error_metric
@@ -32,6 +45,8 @@ FFMA_KINDS = ("ffma", "simt")
 #: Exact fp32 products of order-one values over up to a few hundred terms stay within a few
 #: units of fp32's rounding; TF32 operands would be some 1e-3 away.
 EXACT = 1e-5
+
+RNG_PAD = np.random.default_rng(5)
 
 needs_emulator = pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
 
@@ -75,6 +90,37 @@ def test_split_k_on_ffma_is_exact() -> None:
     for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
         for name, got in outputs.items():
             assert error_metric(got, exact[name]) <= EXACT, cfg.stages[0]
+
+
+def _padded_product(m: int, pad: int, k: int, n: int):
+    """A product whose A is a zero-padded copy of x along M (a guarded load: not affine),
+    as a window partition pads an image: A is gathered, element by element."""
+    x = RNG_PAD.standard_normal((m, k)).astype(np.float32)
+    w = (RNG_PAD.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    nodes = [
+        helper.make_node("Pad", ["x", "pads"], ["xp"]),
+        helper.make_node("MatMul", ["xp", "w"], ["y"]),
+    ]
+    pads = np.array([0, 0, pad, 0], np.int64)
+    return make_model(nodes, {"x": x}, ["y"], {"w": w, "pads": pads}, opset=17), {"x": x}
+
+
+@needs_emulator
+@pytest.mark.parametrize("shape", [(40, 8, 48, 40), (61, 3, 100, 24)])
+def test_a_gathered_fp32_operand_is_copied_in_pairs_and_exact(shape: tuple[int, int, int, int]) -> None:
+    model, feeds = _padded_product(*shape)
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    con = contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape, gather_32bit=True)
+    assert con is not None and con.gathered is not None  # the padded A
+    assert contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape) is None
+    configs = ffma.KIND.propose(group, _context(graph, topk=4, kinds=FFMA_KINDS))
+    assert configs
+    source = generate_kernel(graph, group, configs[0], "k").source
+    assert "float2 a_pairs[" in source and "make_float2(a_element(" in source
+    exact = _evaluate64(graph, {k: v.astype(np.float64) for k, v in {**graph.constants, **feeds}.items()})
+    for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
+        assert error_metric(outputs["y"], exact["y"]) <= EXACT, cfg.stages[0]
 
 
 def test_exact_fp32_products_get_ffma_beside_simt_candidates() -> None:

@@ -23,7 +23,7 @@ TEMPLATE = "stages/ffma.cu.j2"
 
 def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
     """The context of fp32 FMA stage ``k`` (config ``st``) of the kernel ``kb`` builds."""
-    con = as_ffma(stage_contraction(kb, st))
+    con = as_ffma(stage_contraction(kb, st, gather_32bit=True))
     if con is None:
         raise ValueError(f"{st.node}: an ffma stage needs an fp32 contraction")
     return contraction_stage(kb, k, st, con, TEMPLATE, "CUDA cores, fp32 FMAs")

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 TEMPLATE = "stages/mma.cu.j2"
 HEADERS = ("welder_mma.cuh",)
+#: ContractionStageCtx's gather fields for 32-bit elements.
+FP32_GATHER = {"gather_pair_t": "float2", "gather_pack": "make_float2", "gather_zero": "0.0f"}
 
 
 @dataclass
@@ -109,6 +111,11 @@ class ContractionStageCtx(StageCtx):
     # element's loads and arithmetic under a branch of its own, which keeps the compiler from
     # hoisting loads or interleaving elements (a bias + GELU epilogue ran 3x slower).
     guard: bool = True
+    # A gathered operand's element pair: its C type, how two elements make one, and the
+    # element zero (fp32 pairs for the ffma kind, 16-bit pairs otherwise).
+    gather_pair_t: str = "__half2"
+    gather_pack: str = "__halves2half2"
+    gather_zero: str = "__float2half(0.0f)"
     tile_view: str | None
     out_param: str | None
     out_offset: str
@@ -186,6 +193,7 @@ def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contractio
         m_extent=con.m,
         n_extent=con.n,
         guard=not _pieces_inside(kb, st, con),
+        **(FP32_GATHER if con.fmt.elem_bytes == 4 else {}),
         tile_view=kb.tile_views.get(st.node),
         out_param=kb.params[st.node].name if st.node in kb.group.outputs else None,
         out_offset=" + ".join(f"{o[d]} * {out_strides[d]}" for d in con.batch_axes) or "0",
@@ -260,10 +268,11 @@ def _output(kb: KernelBuilder, tensor: str, value: str) -> EpilogueOutput:
     )
 
 
-def stage_contraction(kb: KernelBuilder, st: StageConfig) -> Contraction:
-    """The contraction a tensor-core stage config names (as the policy proved it)."""
+def stage_contraction(kb: KernelBuilder, st: StageConfig, gather_32bit: bool = False) -> Contraction:
+    """The contraction a tensor-core stage config names (as the policy proved it;
+    ``gather_32bit`` as the policy of its kind passed it to ``contraction``)."""
     assert isinstance(st, MmaConfig)
-    con = contraction(kb.group.computes[st.node], kb.shape_of)
+    con = contraction(kb.group.computes[st.node], kb.shape_of, gather_32bit)
     if con is None:
         raise ValueError(f"{st.node}: not a tensor-core contraction, yet configured as one")
     return con

@@ -60,7 +60,7 @@ class FfmaKind(MmaKind):
     efficiency = FFMA_EFFICIENCY
 
     def _contraction(self, group: Group, ctx: ScheduleContext) -> Contraction | None:
-        con = contraction(group.computes[group.stages[0]], ctx.shape_of)
+        con = contraction(group.computes[group.stages[0]], ctx.shape_of, gather_32bit=True)
         if con is None or not self.runs_on(ctx.arch.compute_capability):
             return None
         return as_ffma(con)

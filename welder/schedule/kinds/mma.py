@@ -344,10 +344,11 @@ def _gathered_load(e: Expr) -> Load | None:
     return load
 
 
-def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
+def contraction(c: Compute, shape_of: ShapeOf, gather_32bit: bool = False) -> Contraction | None:
     """``c`` as a tensor-core contraction, or None (see the module docstring).  One operand
     may be gathered (:class:`Operand`): its load is not affine, but it varies along K and
-    one of M or N only, and the other operand is affine."""
+    one of M or N only, and the other operand is affine.  The tensor-core stages gather
+    16-bit elements only; ``gather_32bit`` admits fp32 ones too (the ``ffma`` kind's)."""
     body = c.body
     if (
         c.reduce_op != "sum"
@@ -371,7 +372,7 @@ def contraction(c: Compute, shape_of: ShapeOf) -> Contraction | None:
     if layouts[0] is None and layouts[1] is None:
         return None
     if layouts[0] is None or layouts[1] is None:
-        return _gathered_contraction(c, exprs, layouts, m_axis, n_axis, k)
+        return _gathered_contraction(c, exprs, layouts, m_axis, n_axis, k, gather_32bit)
     ops = list(zip((body.a, body.b), layouts))
     # A does not move along N, B not along M; the product commutes, so either load may be A.
     if ops[0][1][1][n_name] != 0 or ops[1][1][1][m_name] != 0:
@@ -403,6 +404,7 @@ def _gathered_contraction(
     m_axis: int,
     n_axis: int,
     k: str,
+    gather_32bit: bool = False,
 ) -> Contraction | None:
     """``contraction`` where one operand is not affine: that one is gathered if it is a
     (guarded) load free of the other output axis, and the affine one is A's or B's."""
@@ -410,7 +412,7 @@ def _gathered_contraction(
     gather, (affine, layout) = exprs[j], (exprs[1 - j], layouts[1 - j])
     assert layout is not None and isinstance(affine, Load)
     load = _gathered_load(gather)
-    if load is None or FORMATS[c.dtype].elem_bytes != 2:  # the stages gather 16-bit pairs
+    if load is None or (FORMATS[c.dtype].elem_bytes != 2 and not gather_32bit):
         return None
     m_name, n_name = c.axes[m_axis].name, c.axes[n_axis].name
     used = free_vars(gather)
