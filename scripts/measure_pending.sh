@@ -42,8 +42,8 @@ timeout "${LIMIT:-540}" python scripts/benchmark.py --configs "$configs" --syste
   --runs "$runs" --json "$state/$name.json" --out "$state/$name.md" --gpus "${GPUS:-1}" --skip-done \
   --cache-dir "$state/cache" 2>&1 | grep -v "^\[.*\] started on GPU" | tail -n "${TAIL:-4}"
 cp "$state/$name.json" "$state/$name.md" "$out/" 2>/dev/null
-# Everything else goes back in one archive (a call returns only a few files): the workers'
-# logs, each row's tuned.json, and the state a fresh machine goes on from (.table-state/).
+# Everything else goes back in one archive: the workers' logs, each row's tuned.json, and
+# the state a fresh machine goes on from (.table-state/).
 bundle=$(mktemp -d)
 mkdir -p "$bundle/logs" "$bundle/tuned" "$bundle/state/cache"
 cp "$state"/*.log "$bundle/logs/" 2>/dev/null
