@@ -52,6 +52,8 @@ PEERS = ("eager", "compile", "compile-max-autotune", "onnxruntime")
 #: TF32 switches off, welder on CUDA cores); ``tf32`` is the same fp32 model with TF32 allowed
 #: everywhere (torch's switches on, ``welder tune --tf32``), a row of its own.
 DTYPES = {"fp32": "float32", "fp16": "float16", "tf32": "float32"}
+#: The precisions of the reference table (tf32 rows come with --tf32).
+TABLE_PRECISIONS = ("fp32", "fp16")
 TABLE_MODELS = ("bert", "vit_small_p32", "swin_tiny", "mobilenet_v2", "mobilevit_s", "nerf_large")
 #: Models whose batch multiplies a point count: the tables run them at batch 1 only.
 SINGLE_BATCH = ("nerf", "nerf_large")
@@ -91,8 +93,8 @@ class Config:
 def reference_configs() -> list[Config]:
     """The rows of the reference latency table: every model at batch 1, all but the NeRF
     MLP at batch 64, each in fp32 and fp16."""
-    rows = [Config(m, 1, d) for m in TABLE_MODELS for d in ("fp32", "fp16")]
-    return rows + [Config(m, 64, d) for m in TABLE_MODELS if m not in SINGLE_BATCH for d in ("fp32", "fp16")]
+    rows = [Config(m, 1, d) for m in TABLE_MODELS for d in TABLE_PRECISIONS]
+    return rows + [Config(m, 64, d) for m in TABLE_MODELS if m not in SINGLE_BATCH for d in TABLE_PRECISIONS]
 
 
 def with_tf32_twins(configs: Sequence[Config]) -> list[Config]:
@@ -898,64 +900,63 @@ def run_on_gpus(
     # each leads its own process group, so nvcc and the timing children go with it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        _dispatch(configs, args, base, gpus, slices, logs, rows, meta, running)
+        pending, free = list(configs), list(range(len(gpus)))
+        start = time.perf_counter()
+        while pending or running:
+            if pending and args.deadline_s is not None and time.perf_counter() - start > args.deadline_s:
+                print(f"deadline reached: {', '.join(c.key for c in pending)} not measured", file=sys.stderr)
+                pending.clear()
+            while pending and free:
+                worker, config = free.pop(0), pending.pop(0)
+                proc, part = _start_worker(config, base, gpus[worker], slices[worker], logs)
+                running[worker] = (config, proc, part)
+            time.sleep(1.0)
+            for worker, (config, proc, part) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[worker]
+                free.append(worker)
+                rows[config.key] = _landed_row(config, proc, part, logs, args.systems)
+                save(rows, meta, args)
+                for system, cell in rows[config.key].cells.items():
+                    _log(config, system, cell)
     finally:
         for _, proc, _ in running.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _dispatch(
-    configs: Sequence[Config],
-    args: argparse.Namespace,
-    base: Sequence[str],
-    gpus: Sequence[str],
-    slices: Sequence[Sequence[int]],
-    logs: Path,
-    rows: dict[str, Row],
-    meta: dict,
-    running: dict[int, tuple[Config, subprocess.Popen[bytes], Path]],
-) -> None:
-    pending, free = list(configs), list(range(len(gpus)))
-    start = time.perf_counter()
-    while pending or running:
-        if pending and args.deadline_s is not None and time.perf_counter() - start > args.deadline_s:
-            print(f"deadline reached: {', '.join(c.key for c in pending)} not measured", file=sys.stderr)
-            pending.clear()
-        while pending and free:
-            worker, config = free.pop(0), pending.pop(0)
-            part = logs / f"{config.key}.part.json"
-            part.unlink(missing_ok=True)
-            command = [sys.executable, __file__, *base, "--configs", config.text, "--json", str(part)]
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus[worker])
-            with open(logs / f"{config.key}.log", "wb") as log:
-                proc = subprocess.Popen(
-                    command,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=ROOT,
-                    preexec_fn=lambda cores=slices[worker]: os.sched_setaffinity(0, cores),
-                    start_new_session=True,
-                )
-            print(f"[{config.key}] started on GPU {gpus[worker]}", file=sys.stderr, flush=True)
-            running[worker] = (config, proc, part)
-        time.sleep(1.0)
-        for worker, (config, proc, part) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            del running[worker]
-            free.append(worker)
-            landed = load_rows(part).get(config.key)
-            if landed is None:
-                tail = _log_tail(logs / f"{config.key}.log")
-                landed = Row(
-                    config, {s: Cell(error=f"worker exit {proc.returncode}: {tail}") for s in args.systems}
-                )
-            rows[config.key] = landed
-            save(rows, meta, args)
-            for system, cell in landed.cells.items():
-                _log(config, system, cell)
+def _start_worker(
+    config: Config, base: Sequence[str], gpu: str, cores: Sequence[int], logs: Path
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """A child run of this script measuring ``config`` on ``gpu`` and ``cores``, leading its
+    own process group; returns it and the JSON file its row lands in."""
+    part = logs / f"{config.key}.part.json"
+    part.unlink(missing_ok=True)
+    command = [sys.executable, __file__, *base, "--configs", config.text, "--json", str(part)]
+    with open(logs / f"{config.key}.log", "wb") as log:
+        proc = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu),
+            cwd=ROOT,
+            preexec_fn=lambda: os.sched_setaffinity(0, cores),
+            start_new_session=True,
+        )
+    print(f"[{config.key}] started on GPU {gpu}", file=sys.stderr, flush=True)
+    return proc, part
+
+
+def _landed_row(
+    config: Config, proc: subprocess.Popen[bytes], part: Path, logs: Path, systems: Sequence[str]
+) -> Row:
+    """The row a finished worker wrote, or one whose every cell holds why it wrote none."""
+    row = load_rows(part).get(config.key)
+    if row is not None:
+        return row
+    failure = f"worker exit {proc.returncode}: {_log_tail(logs / f'{config.key}.log')}"
+    return Row(config, {s: Cell(error=failure) for s in systems})
 
 
 def _log_tail(path: Path, lines: int = 3) -> str:

@@ -32,8 +32,8 @@ start=$(date +%s)
 
 state=${STATE:-/tmp/welder-table}
 runs=$state/runs
-# A fresh machine goes on from what an earlier call brought back ($OUT/state), carried
-# here as .table-state/: the rows and the tuning cache (exports are redone).
+# A fresh machine goes on from what an earlier call brought back (the archive's state/),
+# carried here as .table-state/: the rows and the tuning cache (exports are redone).
 if [ -d .table-state ] && [ ! -d "$state" ]; then
   mkdir -p "$state" && cp -r .table-state/. "$state/"
 fi

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -211,7 +211,7 @@ def profile_prefix(
     total = sum(times_us.values()) or 1.0
 
     def nbytes(names: Sequence[str]) -> int:
-        return sum(math.prod(tensors[t]["shape"]) * np_dtype(tensors[t]["dtype"]).itemsize for t in names)
+        return _bytes(tensors[t] for t in names)
 
     profiled = []
     for g in groups:
@@ -259,6 +259,11 @@ def profile_prefix(
     )
 
 
+def _bytes(tensors: Iterable[Mapping]) -> int:
+    """Bytes of model.json's tensor entries (a shape and a dtype each)."""
+    return sum(math.prod(t["shape"]) * np_dtype(t["dtype"]).itemsize for t in tensors)
+
+
 def _check_same_model(prefix: Path, groups: Sequence[Mapping], tensors: Mapping[str, Mapping]) -> None:
     """A ProfileError unless every tensor tuned.json's groups name is in model.json: files of
     two different tunes (or exports) cannot be read together."""
@@ -297,8 +302,7 @@ def model_floor(model: Mapping, arch: Arch) -> ModelFloor:
         half = any(tensors[t]["dtype"] in HALF_DTYPES for t in n["inputs"] if t in tensors)
         best = arch.fp16_tc_tflops if half and n["kind"] == "reduction" else arch.fp32_tflops
         compute_us += flops / (best * 1e6)
-    own = [t for key in ("inputs", "outputs", "constants") for t in model[key]]
-    nbytes = sum(math.prod(t["shape"]) * np_dtype(t["dtype"]).itemsize for t in own)
+    nbytes = _bytes(t for key in ("inputs", "outputs", "constants") for t in model[key])
     memory_us = nbytes / (arch.global_bw_gbs * 1e3)
     bound = "compute" if compute_us >= memory_us else "memory"
     return ModelFloor(max(compute_us, memory_us), flops_total, nbytes, bound)

@@ -66,7 +66,7 @@ class FfmaKind(MmaKind):
         return as_ffma(con)
 
     def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
-        return FFMA_EFFICIENCY * smem_share(cfg), self.slice_latency_us
+        return self.efficiency * smem_share(cfg), self.slice_latency_us
 
     def registers(self, cfg: MmaConfig) -> int:
         wm, wn = cfg.block_m // cfg.warps[0], cfg.block_n // cfg.warps[1]
