@@ -166,3 +166,33 @@ def test_ffma_kernels_compile_to_fmas_and_vector_shared_loads(tmp_path: Path) ->
         assert "fma.rn.f32" in text and "ld.shared.v4.f32" in text and "ld.shared.v2.f32" in text
         assert "cp.async.cg.shared.global" in text
         assert not re.search(r"mma\.sync|cvt\.rna\.tf32|wgmma", text)
+
+
+def _conv32(x: np.ndarray, w: np.ndarray, stride: int):
+    """An fp32 Conv with windows of ``w``'s size, ``stride`` apart, unpadded."""
+    size = list(w.shape[2:])
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=size, strides=[stride, stride])
+    return make_model([node], {"x": x}, ["y"], {"w": w}, opset=17), {"x": x}
+
+
+@needs_emulator
+def test_an_fp32_patch_embedding_is_an_exact_product() -> None:
+    """Disjoint windows make an fp32 Conv a flat product, which the ffma kind computes with
+    the image gathered; an overlapping 3x3 window keeps the image form (the SIMT kind's)."""
+    x = RNG_PAD.standard_normal((2, 8, 16, 16)).astype(np.float32)
+    w = RNG_PAD.standard_normal((32, 8, 4, 4)).astype(np.float32)
+    model, feeds = _conv32(x, w, stride=4)
+    graph = import_onnx(model)
+    shape_of = lambda t: graph.tensor(t).shape  # noqa: E731
+    found = [c for n in graph.nodes.values() if (c := contraction(n.compute, shape_of, gather_32bit=True))]
+    assert len(found) == 1 and (found[0].m, found[0].n, found[0].k_extent) == (32, 16, 128)
+    assert found[0].gathered is found[0].b
+    group = _whole_group(graph)
+    configs = ffma.KIND.propose(group, _context(graph, topk=4, kinds=FFMA_KINDS))
+    assert configs and all(cfg.stages[0].kind == "ffma" for cfg in configs)
+    exact = _evaluate64(graph, {k: v.astype(np.float64) for k, v in {**graph.constants, **feeds}.items()})
+    for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
+        assert outputs["y"].shape == (2, 32, 4, 4)
+        assert error_metric(outputs["y"], exact["y"]) <= EXACT, cfg.stages[0]
+    image = import_onnx(_conv32(x, w, stride=2)[0])
+    assert all(len(n.compute.shape) == 4 for n in image.nodes.values())

@@ -3,8 +3,9 @@ is lowered as a batched product over the flattened image, which the ``mma`` kind
 with its consumers (bias, ReLU6, a residual Add) fused after it.  Any other fp16 conv whose
 groups are wide enough is an implicit GEMM: the same flat product with one reduce axis over
 (input channels, taps), the image a gathered operand that the ``mma`` and ``wgmma`` stages
-copy element by element.  Depthwise and narrow-group convs, and fp32 ones, keep the image
-form and the CUDA cores.  Results are compared with onnxruntime."""
+copy element by element (also an affine image whose rows no aligned copy reaches).
+Depthwise and narrow-group convs, and fp32 ones (but for patch embeddings,
+tests/test_ffma.py), keep the image form and the CUDA cores.  Results are compared with onnxruntime."""
 
 from __future__ import annotations
 
@@ -182,6 +183,9 @@ IMPLICIT = {
     "3x3, 2 groups of 32": ((1, 32, 10, 10), 64, {"kernel": 3, "pad": 1, "group": 2}, ""),
     "3x3, bias + ReLU + residual": ((1, 32, 10, 10), 32, {"kernel": 3, "pad": 1}, "relu+add"),
     "1x1 s2": ((1, 32, 16, 16), 32, {"stride": 2}, ""),
+    # Rows of 49 halves start on odd elements, which no aligned copy reaches: the image is
+    # gathered although its addressing is affine.
+    "1x1 over a 7x7 image, bias + ReLU6": ((2, 32, 7, 7), 64, {}, "relu6"),
 }
 KINDS = {"mma": mma.KIND, "wgmma": wgmma.KIND}
 

@@ -316,7 +316,7 @@ def conv(ctx: LowerContext) -> Tensor:
         )
     windows = sliding_windows(ctx, x.shape[2:], _kernel_shape(ctx, x.rank - 2, w.shape[2:]))
     m_per_group = m // group
-    if x.dtype in POINTWISE_AS_PRODUCT:
+    if x.dtype in POINTWISE_AS_PRODUCT or _patchify(windows, group, m_per_group):
         pointwise = group == 1 and all(map(_pointwise, windows))
         if pointwise and len(windows) > 1:
             return _with_bias(ctx, _pointwise_conv(ctx, x, w))
@@ -334,6 +334,20 @@ def conv(ctx: LowerContext) -> Tensor:
 
     y = ctx.compute((x.shape[0], m, *(win.out for win in windows)), fn, "conv")
     return _with_bias(ctx, y)
+
+
+def _patchify(windows: Sequence[Window], group: int, m_per_group: int) -> bool:
+    """Whether a convolution cuts its image into disjoint patches (ViT's and Swin's patch
+    embeddings: a kernel as wide as its stride, no dilation, no padding) wide enough for a
+    product kind.  Such a convolution is a product in any dtype: each input element feeds
+    one output position, so the image form's tiles share no halo with their neighbours and
+    the flat product loses the CUDA-core kind nothing, while it lets the product kinds
+    (``ffma`` for exact fp32, TF32) take it.  Overlapping windows keep the image form
+    outside :data:`POINTWISE_AS_PRODUCT`: there a tile of partial rows reuses its halo."""
+    disjoint = all(
+        w.kernel == w.stride > 1 and w.dilation == 1 and w.pad_begin == w.pad_end == 0 for w in windows
+    )
+    return disjoint and group == 1 and m_per_group >= PRODUCT_MIN_GROUP
 
 
 def _pointwise(win: Window) -> bool:
@@ -356,7 +370,8 @@ def _pointwise_conv(ctx: LowerContext, x: Tensor, w: Tensor) -> Tensor:
     189.8 -> 165.4 us, V100 312.3 -> 284.3 us) but grew from 27 to 34 kernels and from 38.8
     to 47.2 MB of compulsory traffic, so exact fp32 keeps the image form.  The cost is that
     ``--tf32`` cannot put fp32 1x1 convolutions on tensor cores: the lowering does not
-    know the options a graph is tuned with."""
+    know the options a graph is tuned with.  fp32 patch embeddings are the exception
+    (:func:`_patchify`)."""
     spatial = x.shape[2:]
     flat = math.prod(spatial)
     zeros = (0,) * len(spatial)

@@ -394,7 +394,16 @@ def contraction(c: Compute, shape_of: ShapeOf, gather_32bit: bool = False) -> Co
         k,
         tuple(range(len(c.axes) - 2)),
     )
-    return found if found.copy_bytes() is not None else None
+    if found.copy_bytes() is not None:
+        return found
+    # An affine operand whose rows cannot be copied in aligned 4-byte pieces (a 1x1
+    # convolution over a 7x7 image: rows of 49 halves) is still a gathered one.
+    for j in (1, 0):
+        lays = [None if i == j else lay for i, lay in enumerate(layouts)]
+        gathered = _gathered_contraction(c, exprs, lays, m_axis, n_axis, k, gather_32bit)
+        if gathered is not None:
+            return gathered
+    return None
 
 
 def _gathered_contraction(
