@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from onnx import helper
 from onnx_util import make_model
+from test_mma import rolled_product
 from test_mma_tf32 import (
     CASES,
     _context,
@@ -196,3 +197,18 @@ def test_an_fp32_patch_embedding_is_an_exact_product() -> None:
         assert error_metric(outputs["y"], exact["y"]) <= EXACT, cfg.stages[0]
     image = import_onnx(_conv32(x, w, stride=2)[0])
     assert all(len(n.compute.shape) == 4 for n in image.nodes.values())
+
+
+@needs_emulator
+def test_a_rolled_fp32_operand_is_gathered_and_exact() -> None:
+    """Swin's shifted windows in fp32: A read through a roll is gathered in float pairs."""
+    model, feeds = rolled_product(np.float32)
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    con = contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape, gather_32bit=True)
+    assert con is not None and con.gathered is con.a
+    configs = ffma.KIND.propose(group, _context(graph, topk=4, kinds=FFMA_KINDS))
+    assert configs
+    exact = _evaluate64(graph, {k: v.astype(np.float64) for k, v in {**graph.constants, **feeds}.items()})
+    for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
+        assert error_metric(outputs["y"], exact["y"]) <= EXACT, cfg.stages[0]

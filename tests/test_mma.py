@@ -420,6 +420,39 @@ def test_an_operand_no_aligned_copy_reaches_is_gathered_and_matches() -> None:
     assert _run(graph, group, configs, feeds) == []
 
 
+def rolled_product(dtype: type, batch: int = 2, m: int = 40, k: int = 64, n: int = 48, shift: int = 3):
+    """``roll(x, -shift, axis=1) @ w`` as Swin exports its shifted windows: a Concat of two
+    Slices, which A reads through ``select(m < M - shift, x[m + shift], x[m - M + shift])``."""
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((batch, m, k)).astype(dtype)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(dtype)
+    ints = {name: np.array([v], np.int64) for name, v in (("s", shift), ("e", m), ("z", 0), ("ax", 1))}
+    nodes = [
+        helper.make_node("Slice", ["x", "s", "e", "ax"], ["tail"]),
+        helper.make_node("Slice", ["x", "z", "s", "ax"], ["head"]),
+        helper.make_node("Concat", ["tail", "head"], ["rolled"], axis=1),
+        helper.make_node("MatMul", ["rolled", "w"], ["y"]),
+    ]
+    return make_model(nodes, {"x": x}, ["y"], {"w": w, **ints}, opset=17), {"x": x}
+
+
+@needs_emulator
+@pytest.mark.parametrize("kind", ["mma", "wgmma"])
+def test_a_rolled_operand_is_gathered_and_matches(kind: str) -> None:
+    """A read through a roll (two loads of one tensor under a select) is gathered, and the
+    product with the roll fused in front matches the interpreter under each config."""
+    from welder.schedule.kinds import wgmma
+
+    model, feeds = rolled_product(np.float16)
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    con = contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape)
+    assert con is not None and con.gathered is con.a and con.a.tensor == "x"
+    configs = {"mma": mma.KIND, "wgmma": wgmma.KIND}[kind].propose(group, _context(graph, topk=4))
+    assert configs and all(cfg.stages[0].kind == kind for cfg in configs)
+    assert _run(graph, group, configs, feeds) == []
+
+
 def test_contraction_refuses_what_tensor_cores_cannot_compute() -> None:
     fp32 = make_model(
         [helper.make_node("MatMul", ["x", "w"], ["y"])],

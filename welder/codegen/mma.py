@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from welder.ir.expr import Load, Select
+from welder.ir.expr import Const, Expr, Load, Select
 from welder.ir.layout import row_major_strides
 from welder.schedule.config import StageConfig
 from welder.schedule.kinds.mma import (
@@ -280,9 +280,9 @@ def stage_contraction(kb: KernelBuilder, st: StageConfig, gather_32bit: bool = F
 
 def gather_value(kb: KernelBuilder, con: Contraction, op: Operand, origins: list[str]) -> str:
     """C: element ``(gk, gf)`` of gathered operand ``op``'s matrix (``gk`` along K, ``gf``
-    along its own axis, the batch axes at this block's origins), as the storage type: its
-    load at the IR's index expressions, or zero where the padding guard fails.  The value
-    is copied, not computed: a 2-byte load, no conversion."""
+    along its own axis, the batch axes at this block's origins), as the storage type: the
+    load its conditions pick (a rolled axis reads one of two), or zero where a padding
+    guard fails.  The value is copied, not computed: a load, no conversion."""
     assert op.gather is not None
     c = con.compute
     own = con.axis_name(op.contiguous)
@@ -293,11 +293,15 @@ def gather_value(kb: KernelBuilder, con: Contraction, op: Operand, origins: list
         return f"{param.name}[{flat_index([p(i) for i in ld.indices], param.shape)}]"
 
     printer = CPrinter(load, names)
-    if isinstance(op.gather, Select):
-        half = HALF_FORMATS.get(c.dtype)
-        zero = f"{half.from_float}(0.0f)" if half is not None else "0.0f"
-        return f"({printer(op.gather.cond)} ? {printer(op.load)} : {zero})"
-    return printer(op.load)
+    half = HALF_FORMATS.get(c.dtype)
+    zero = f"{half.from_float}(0.0f)" if half is not None else "0.0f"
+
+    def copied(e: Expr) -> str:  # the shapes _gathered_load admits: selects of loads and zeros
+        if isinstance(e, Select):
+            return f"({printer(e.cond)} ? {copied(e.a)} : {copied(e.b)})"
+        return zero if isinstance(e, Const) else printer(e)
+
+    return copied(op.gather)
 
 
 def operand_offset(con: Contraction, op: Operand, origins: list[str]) -> str:

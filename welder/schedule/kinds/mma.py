@@ -333,15 +333,27 @@ class Contraction:
 
 
 def _gathered_load(e: Expr) -> Load | None:
-    """The one load of an operand a stage may gather element by element: ``e`` itself, or
-    ``select(cond, load, 0)`` (a padded window); None for anything else (a computed value,
-    or an index that reads other data)."""
-    load = e
-    if isinstance(e, Select) and isinstance(e.b, Const) and e.b.value == 0:
-        load = e.a
-    if not isinstance(load, Load) or sum(isinstance(x, Load) for x in walk(e)) != 1:
+    """The first load of an operand a stage may gather element by element, or None.  The
+    operand must copy elements of one tensor: a load, zero, or ``select(cond, x, y)`` of
+    such (a padded window: ``select(inside, load, 0)``; a rolled axis -- Swin's shifted
+    windows, a Concat of two slices -- ``select(cond, load, load)``), with no index or
+    condition that reads data.  A computed value is not gathered."""
+    loads = _copied_loads(e)
+    if not loads or len({ld.tensor for ld in loads}) != 1:
         return None
-    return load
+    return loads[0]
+
+
+def _copied_loads(e: Expr) -> list[Load] | None:
+    """The loads whose elements ``e`` copies (see :func:`_gathered_load`), or None."""
+    if isinstance(e, Const):
+        return [] if e.value == 0 else None
+    if isinstance(e, Load):
+        return None if any(isinstance(x, Load) for i in e.indices for x in walk(i)) else [e]
+    if isinstance(e, Select) and not any(isinstance(x, Load) for x in walk(e.cond)):
+        a, b = _copied_loads(e.a), _copied_loads(e.b)
+        return None if a is None or b is None else a + b
+    return None
 
 
 def contraction(c: Compute, shape_of: ShapeOf, gather_32bit: bool = False) -> Contraction | None:
