@@ -139,10 +139,11 @@ def _attention_scores(batch: int, heads: int, seq: int, dim: int) -> tuple[onnx.
 
 
 def _broadcast_batch(batch: int, m: int, k: int, n: int) -> tuple[onnx.ModelProto, dict]:
-    """A batched A times one B shared by every matrix (batch stride 0)."""
+    """A batched A times one B shared by every matrix (batch stride 0).  B is [1, K, N]: a
+    2-D B would be lowered as one flat product (``_flat_product``), with no batch at all."""
     x = _h(batch, 2, m, k)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
-    return make_model(nodes, {"x": x}, ["y"], {"w": _h(k, n)}, opset=17), {"x": x}
+    return make_model(nodes, {"x": x}, ["y"], {"w": _h(1, k, n)}, opset=17), {"x": x}
 
 
 def _tokens_to_nchw(h: int, w: int, k: int, c: int) -> tuple[onnx.ModelProto, dict]:

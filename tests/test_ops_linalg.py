@@ -16,6 +16,8 @@ from onnx_util import assert_matches_ort, single_op
 
 from welder.errors import ModelError
 from welder.frontend.onnx import import_onnx
+from welder.runtime.emu import available
+from welder.session import check_model
 
 
 def rand(shape, dtype=np.float32, seed: int = 0) -> np.ndarray:
@@ -196,3 +198,29 @@ def test_gemm_rejects_bad_operands(shapes):
     a, b = rand(shapes[0]), rand(shapes[1])
     with pytest.raises(ModelError):
         import_onnx(single_op("Gemm", {"a": a, "b": b}))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=dtype_id)
+def test_a_shared_weight_matrix_makes_one_flat_product(dtype):
+    """``[2, 3, 50, 64] @ [64, 48]``: one product over the 300 rows of every batch (a kind
+    can then tile M across batches), reshaped back; a batched right operand is not
+    flattened.  The emulated plan matches onnxruntime."""
+    a, b = rand((2, 3, 50, 64), dtype, seed=3), rand((64, 48), dtype, seed=4)
+    model = single_op("MatMul", {"a": a, "b": b})
+    graph = import_onnx(model)
+    products = [n.compute for n in graph.nodes.values() if n.compute.reduce_axes]
+    assert [p.shape for p in products] == [(300, 48)]
+    assert graph.tensor(graph.outputs[0]).shape == (2, 3, 50, 48)
+    batched = import_onnx(single_op("MatMul", {"a": a, "b": rand((3, 64, 48), dtype)}))
+    assert [n.compute.shape for n in batched.nodes.values() if n.compute.reduce_axes] == [(2, 3, 50, 48)]
+    assert_matches_ort(model, {"a": a, "b": b})
+
+
+@pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=dtype_id)
+def test_the_flat_product_runs_planned_and_matches(dtype, tmp_path):
+    """The flat product and the reshape after it, planned and emulated, against onnxruntime."""
+    a, b = rand((2, 3, 50, 64), dtype, seed=3), rand((64, 48), dtype, seed=4)
+    path = tmp_path / "matmul.onnx"
+    path.write_bytes(single_op("MatMul", {"a": a, "b": b}).SerializeToString())
+    assert check_model(path, backend="emulate").passed

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from welder.errors import ModelError
 from welder.frontend.ops.elementwise import broadcast_shape
+from welder.frontend.ops.shape import reshape_index, reshaped
 from welder.frontend.registry import LowerContext, Tensor, register
 from welder.ir.compute import reduce, reduce_axis
 from welder.ir.expr import Const, Expr
@@ -45,6 +47,8 @@ def matmul_compute(ctx: LowerContext, a: Tensor, b: Tensor, hint: str = "") -> T
     a_batch, b_batch = a.shape[:-2], b.shape[:-2]
     batch = broadcast_shape(ctx, [a_batch, b_batch])
     nb = len(batch)
+    if a.rank >= 3 and b.rank == 2 and math.prod(a_batch) > 1 and 0 not in a.shape:
+        return _flat_product(ctx, a, b, hint)
 
     def term(idx: tuple[Expr, ...], r: Expr) -> Expr:
         bi = idx[:nb]
@@ -54,6 +58,22 @@ def matmul_compute(ctx: LowerContext, a: Tensor, b: Tensor, hint: str = "") -> T
         return av * bv
 
     return contraction(ctx, batch + m_dims + n_dims, k, term, a.dtype, hint)
+
+
+def _flat_product(ctx: LowerContext, a: Tensor, b: Tensor, hint: str) -> Tensor:
+    """``a @ b`` with one weight matrix for every batch: the product over ``a``'s rows
+    flattened, ``[prod(batch) * M, K] @ [K, N]``, reshaped back.  A kind then tiles M
+    across batches (ViT's 50 tokens an image, Swin's 49 a window) instead of padding
+    every batch's few rows to its tile."""
+    lead = a.shape[:-1]
+    rows = math.prod(lead)
+
+    def term(idx: tuple[Expr, ...], r: Expr) -> Expr:
+        i, j = idx
+        return a[(*reshape_index((i,), (rows,), lead), r)] * b[r, j]
+
+    flat = contraction(ctx, (rows, b.shape[1]), a.shape[-1], term, a.dtype, hint)
+    return reshaped(ctx, flat, (*lead, b.shape[1]))
 
 
 def _batch(idx: tuple[Expr, ...], dims: tuple[int, ...]) -> tuple:
