@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from welder.ir.compute import Compute, reduce_identity
-from welder.ir.expr import Expr, Load, Select, free_vars, is_half, walk
+from welder.ir.expr import Binary, Expr, Load, Select, free_vars, is_half, walk
 from welder.ir.interpret import np_dtype
+from welder.ir.window import sliding_window
 from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.kinds.simt import SimtConfig, StagedInput, vector_aligned
 from welder.tile.propagate import Region, read_regions
@@ -114,6 +115,29 @@ class _ReduceDim:
     partial: bool = False
 
 
+@dataclass
+class _Window:
+    """A sliding-window stage's reduction (:class:`~welder.ir.window.SlidingWindow`): per
+    thread and window row, the distinct values of the windowed factor ``x`` along the
+    innermost axis (``reps``: the first ``(output, tap)`` reading each), then every
+    ``(output, tap, value)`` multiply-add with the other factor ``w``.  ``rest`` counts the
+    register tile's points on the other axes; ``tap`` is the reduce axis the values slide
+    along, set per value."""
+
+    reg: int
+    rest: int
+    tap: str
+    reps: list[tuple[int, int]]
+    uses: list[tuple[int, int, int]]
+    x: str
+    w: str  # free of the innermost axis: read once per tap
+    taps: int
+    value_t: str
+    zero: str
+    w_t: str
+    w_zero: str
+
+
 @dataclass(kw_only=True)
 class SimtStageCtx(StageCtx):
     """What ``stages/simt.cu.j2`` reads of one stage."""
@@ -150,6 +174,9 @@ class SimtStageCtx(StageCtx):
     vloads: list[_VectorLoad] = field(default_factory=list)
     vout_type: str = ""
     vflat: str = ""  # the output's flat index of a vector's first element
+    unroll_reduce: bool = False  # a sliding window's taps unrolled (SimtConfig.window)
+    window: _Window | None = None
+    window_tap: int = -1  # the reduce axis a window's values slide along (no loop of its own)
 
     def combine(self, a: str, b: str) -> str:
         return combine(self.reduce_op, a, b)
@@ -195,7 +222,9 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
     last = len(shape) - 1
     for d in reversed(range(len(shape))):
         local = f"t{d}"
-        if st.reg_tile[d] > 1:
+        if st.reg_tile[d] > 1 and st.window and d == last:
+            local = f"t{d} * {st.reg_tile[d]} + j / {rstride} % {st.reg_tile[d]}"
+        elif st.reg_tile[d] > 1:
             local = f"t{d} + (j / {rstride} % {st.reg_tile[d]}) * {st.thread_shape[d]}"
         width, suffix = (st.vector, "v") if d == last and st.vector > 1 else (1, "")
         if width > 1:
@@ -231,12 +260,47 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
         out_param=kb.params[st.node].name if st.node in kb.group.outputs else None,
         global_flat=flat_index([f"i{d}" for d in range(len(shape))], shape),
         origins=origins,
+        unroll_reduce=st.window,
     )
     if c.reduce_op:
         _reduction(kb, ctx, k, c, st, staged_names, is_arg)
+        if st.window and nonneg_origin:
+            _window(ctx, c, st, printer)
     elif st.vector > 1:
         _vectorize(kb, ctx, st, c, printer)
     return ctx
+
+
+def _window(ctx: SimtStageCtx, c: Compute, st: SimtConfig, printer: CPrinter) -> None:
+    """A sliding window's reduction with each distinct value of the windowed factor read once
+    per thread and row (SimtConfig.window; the kind proposes it only where
+    :func:`~welder.ir.window.sliding_window` holds).  Without a non-negative tile origin the
+    stage keeps the generic loops, unrolled: a value's first reader must be valid whenever
+    a later one is, which outputs of increasing index guarantee only from a valid start."""
+    win = sliding_window(c)
+    assert win is not None and isinstance(c.body, Binary), f"{st.node}: no sliding window"
+    reg = st.reg_tile[-1]
+    tap = [a.name for a in c.reduce_axes].index(win.tap)
+    reps, uses = win.slots(reg, c.reduce_axes[tap].extent)
+    assert win.axis not in free_vars(c.body.b if win.x == 0 else c.body.a)
+    x, w = (c.body.a, c.body.b) if win.x == 0 else (c.body.b, c.body.a)
+    value_t = COMPUTE_TYPES[x.dtype]
+    ctx.window_tap = tap
+    taps = c.reduce_axes[tap].extent
+    ctx.window = _Window(
+        reg,
+        ctx.nreg // reg,
+        win.tap,
+        reps,
+        uses,
+        printer(x),
+        printer(w),
+        taps,
+        value_t,
+        literal(0, x.dtype),
+        COMPUTE_TYPES[w.dtype],
+        literal(0, w.dtype),
+    )
 
 
 def _vectorize(kb: KernelBuilder, ctx: SimtStageCtx, st: SimtConfig, c: Compute, scalar: CPrinter) -> None:
