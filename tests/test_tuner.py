@@ -444,6 +444,24 @@ def test_identical_groups_share_one_entry_in_their_own_names(tmp_path):
     assert [p.tensor for p in kernel.params if p.is_output] == list(b.outputs)
 
 
+def test_results_of_an_older_search_are_retuned(tmp_path, monkeypatch):
+    """A search that offers candidates it did not before (SEARCH_VERSION) does not reuse
+    what the older one found best; the same search hits its own entry."""
+    from welder.tune import tuner
+
+    graph = matmul_graph()
+    group = whole_group(graph)
+    cache = TuningCache(tmp_path)
+    tune_group(graph, group, ARCH, 2, cache, ScriptedDevice(graph))
+    same = ScriptedDevice(graph)
+    assert tune_group(graph, group, ARCH, 2, cache, same).from_cache and same.compiles == []
+    monkeypatch.setattr(tuner, "SEARCH_VERSION", tuner.SEARCH_VERSION + 1)
+    newer = ScriptedDevice(graph)
+    result = tune_group(graph, group, ARCH, 2, cache, newer)
+    assert result is not None and not result.from_cache and newer.compiles
+    assert len(cache.entries()) == 2
+
+
 def test_unreadable_cache_entry_is_retuned(tmp_path):
     graph = matmul_graph()
     group = whole_group(graph)

@@ -55,7 +55,7 @@ from welder.ir.expr import Binary, loads
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
-from welder.schedule.kinds import Options, config_from_json
+from welder.schedule.kinds import SEARCH_VERSION, Options, config_from_json
 from welder.schedule.kinds.library import LibraryGroup, find_gemm_groups
 from welder.schedule.kinds.mma import config_precision
 from welder.schedule.plan import Plan, PlannedGroup, SplitFailure, library_planned, traffic_of
@@ -417,8 +417,11 @@ class HostSide:
 
 def cache_key(signature: str, arch: Arch, device: Device, kinds: Sequence[str] = Options.kinds) -> CacheKey:
     """The key of a group's tuning result; the kernel kinds that proposed the candidates are
-    part of it (a tune without tensor cores must not reuse one with them)."""
-    return CacheKey(signature, f"{arch.name}/{'+'.join(kinds)}", device.name, device.compiler)
+    part of it (a tune without tensor cores must not reuse one with them), and so is the
+    search's version (:data:`~welder.schedule.kinds.SEARCH_VERSION`): results from a search
+    that offered fewer candidates are tuned again."""
+    search = f"{arch.name}/{'+'.join(kinds)}/s{SEARCH_VERSION}"
+    return CacheKey(signature, search, device.name, device.compiler)
 
 
 def _to_canonical(cfg: GroupConfig, group: Group) -> GroupConfig:

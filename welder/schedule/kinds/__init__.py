@@ -42,6 +42,12 @@ from welder.schedule.group import Group
 from welder.schedule.kinds import attention, ffma, library, mma, simt, wgmma
 from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top_by_family
 
+#: Bumped whenever a kind starts proposing candidates it did not before (a new family, such
+#: as the SIMT kind's sliding-window twins; new tile shapes).  It is part of the tuning
+#: cache's key (``welder.tune.tuner.cache_key``): a cached winner was the best of what the
+#: search offered then, so a search that offers more must tune again.
+SEARCH_VERSION = 2
+
 KINDS: dict[str, KernelKind] = {
     simt.KIND.name: simt.KIND,
     library.KIND.name: library.KIND,
