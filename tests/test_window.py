@@ -47,10 +47,11 @@ def _depthwise(
     stride: int = 1,
     pad: int = 1,
     dilation: int = 1,
-    before: bool = False,
+    before: str = "",
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """A depthwise Conv with bias and ReLU6 after it; ``before`` puts a ReLU in front (a
-    producer the window's values inline)."""
+    """A depthwise Conv with bias and ReLU6 after it; ``before`` puts a producer in front,
+    which the window's values inline: ``"relu"``, or ``"shift+clip"`` (a per-channel Add
+    and a Clip: loads free of the window, which the stage reads once per row)."""
     channels = shape[1]
     x = RNG.standard_normal(shape).astype(dtype)
     consts = {
@@ -60,7 +61,13 @@ def _depthwise(
         "hi": np.array(6, dtype),
     }
     attrs = {"strides": [stride] * 2, "pads": [pad] * 4, "group": channels, "dilations": [dilation] * 2}
-    nodes = [helper.make_node("Relu", ["x"], ["xr"])] if before else []
+    nodes = []
+    if before == "relu":
+        nodes.append(helper.make_node("Relu", ["x"], ["xr"]))
+    elif before == "shift+clip":
+        consts["shift"] = RNG.standard_normal((channels, 1, 1)).astype(dtype)
+        nodes.append(helper.make_node("Add", ["x", "shift"], ["xs"]))
+        nodes.append(helper.make_node("Clip", ["xs", "lo", "hi"], ["xr"]))
     nodes += [
         helper.make_node("Conv", ["xr" if before else "x", "w", "b"], ["c"], **attrs),
         helper.make_node("Clip", ["c", "lo", "hi"], ["y"]),
@@ -118,7 +125,13 @@ CASES = {
     "3x3 s1 p1, fp16": lambda: _depthwise((2, 8, 14, 16)),
     "3x3 s2 p1, fp16": lambda: _depthwise((1, 8, 15, 15), stride=2),
     "3x3 dilation 2, fp32": lambda: _depthwise((1, 4, 12, 16), np.float32, pad=2, dilation=2),
-    "5x5 s1 p2 behind a ReLU, fp16": lambda: _depthwise((1, 8, 10, 24), kernel=5, pad=2, before=True),
+    "5x5 s1 p2 behind a ReLU, fp16": lambda: _depthwise((1, 8, 10, 24), kernel=5, pad=2, before="relu"),
+    "3x3 s2 behind a shift and a clip, fp16": lambda: _depthwise(
+        (2, 8, 13, 16), stride=2, before="shift+clip"
+    ),
+    "3x3 s1 behind a shift and a clip, fp32": lambda: _depthwise(
+        (1, 4, 9, 32), np.float32, before="shift+clip"
+    ),
 }
 
 
@@ -162,6 +175,9 @@ def test_the_twin_runs_contiguous_outputs_per_thread() -> None:
     source = generate_kernel(graph, group, cfg, "probe").source
     assert f"t3 * {st.reg_tile[-1]} + j / 1 % {st.reg_tile[-1]}" in source
     assert "xw[" in source and "ww[" in source
+    graph, group, windows = _window_configs(_depthwise((2, 8, 14, 32), before="shift+clip")[0])
+    source = generate_kernel(graph, group, _longest_run(windows), "probe").source
+    assert "xh0" in source and "xh1" in source  # the shift and a bound, read once per row
     assert simt.window_twin(group, cfg) is None  # a twin has no twin
 
 
@@ -170,7 +186,8 @@ def test_window_kernels_load_fewer_values_than_they_multiply(tmp_path: Path) -> 
     """nvcc builds the window kernel without warnings for sm_80 and sm_90, and its PTX has
     fewer shared-memory loads than fp32 multiply-adds: each staged value feeds several
     outputs (the generic layout loads once per multiply-add, and more)."""
-    graph, group, windows = _window_configs(_depthwise((4, 16, 28, 32), np.float32)[0])
+    model = _depthwise((4, 16, 28, 32), np.float32, before="shift+clip")[0]
+    graph, group, windows = _window_configs(model)
     kernel = generate_kernel(graph, group, _longest_run(windows), "window_ptx")
     for text in ptx_of([kernel], tmp_path):
         loads = len(re.findall(r"ld\.shared", text))

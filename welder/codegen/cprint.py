@@ -170,6 +170,13 @@ class CPrinter:
     def __call__(self, e: Expr) -> str:
         return self.expr(e)
 
+    def with_loads(self, values: Mapping[Load, str]) -> CPrinter:
+        """This printer with the loads in ``values`` printed as the given C values (loads
+        hoisted into registers); the variables and other loads as before."""
+        outer = self._load
+        printer = CPrinter(lambda ld, p: values[ld] if ld in values else outer(ld, p), self._var, self.nonneg)
+        return printer
+
     def expr(self, e: Expr) -> str:
         if isinstance(e, Var):
             return self._var.get(e.name, e.name)

@@ -136,6 +136,9 @@ class _Window:
     zero: str
     w_t: str
     w_zero: str
+    # Loads of the windowed factor free of the window's axis and tap (a bias, a clip's
+    # bounds): read once per row into registers, as (C type, name, value, zero).
+    hoisted: list[tuple[str, str, str, str]] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -265,13 +268,26 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
     if c.reduce_op:
         _reduction(kb, ctx, k, c, st, staged_names, is_arg)
         if st.window and nonneg_origin:
-            _window(ctx, c, st, printer)
+            _window(ctx, c, st, printer, kb.shape_of)
     elif st.vector > 1:
         _vectorize(kb, ctx, st, c, printer)
     return ctx
 
 
-def _window(ctx: SimtStageCtx, c: Compute, st: SimtConfig, printer: CPrinter) -> None:
+def _guarded(ld: Load, shape: Sequence[int], printer: CPrinter) -> str:
+    """``ld`` read only where its indices lie inside the tensor (zero elsewhere).  A load
+    hoisted out of the window's selects runs where the original may not have: a padding
+    select can hold an index outside the tensor back, which the hoisted read must not make."""
+    checks = []
+    for index, extent in zip(ld.indices, shape):
+        if free_vars(index):
+            i = printer(index)
+            checks.append(f"({i}) >= 0 && ({i}) < {extent}")
+    value = printer(ld)
+    return f"(({' && '.join(checks)}) ? {value} : {literal(0, ld.dtype)})" if checks else value
+
+
+def _window(ctx: SimtStageCtx, c: Compute, st: SimtConfig, printer: CPrinter, shape_of) -> None:
     """A sliding window's reduction with each distinct value of the windowed factor read once
     per thread and row (SimtConfig.window; the kind proposes it only where
     :func:`~welder.ir.window.sliding_window` holds).  Without a non-negative tile origin the
@@ -285,6 +301,15 @@ def _window(ctx: SimtStageCtx, c: Compute, st: SimtConfig, printer: CPrinter) ->
     assert win.axis not in free_vars(c.body.b if win.x == 0 else c.body.a)
     x, w = (c.body.a, c.body.b) if win.x == 0 else (c.body.b, c.body.a)
     value_t = COMPUTE_TYPES[x.dtype]
+    slides = {win.axis, win.tap}
+    invariant = list(
+        dict.fromkeys(ld for ld in walk(x) if isinstance(ld, Load) and not free_vars(ld) & slides)
+    )
+    names = {ld: f"xh{n}" for n, ld in enumerate(invariant)}
+    hoisted = [
+        (COMPUTE_TYPES[ld.dtype], names[ld], _guarded(ld, shape_of(ld.tensor), printer), literal(0, ld.dtype))
+        for ld in invariant
+    ]
     ctx.window_tap = tap
     taps = c.reduce_axes[tap].extent
     ctx.window = _Window(
@@ -293,13 +318,14 @@ def _window(ctx: SimtStageCtx, c: Compute, st: SimtConfig, printer: CPrinter) ->
         win.tap,
         reps,
         uses,
-        printer(x),
+        printer.with_loads(names)(x),
         printer(w),
         taps,
         value_t,
         literal(0, x.dtype),
         COMPUTE_TYPES[w.dtype],
         literal(0, w.dtype),
+        hoisted,
     )
 
 
