@@ -15,6 +15,7 @@ import io
 import logging
 import math
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -574,6 +575,33 @@ def test_a_disproved_fusion_may_set_its_first_stage_apart():
     assert sorted(m for g in plan.groups for m in g.group.members) == sorted(graph.nodes)
     assert any("(first stage apart)" in line for line in plan.log), plan.log
     assert plan.latency_us == pytest.approx(20.0)
+
+
+def softmax_product() -> Graph:
+    nodes = [
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    return import_onnx(make_model(nodes, {"s": _w(4, 16, 32), "v": _w(4, 32, 24)}, ["y"], {}, opset=13))
+
+
+def test_a_disproved_fusion_may_set_its_last_stage_apart():
+    """A softmax and the product after it: where every kernel holding the product and a
+    softmax stage is slow, neither halving nor setting the first stage (the row maximum)
+    apart helps; the product apart with the softmax whole in one kernel is taken."""
+    graph = softmax_product()
+
+    def latency(kernel) -> float:
+        with_product = re.search(r"// stage [1-9]\d*: y \(", kernel.source) is not None
+        return 1000.0 if with_product else 5.0 + stages_of(kernel)  # a launch, then work
+
+    plan = tune_model(graph, ARCH, 2, None, ScriptedDevice(graph, latency=latency))
+    assert any("(last stage apart)" in line for line in plan.log), plan.log
+    (product,) = [g for g in plan.groups if g.group.root == "y"]
+    assert len(product.group.stages) == 1
+    assert len(plan.groups) == 2 and sorted(m for g in plan.groups for m in g.group.members) == sorted(
+        graph.nodes
+    )
 
 
 def test_measured_latencies_decide_fusion():

@@ -849,9 +849,10 @@ class _ModelTuner:
         if len(parts) < 2:
             return f"re-fused with at most {stages} stages, its ops form one group again"
         ways = [("halved", parts)]
-        peeled = self.peeled(g)
-        if peeled is not None and {p.root for p in peeled} != {p.root for p in parts}:
-            ways.append(("first stage apart", peeled))
+        for way, last in (("first stage apart", False), ("last stage apart", True)):
+            peeled = self.peeled(g, last)
+            if peeled is not None and all({p.root for p in peeled} != {p.root for p in s} for _, s in ways):
+                ways.append((way, peeled))
         return ways
 
     def checked(self, g: Group, depth: int) -> list[Group]:
@@ -906,19 +907,36 @@ class _ModelTuner:
         self.log.append(message)
         return parts
 
-    def peeled(self, g: Group) -> list[Group] | None:
-        """``g``'s first stage (with what it inlines) as one group and the rest of its members
-        fused again under the cost model, or None where that is no new way to split it."""
+    def peeled(self, g: Group, last: bool = False) -> list[Group] | None:
+        """``g``'s first stage -- or its last, ``last`` -- with what it inlines as one group
+        and the rest of its members fused again under the cost model (the rest of a last
+        stage apart kept as one group where it is one), or None where that is no new way to
+        split it.  The first apart keeps a normalisation after a product whole; the last
+        apart keeps one before a product whole (a softmax and the PV product after it:
+        BERT's fp32 attention, which halving and the cost model split four ways)."""
         if len(g.stages) < 3:
             return None  # halving already sets the first stage apart
         try:
-            singles = fuse(self.graph, self.cost, only=g.members, max_stages=1).groups
-            head = next(p for p in singles if g.stages[0] in p.members)
-            rest = set(g.members) - set(head.members)
-            tail = fuse(self.graph, self.cost, only=rest, max_stages=len(g.stages) - 1).groups
+            if last:  # the last stage alone, everything before it one kernel where it can be
+                alone = make_group(self.graph, [g.stages[-1]])
+                rest = set(g.members) - {g.stages[-1]}
+                others = self._whole(rest)
+            else:
+                singles = fuse(self.graph, self.cost, only=g.members, max_stages=1).groups
+                alone = next(p for p in singles if g.stages[0] in p.members)
+                rest = set(g.members) - set(alone.members)
+                others = None
+            others = others or fuse(self.graph, self.cost, only=rest, max_stages=len(g.stages) - 1).groups
         except (InvalidGroup, StopIteration):
             return None
-        return [head, *tail] if tail else None
+        return [alone, *others] if others else None
+
+    def _whole(self, members: set[str]) -> list[Group] | None:
+        """``members`` as one group, or None where they cannot be one."""
+        try:
+            return [make_group(self.graph, members)]
+        except InvalidGroup:
+            return None
 
     def unsplit(self, g: Group, fused: TunedConfig | None, predicted: float, reason: str) -> list[Group]:
         """``g`` unchanged, after a warning that its fusion check could not split it."""
