@@ -908,18 +908,20 @@ class _ModelTuner:
         return parts
 
     def peeled(self, g: Group, last: bool = False) -> list[Group] | None:
-        """``g``'s first stage -- or its last, ``last`` -- with what it inlines as one group
-        and the rest of its members fused again under the cost model (the rest of a last
-        stage apart kept as one group where it is one), or None where that is no new way to
-        split it.  The first apart keeps a normalisation after a product whole; the last
-        apart keeps one before a product whole (a softmax and the PV product after it:
-        BERT's fp32 attention, which halving and the cost model split four ways)."""
+        """``g``'s first stage with what it inlines -- or, ``last``, its last reduction with
+        what follows it -- as one group and the rest of its members fused again under the
+        cost model (before a last reduction, kept as one group where they are one), or None
+        where that is no new way to split it.  The first apart keeps a normalisation after a
+        product whole; the last apart keeps one before a product whole (a softmax and the
+        PV product after it: BERT's fp32 attention, which halving and the cost model split
+        four ways)."""
         if len(g.stages) < 3:
             return None  # halving already sets the first stage apart
         try:
-            if last:  # the last stage alone, everything before it one kernel where it can be
-                alone = make_group(self.graph, [g.stages[-1]])
-                rest = set(g.members) - {g.stages[-1]}
+            if last:  # the last reduction and what follows it, everything before one kernel
+                *_, tail = (s for s in g.stages if g.computes[s].reduce_axes)
+                alone = make_group(self.graph, self._after(tail, set(g.members)))
+                rest = set(g.members) - set(alone.members)
                 others = self._whole(rest)
             else:
                 singles = fuse(self.graph, self.cost, only=g.members, max_stages=1).groups
@@ -930,6 +932,16 @@ class _ModelTuner:
         except (InvalidGroup, StopIteration):
             return None
         return [alone, *others] if others else None
+
+    def _after(self, name: str, within: set[str]) -> set[str]:
+        """``name`` and the members of ``within`` its result reaches."""
+        found, frontier = {name}, [name]
+        while frontier:
+            for c in self.graph.consumers(frontier.pop()):
+                if c.name in within and c.name not in found:
+                    found.add(c.name)
+                    frontier.append(c.name)
+        return found
 
     def _whole(self, members: set[str]) -> list[Group] | None:
         """``members`` as one group, or None where they cannot be one."""
