@@ -174,8 +174,7 @@ class CPrinter:
         """This printer with the loads in ``values`` printed as the given C values (loads
         hoisted into registers); the variables and other loads as before."""
         outer = self._load
-        printer = CPrinter(lambda ld, p: values[ld] if ld in values else outer(ld, p), self._var, self.nonneg)
-        return printer
+        return CPrinter(lambda ld, p: values[ld] if ld in values else outer(ld, p), self._var, self.nonneg)
 
     def expr(self, e: Expr) -> str:
         if isinstance(e, Var):

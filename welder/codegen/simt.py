@@ -297,10 +297,9 @@ def _window(ctx: SimtStageCtx, c: Compute, st: SimtConfig, printer: CPrinter, sh
     assert win is not None and isinstance(c.body, Binary), f"{st.node}: no sliding window"
     reg = st.reg_tile[-1]
     tap = [a.name for a in c.reduce_axes].index(win.tap)
-    reps, uses = win.slots(reg, c.reduce_axes[tap].extent)
-    assert win.axis not in free_vars(c.body.b if win.x == 0 else c.body.a)
+    taps = c.reduce_axes[tap].extent
+    reps, uses = win.slots(reg, taps)
     x, w = (c.body.a, c.body.b) if win.x == 0 else (c.body.b, c.body.a)
-    value_t = COMPUTE_TYPES[x.dtype]
     slides = {win.axis, win.tap}
     invariant = list(
         dict.fromkeys(ld for ld in walk(x) if isinstance(ld, Load) and not free_vars(ld) & slides)
@@ -311,7 +310,6 @@ def _window(ctx: SimtStageCtx, c: Compute, st: SimtConfig, printer: CPrinter, sh
         for ld in invariant
     ]
     ctx.window_tap = tap
-    taps = c.reduce_axes[tap].extent
     ctx.window = _Window(
         reg,
         ctx.nreg // reg,
@@ -321,7 +319,7 @@ def _window(ctx: SimtStageCtx, c: Compute, st: SimtConfig, printer: CPrinter, sh
         printer.with_loads(names)(x),
         printer(w),
         taps,
-        value_t,
+        COMPUTE_TYPES[x.dtype],
         literal(0, x.dtype),
         COMPUTE_TYPES[w.dtype],
         literal(0, w.dtype),

@@ -386,6 +386,17 @@ def _downstream(graph: Graph, name: str, taken: set[str]) -> set[str]:
     return found
 
 
+def downstream_within(graph: Graph, name: str, within: set[str]) -> set[str]:
+    """``name`` and the nodes of ``within`` its result reaches."""
+    found, stack = {name}, [name]
+    while stack:
+        for c in graph.consumers(stack.pop()):
+            if c.name in within and c.name not in found:
+                found.add(c.name)
+                stack.append(c.name)
+    return found
+
+
 def _upstream_within(graph: Graph, name: str, within: set[str]) -> set[str]:
     """``name`` and the nodes of ``within`` it depends on."""
     found, stack = {name}, [name]

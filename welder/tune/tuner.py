@@ -53,7 +53,7 @@ from welder.graph import Graph
 from welder.hostcpu import usable_cores
 from welder.ir.expr import Binary, loads
 from welder.schedule.config import GroupConfig
-from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
+from welder.schedule.engine import CostModel, canonical_names, downstream_within, fuse, group_signature
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
 from welder.schedule.kinds import SEARCH_VERSION, Options, config_from_json
 from welder.schedule.kinds.library import LibraryGroup, find_gemm_groups
@@ -913,14 +913,13 @@ class _ModelTuner:
         cost model (before a last reduction, kept as one group where they are one), or None
         where that is no new way to split it.  The first apart keeps a normalisation after a
         product whole; the last apart keeps one before a product whole (a softmax and the
-        PV product after it: BERT's fp32 attention, which halving and the cost model split
-        four ways)."""
+        PV product after it: BERT's fp32 attention, which halving split five ways)."""
         if len(g.stages) < 3:
             return None  # halving already sets the first stage apart
         try:
             if last:  # the last reduction and what follows it, everything before one kernel
                 *_, tail = (s for s in g.stages if g.computes[s].reduce_axes)
-                alone = make_group(self.graph, self._after(tail, set(g.members)))
+                alone = make_group(self.graph, downstream_within(self.graph, tail, set(g.members)))
                 rest = set(g.members) - set(alone.members)
                 others = self._whole(rest)
             else:
@@ -932,16 +931,6 @@ class _ModelTuner:
         except (InvalidGroup, StopIteration):
             return None
         return [alone, *others] if others else None
-
-    def _after(self, name: str, within: set[str]) -> set[str]:
-        """``name`` and the members of ``within`` its result reaches."""
-        found, frontier = {name}, [name]
-        while frontier:
-            for c in self.graph.consumers(frontier.pop()):
-                if c.name in within and c.name not in found:
-                    found.add(c.name)
-                    frontier.append(c.name)
-        return found
 
     def _whole(self, members: set[str]) -> list[Group] | None:
         """``members`` as one group, or None where they cannot be one."""
