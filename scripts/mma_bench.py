@@ -1,4 +1,5 @@
-"""welder's tensor-core kernels beside cuBLAS (``torch.matmul``) on the same fp16 shapes, in one run.
+"""welder's matrix-product kernels beside cuBLAS (``torch.matmul``) on the same shapes, in one run:
+the tensor-core kinds in fp16 or TF32, the ``ffma`` kind in exact fp32.
 
 For each shape the best ``--candidates`` configs (cost model order) of each tensor-core kind
 named by ``--kinds`` (``mma``, and ``wgmma`` on an H100) are
@@ -10,7 +11,7 @@ the L2 cache (so weights come from DRAM as in a model), median of repeats.  Ever
 kernel's output is checked against torch's first.  ``--json`` writes the rows; ``--ptxas``
 prints registers and spills.
 
-    python scripts/mma_bench.py [--candidates 8] [--kinds mma,wgmma] [--shapes 0,1,2] [--dtype fp16|tf32]
+    python scripts/mma_bench.py [--candidates 8] [--kinds mma,wgmma] [--shapes 0,1,2] [--dtype fp16|tf32|fp32]
                                 [--json out.json]
 
 Needs a GPU with torch and cupy (the GPU machine has both).
@@ -42,7 +43,7 @@ from welder.device.gpu import RawModule, compile_cubin, nvcc_path, sm_arch  # no
 from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.resources import TEMPLATE_DIR  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
-from welder.schedule.kinds import Options, ScheduleContext, kind, mma, propose  # noqa: E402
+from welder.schedule.kinds import Options, ScheduleContext, ffma, kind, mma, propose  # noqa: E402
 
 #: (batch, M, K, N): BERT-base at sequence 128, batch 1 (QKV, FFN up and down) and batch 64
 #: (8192 rows), and attention's per-head products (12 heads of 128 x 64 x 128).
@@ -55,6 +56,12 @@ SHAPES = [
     (12, 128, 64, 128),
     (1, 50, 384, 1152),
     (1, 50, 1536, 384),
+    # Swin-T at batch 64: stage 1's QKV (200704 tokens of 96 channels), stage 3's FFN.
+    (1, 200704, 96, 288),
+    (1, 12544, 384, 1536),
+    (1, 12544, 1536, 384),
+    # ViT-S/32 at batch 64 as one flat product (3200 tokens): FFN up.
+    (1, 3200, 384, 1536),
 ]
 
 
@@ -79,6 +86,7 @@ class Row:
 FORMATS = {
     "fp16": (TensorProto.FLOAT16, mma.KIND, "half", 2, "fp16_tc_tflops", 2e-2),
     "tf32": (TensorProto.FLOAT, mma.TF32_KIND, "float", 4, "tf32_tc_tflops", 2e-3),
+    "fp32": (TensorProto.FLOAT, ffma.KIND, "float", 4, "fp32_tflops", 1e-4),
 }
 
 
@@ -96,6 +104,12 @@ def model(batch: int, m: int, k: int, n: int, dtype: str = "fp16") -> onnx.Model
         [helper.make_tensor_value_info("c", FORMATS[dtype][0], c_shape)],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def tile_of(cfg) -> tuple:
+    """A config's block tile, warp grid and splits: what sets its register and shared-memory use."""
+    st = cfg.stages[0]
+    return (st.block_m, st.block_n, tuple(st.warps), st.splits)
 
 
 def max_error(value, reference) -> float:
@@ -224,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
         help="mma configs timed per shape: the cost model's best unsplit and best split-K, this many of each",
     )
     parser.add_argument(
+        "--tiles",
+        type=int,
+        default=0,
+        help="also time the best config of this many other block and warp tiles (the cost model's "
+        "ranking of tiles is what a kernel study checks)",
+    )
+    parser.add_argument(
         "--simt", action="store_true", help="also time the SIMT kind's best --candidates configs"
     )
     parser.add_argument(
@@ -249,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype",
         choices=sorted(FORMATS),
         default="fp16",
-        help="fp16 (default), or tf32: fp32 operands on the mma_tf32 kind beside cuBLAS with TF32 allowed",
+        help="fp16 (default); tf32: fp32 operands on the mma_tf32 kind beside cuBLAS with TF32 allowed; "
+        "fp32: the exact ffma kind (CUDA cores) beside cuBLAS's exact SGEMM",
     )
     args = parser.parse_args(argv)
 
@@ -294,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
             for variant in tma.values():
                 configs += variant[: args.candidates]
             configs += [c for c in proposed if c.stages[0].splits > 1][: args.candidates]
+            if args.tiles:  # the best of each other block and warp tile, beyond the model's favourites
+                seen = {tile_of(c) for c in configs}
+                for c in proposed:
+                    if tile_of(c) not in seen and len(seen) < args.candidates + args.tiles:
+                        seen.add(tile_of(c))
+                        configs.append(c)
         if args.simt:  # the SIMT kind's best too: the cross-kind ranking is the cost model's weakest
             simt_ctx = ScheduleContext(
                 ctx.shape_of, ctx.dtype_of, arch, Options(topk=args.candidates, kinds=("simt",))

@@ -8,7 +8,8 @@
 #   source .device/setup.sh; bash scripts/ncu_mma.sh [SHAPES] [CANDIDATES] [KINDS]
 #
 # SHAPES: mma_bench's shape indices (default 3,4: the two 8192-row products); CANDIDATES per
-# family (default 2); KINDS (default wgmma).  Writes ncu.csv and ncu.log to $OUT (or
+# family (default 2); KINDS (default wgmma); DTYPE (default fp16; fp32 profiles the ffma kind
+# beside cuBLAS's exact SGEMM).  Writes ncu.csv and ncu.log to $OUT (or
 # /tmp/welder-ncu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,11 +18,20 @@ candidates=${2:-2}
 kinds=${3:-wgmma}
 out=${OUT:-/tmp/welder-ncu}
 mkdir -p "$out"
+# The SM clock under load, the FMA pipe's busy share, shared-memory wavefronts per load
+# instruction, and the stall reasons that tell a product fed too slowly from shared memory
+# (short scoreboard, MIO throttle) from one held at its barriers or by its math pipe.
+stalls=sm__cycles_elapsed.avg.per_second,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
+stalls+=,smsp__inst_executed_op_shared_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
+for reason in short_scoreboard mio_throttle barrier math_pipe_throttle long_scoreboard wait not_selected; do
+  stalls+=,smsp__average_warps_issue_stalled_${reason}_per_issue_active.ratio
+done
 ncu --profile-from-start off --target-processes all \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-  --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum \
+  --metrics "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,$stalls" \
   --csv --page details \
   python scripts/mma_bench.py --profile --kinds "$kinds" --shapes "$shapes" --candidates "$candidates" \
+  --dtype "${DTYPE:-fp16}" \
   >"$out/ncu.csv" 2>"$out/ncu.log"
 rc=$?
 python - "$out/ncu.csv" <<'PY'
@@ -39,7 +49,13 @@ WANTED = {
     "lts__t_bytes.sum": "L2 bytes",
     "dram__bytes_write.sum": "DRAM written",
     "Warp Cycles Per Issued Instruction": "cycles/issue",
+    "sm__cycles_elapsed.avg.per_second": "SM clock",
+    "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active": "FMA pipe %",
+    "smsp__inst_executed_op_shared_ld.sum": "LDS",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum": "LDS wavefronts",
 }
+for reason in ("short_scoreboard", "mio_throttle", "barrier", "math_pipe_throttle", "long_scoreboard", "wait", "not_selected"):
+    WANTED[f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"] = f"stall {reason}"
 lines = [ln for ln in open(sys.argv[1]) if ln.startswith('"')]
 table: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
 for row in csv.DictReader(lines):

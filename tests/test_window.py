@@ -29,6 +29,7 @@ from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
 from welder.codegen import generate_kernel
 from welder.frontend.onnx import import_onnx
+from welder.ir import window
 from welder.ir.window import sliding_window
 from welder.runtime.emu import available
 from welder.schedule.group import make_group
@@ -119,6 +120,31 @@ def test_reductions_without_a_window_are_refused() -> None:
     for model in (matmul, pointwise, pool):
         graph = import_onnx(model)
         assert all(sliding_window(n.compute) is None for n in graph.nodes.values() if n.compute.reduce_axes)
+
+
+def test_the_proof_stays_within_its_point_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A half-precision stem convolution (3 channels in, stride 2) is lowered as an implicit
+    product over a flattened image of 12544 positions and 27 taps: evaluating each took 16 s
+    a call in the fusion search, which asks for every group the stage joins.  The proof gives
+    up past ``MAX_POINTS`` and the answer is cached."""
+    x = RNG.standard_normal((1, 3, 224, 224)).astype(np.float16)
+    stem = make_model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1])],
+        {"x": x},
+        ["y"],
+        {"w": RNG.standard_normal((32, 3, 3, 3)).astype(np.float16)},
+    )
+    graph = import_onnx(stem)
+    (c,) = [n.compute for n in graph.nodes.values() if n.compute.reduce_axes]
+    assert c.axes[-1].extent * c.reduce_axes[-1].extent > window.MAX_POINTS
+    evaluated = []
+    real = window._value
+    monkeypatch.setattr(window, "_value", lambda e, env: evaluated.append(1) or real(e, env))
+    sliding_window.cache_clear()
+    assert sliding_window(c) is None
+    assert sliding_window(c) is None
+    leaves = len(window._leaves(c.body.a) or []) + len(window._leaves(c.body.b) or [])
+    assert len(evaluated) <= 3 * window.MAX_POINTS * leaves
 
 
 CASES = {

@@ -13,6 +13,7 @@ may share the values whatever its lowering looked like.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -24,6 +25,11 @@ from welder.ir.expr import Binary, Const, Expr, Load, Select, Var, free_vars, wa
 
 #: Strides and dilations tried (the most values shared wins among those that hold).
 STEPS = (1, 2, 3, 4)
+#: Most (output, tap) positions the proof evaluates.  Windows worth unrolling are a few taps
+#: along one image row (the SIMT twin unrolls at most 1024 products a thread); past this an
+#: axis is a flattened image or a channel reduction, and evaluating every position in Python
+#: took seconds a call (MobileNetV2's stem: 12544 flat positions by 27 taps, 16 s).
+MAX_POINTS = 1 << 14
 
 _OPS: dict[str, Callable[[int, int], int]] = {
     "add": operator.add,
@@ -72,8 +78,10 @@ class SlidingWindow:
         return reps, uses
 
 
+@functools.lru_cache(maxsize=1024)
 def sliding_window(c: Compute) -> SlidingWindow | None:
-    """The sliding window of ``c`` along its innermost axis, or None (see the module)."""
+    """The sliding window of ``c`` along its innermost axis, or None (see the module).
+    Cached: the fusion search asks again for every group a stage joins."""
     body = c.body
     if not c.reduce_axes or not isinstance(body, Binary) or body.op != "mul" or not c.axes:
         return None
@@ -119,6 +127,8 @@ def _steps(leaves: list[Expr], axis: str, tap: str, extents: Mapping[str, int]) 
     """``(stride, dilation)`` under which every leaf is a function of ``i * stride + r *
     dilation`` (sharing the most positions; coprime, as only their ratio decides what is
     shared: a stride-2 dilation-2 window shares what a stride-1 one does), or None."""
+    if extents[axis] * extents[tap] > MAX_POINTS:
+        return None
     others = sorted({n for e in leaves for n in free_vars(e)} - {axis, tap})
     samples = [
         {n: pick(extents[n]) for n in others} for pick in (lambda e: 0, lambda e: e // 2, lambda e: e - 1)

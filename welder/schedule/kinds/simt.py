@@ -750,6 +750,7 @@ def window_twin(group: Group, cfg: GroupConfig) -> GroupConfig | None:
         or not c.reduce_axes
         or st.vector != 1
         or (st.rstep and tuple(st.rstep) != tuple(extents))
+        or 2 * math.prod(extents) > MAX_WINDOW_UNROLL  # no run of two would fit the unroll
         or sliding_window(c) is None
     ):
         return None
