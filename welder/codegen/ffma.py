@@ -8,6 +8,7 @@ contraction in the fp32 format, whose shared-memory rows are padded as TF32's ar
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from welder.schedule.config import StageConfig
@@ -21,9 +22,28 @@ if TYPE_CHECKING:
 TEMPLATE = "stages/ffma.cu.j2"
 
 
-def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
+def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> FfmaStageCtx:
     """The context of fp32 FMA stage ``k`` (config ``st``) of the kernel ``kb`` builds."""
     con = as_ffma(stage_contraction(kb, st, gather_32bit=True))
     if con is None:
         raise ValueError(f"{st.node}: an ffma stage needs an fp32 contraction")
-    return contraction_stage(kb, k, st, con, TEMPLATE, "CUDA cores, fp32 FMAs")
+    ctx = contraction_stage(kb, k, st, con, TEMPLATE, "CUDA cores, fp32 FMAs")
+    quad = ctx.b.k_rows and ctx.ni % 2 == 0
+    return FfmaStageCtx(**vars(ctx) | ({"lane_col": QUAD_COLUMNS} if quad else {}), quad_columns=quad)
+
+
+#: The warp-tile column of lane t's accumulator pair in piece ni when each lane owns four
+#: adjacent columns of every 16 (pieces 2j and 2j + 1 side by side).
+QUAD_COLUMNS = "ni / 2 * 16 + 4 * t + ni % 2 * 2"
+
+
+@dataclass(kw_only=True)
+class FfmaStageCtx(MmaStageCtx):
+    """An mma stage's context and how the lanes split B's columns.
+
+    Where B's rows run along N, the lanes' column pairs 8 apart (mma.sync's layout) cost one
+    8-byte shared load each per K step; owning columns ``4t .. 4t + 3`` of every 16 instead,
+    a lane loads two pieces' columns with one 16-byte load: 6 loads per 128 FMAs of a 64 x 64
+    warp tile, not 10.  Only the epilogue's column of each pair (``lane_col``) changes."""
+
+    quad_columns: bool = False

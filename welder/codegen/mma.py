@@ -159,6 +159,9 @@ class MmaStageCtx(ContractionStageCtx):
     copy_elems: int
     a: _Operand
     b: _Operand
+    # The warp-tile column of lane t's accumulator pair in the ni-th 8-column piece: where
+    # mma.sync leaves it; the ffma kind may give each lane four adjacent columns instead.
+    lane_col: str = "ni * 8 + 2 * t"
 
 
 def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contraction, kind: str) -> dict:

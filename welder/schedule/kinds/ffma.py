@@ -10,12 +10,14 @@ This kind reuses everything of the ``mma`` kind but the instruction
 (:class:`~.mma.MmaKind`: the search over block tiles, slice and ring depths, split-K, later
 stages on the accumulators; the template's cp.async ring and epilogue): each warp still owns
 a ``warp_m x warp_n`` piece made of 16 x 8 pieces, and each lane holds the accumulators that
-``mma.sync`` would leave it (rows ``g`` and ``g + 8``, columns ``2t`` and ``2t + 1`` of every
-piece), but fills them with FMAs of its own rows of A and columns of B.  A 64 x 64 warp tile
-gives every lane 8 rows and 16 columns: 128 FMAs per K step against two 16-byte loads of A
-(four K steps at a time, where A's rows run along K) and eight 8-byte loads of B -- about ten
-FMAs per shared-memory load, with the rows padded as the mma kind pads them, so the eight
-rows or column pairs a load instruction touches lie in distinct banks.
+``mma.sync`` would leave it (rows ``g`` and ``g + 8`` of every piece, two adjacent columns),
+but fills them with FMAs of its own rows of A and columns of B.  Where B's rows run along N a
+lane owns columns ``4t .. 4t + 3`` of every 16 (codegen's ``FfmaStageCtx``), so one 16-byte
+load brings its columns of two pieces.  A 64 x 64 warp tile gives every lane 8 rows and 16
+columns: 128 FMAs per K step against two 16-byte loads of A (four K steps at a time, where
+A's rows run along K) and four 16-byte loads of B -- about twenty FMAs per shared-memory
+load, with the rows padded as the mma kind pads them, so the eight rows a load of A touches
+lie in distinct banks.
 
 Accumulation runs along K in order, one FMA per element, as a sequential dot product would.
 """
@@ -80,7 +82,7 @@ def smem_share(cfg: MmaConfig) -> float:
 
     Per K step a lane issues ``F = (2 mi) (2 ni)`` FMAs and its warp reads its rows of A
     (16-byte loads of four K steps: about ``2 mi`` wavefronts, a quarter warp each) and its
-    column pairs of B (8-byte loads: ``2 ni`` wavefronts, half a warp each).  An SM serves
+    columns of B (``ni / 2`` 16-byte loads, a quarter warp a wavefront: ``2 ni``).  An SM serves
     one wavefront per clock to its four schedulers, each of which issues one warp's FMA per
     clock, so the warp's FMAs take ``F`` clocks and its loads ``4 (2 mi + 2 ni)``: a 64 x 64
     warp tile keeps the FMA units busy, a 16 x 32 one waits on shared memory 60% of the time."""
