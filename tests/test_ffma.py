@@ -159,13 +159,18 @@ def test_ffma_kernels_compile_to_fmas_and_vector_shared_loads(tmp_path: Path) ->
     """nvcc builds the kernels for sm_80 and sm_90 without warnings; their PTX multiplies
     with fp32 FMAs only (no tensor-core product, no TF32 rounding), reads A's rows four K
     steps at a time and B's columns (its rows run along N) four at a time: no 8-byte shared
-    load is left."""
-    graph = import_onnx(_matmul(256, 64, 128)[0])
-    group = _whole_group(graph)
-    configs = ffma.KIND.propose(group, _context(graph, topk=2, kinds=("ffma",)))
-    kernels = [generate_kernel(graph, group, cfg, f"ffma_ptx_{j}") for j, cfg in enumerate(configs)]
-    for text in ptx_of(kernels, tmp_path):
-        assert "fma.rn.f32" in text and "ld.shared.v4.f32" in text and "ld.shared.v2.f32" not in text
+    load is left.  With A transposed (its rows run along K), its rows come four at a time
+    too, where the warp's rows are pieces in pairs: no scalar shared load is left either."""
+    for trans_a in (False, True):
+        graph = import_onnx(_matmul(256, 64, 128, trans_a=trans_a)[0])
+        group = _whole_group(graph)
+        found = ffma.KIND.propose(group, _context(graph, topk=40, kinds=("ffma",)))
+        configs = [c for c in found if c.stages[0].block_m // c.stages[0].warps[0] % 32 == 0][:2]
+        assert configs
+        kernels = [generate_kernel(graph, group, cfg, f"ffma_ptx_{j}") for j, cfg in enumerate(configs)]
+        for text in ptx_of(kernels, tmp_path):
+            assert "fma.rn.f32" in text and "ld.shared.v4.f32" in text and "ld.shared.v2.f32" not in text
+            assert not re.search(r"ld\.shared\.f32", text)
         assert "cp.async.cg.shared.global" in text
         assert not re.search(r"mma\.sync|cvt\.rna\.tf32|wgmma", text)
 

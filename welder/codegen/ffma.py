@@ -28,22 +28,36 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> FfmaStageCtx:
     if con is None:
         raise ValueError(f"{st.node}: an ffma stage needs an fp32 contraction")
     ctx = contraction_stage(kb, k, st, con, TEMPLATE, "CUDA cores, fp32 FMAs")
-    quad = ctx.b.k_rows and ctx.ni % 2 == 0
-    return FfmaStageCtx(**vars(ctx) | ({"lane_col": QUAD_COLUMNS} if quad else {}), quad_columns=quad)
+    cols = ctx.b.k_rows and ctx.ni % 2 == 0
+    rows = ctx.a.k_rows and ctx.mi % 2 == 0
+    return FfmaStageCtx(
+        **vars(ctx)
+        | ({"lane_col": QUAD_COLUMNS} if cols else {})
+        | ({"lane_row": QUAD_ROWS} if rows else {}),
+        quad_columns=cols,
+        quad_rows=rows,
+    )
 
 
 #: The warp-tile column of lane t's accumulator pair in piece ni when each lane owns four
 #: adjacent columns of every 16 (pieces 2j and 2j + 1 side by side).
 QUAD_COLUMNS = "ni / 2 * 16 + 4 * t + ni % 2 * 2"
+#: The warp-tile row of lane g's accumulators 2h, 2h + 1 in piece mi when each lane owns
+#: four adjacent rows of every 32 (pieces 2j and 2j + 1 side by side).
+QUAD_ROWS = "mi / 2 * 32 + 4 * g + mi % 2 * 2 + h"
 
 
 @dataclass(kw_only=True)
 class FfmaStageCtx(MmaStageCtx):
-    """An mma stage's context and how the lanes split B's columns.
+    """An mma stage's context and how the lanes split B's columns and A's rows.
 
     Where B's rows run along N, the lanes' column pairs 8 apart (mma.sync's layout) cost one
     8-byte shared load each per K step; owning columns ``4t .. 4t + 3`` of every 16 instead,
     a lane loads two pieces' columns with one 16-byte load: 6 loads per 128 FMAs of a 64 x 64
-    warp tile, not 10.  Only the epilogue's column of each pair (``lane_col``) changes."""
+    warp tile, not 10.  Only the epilogue's column of each pair (``lane_col``) changes.  Where
+    A's rows run along K (an operand transposed into windows or heads), the lanes' rows 8
+    apart cost a 4-byte load each per K step; owning rows ``4g .. 4g + 3`` of every 32, one
+    16-byte load brings two pieces' rows (``lane_row``)."""
 
     quad_columns: bool = False
+    quad_rows: bool = False

@@ -160,8 +160,11 @@ class MmaStageCtx(ContractionStageCtx):
     a: _Operand
     b: _Operand
     # The warp-tile column of lane t's accumulator pair in the ni-th 8-column piece: where
-    # mma.sync leaves it; the ffma kind may give each lane four adjacent columns instead.
+    # mma.sync leaves it; the ffma kind may give each lane four adjacent columns (and rows)
+    # instead.
     lane_col: str = "ni * 8 + 2 * t"
+    # The warp-tile row of lane g's accumulators 2h, 2h + 1 in the mi-th 16-row piece.
+    lane_row: str = "mi * 16 + g + 8 * h"
 
 
 def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contraction, kind: str) -> dict:
