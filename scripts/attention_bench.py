@@ -65,14 +65,14 @@ def bias_shape(case: Case) -> tuple[int, ...] | None:
     return None
 
 
-def attention_model(case: Case, seed: int = 0) -> onnx.ModelProto:
+def attention_model(case: Case, seed: int = 0, dtype: type = np.float16) -> onnx.ModelProto:
     """One layer's attention as torch.onnx writes it (see the module docstring); a relative
-    bias is a constant of the model, a mask an input."""
-    f16 = onnx.TensorProto.FLOAT16
+    bias is a constant of the model, a mask an input; in fp16, or in ``dtype``."""
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     b, h, n, d = case.batch, case.heads, case.tokens, case.width
     heads = numpy_helper.from_array(np.array([b, n, h, d], np.int64), "heads")
     merged = numpy_helper.from_array(np.array([b, n, h * d], np.int64), "merged")
-    scale = numpy_helper.from_array(np.array(d**-0.5, np.float16), "scale")
+    scale = numpy_helper.from_array(np.array(d**-0.5, dtype), "scale")
     consts = [heads, merged, scale]
     nodes = []
     for x, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
@@ -84,16 +84,16 @@ def attention_model(case: Case, seed: int = 0) -> onnx.ModelProto:
         helper.make_node("MatMul", ["qh", "kh"], ["s"]),
         helper.make_node("Mul", ["s", "scale"], ["scaled"]),
     ]
-    inputs = [helper.make_tensor_value_info(x, f16, [b, n, h * d]) for x in ("q", "k", "v")]
+    inputs = [helper.make_tensor_value_info(x, elem, [b, n, h * d]) for x in ("q", "k", "v")]
     logits = "scaled"
     if case.bias != "none":
         shape = bias_shape(case)
         assert shape is not None
         if case.bias == "mask":
-            inputs.append(helper.make_tensor_value_info("bias", f16, list(shape)))
+            inputs.append(helper.make_tensor_value_info("bias", elem, list(shape)))
         else:
             rng = np.random.default_rng(seed)
-            consts.append(numpy_helper.from_array(rng.standard_normal(shape).astype(np.float16), "bias"))
+            consts.append(numpy_helper.from_array(rng.standard_normal(shape).astype(dtype), "bias"))
         nodes.append(helper.make_node("Add", ["scaled", "bias"], ["biased"]))
         logits = "biased"
     nodes += [
@@ -103,7 +103,7 @@ def attention_model(case: Case, seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Reshape", ["ot", "merged"], ["y"]),
     ]
     graph = helper.make_graph(
-        nodes, "attention", inputs, [helper.make_tensor_value_info("y", f16, [b, n, h * d])], consts
+        nodes, "attention", inputs, [helper.make_tensor_value_info("y", elem, [b, n, h * d])], consts
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 from onnx_util import make_model
@@ -27,7 +28,7 @@ from welder.frontend.onnx import import_onnx
 from welder.schedule.engine import CostModel, fuse
 from welder.schedule.group import make_group
 from welder.schedule.kinds import attention
-from welder.schedule.kinds.attention import AttentionConfig
+from welder.schedule.kinds.attention import AttentionConfig, AttentionFfmaConfig
 from welder.tune.tuner import group_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -41,14 +42,14 @@ CASES = {
 }
 
 
-def _feeds(graph, seed: int = 0) -> dict[str, np.ndarray]:
+def _feeds(graph, seed: int = 0, dtype: type = np.float16) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds = {}
     for t in graph.inputs:
         if t.name == "bias":
-            feeds[t.name] = np.where(rng.random(t.shape) < 0.8, 0.0, -10000.0).astype(np.float16)
+            feeds[t.name] = np.where(rng.random(t.shape) < 0.8, 0.0, -10000.0).astype(dtype)
         else:
-            feeds[t.name] = (rng.standard_normal(t.shape) * 0.5).astype(np.float16)
+            feeds[t.name] = (rng.standard_normal(t.shape) * 0.5).astype(dtype)
     return feeds
 
 
@@ -66,6 +67,53 @@ def test_attention_matches_the_interpreter(label: str) -> None:
         for launch, outputs in enumerate(runs):
             err = error_metric(outputs["y"], reference)
             assert err <= threshold_for("float16"), f"{cfg.stages[0]} launch {launch}: error {err:.3e}"
+
+
+def _transposed_operands(tokens: int = 24, width: int = 16) -> tuple:
+    """Attention whose Q, K and V come in ``[batch, head, width, token]`` (tokens
+    contiguous): Q's rows and V's columns run along the product's K, K's along its N -- the
+    operand layouts that models' exports leave untested."""
+    f32 = onnx.TensorProto.FLOAT
+    shape = [2, 2, width, tokens]
+    nodes = [
+        helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["qt", "k"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("Transpose", ["v"], ["vt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["p", "vt"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "transposed",
+        [helper.make_tensor_value_info(x, f32, shape) for x in ("q", "k", "v")],
+        [helper.make_tensor_value_info("y", f32, [2, 2, tokens, width])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+FP32_CASES = {
+    **{label: lambda case=case: attention_model(case, dtype=np.float32) for label, case in CASES.items()},
+    "transposed operands": _transposed_operands,
+}
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(FP32_CASES))
+def test_fp32_attention_is_exact_on_ffma(label: str) -> None:
+    """The ``attention_ffma`` kind: the same kernel with both products as FMAs, every config
+    within fp32's threshold of the interpreter (TF32 operands would miss it by far)."""
+    graph = import_onnx(FP32_CASES[label]())
+    group = make_group(graph, list(graph.nodes))
+    assert attention.KIND.propose(group, _context(graph, topk=8)) is None  # fp16 and bf16 only
+    configs = attention.FFMA_KIND.propose(group, _context(graph, topk=8))
+    assert configs, f"{label}: the attention_ffma rule proposed nothing"
+    assert all(isinstance(c.stages[0], AttentionFfmaConfig) for c in configs)
+    feeds = _feeds(graph, dtype=np.float32)
+    reference = graph.run(feeds)["y"]
+    for cfg, runs in zip(configs, emulate_configs(graph, group, configs, feeds, launches=2)):
+        for launch, outputs in enumerate(runs):
+            err = error_metric(outputs["y"], reference)
+            assert err <= 1e-5 < threshold_for("float32"), f"{cfg.stages[0]} launch {launch}: error {err:.3e}"
 
 
 def test_the_rule_reads_structure_not_names() -> None:

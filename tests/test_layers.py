@@ -142,7 +142,8 @@ def test_schedule_imports_in_order() -> None:
 #: Kinds built as a subclass of another kind's rule (the same search with other data).
 EXTENDS = {
     "welder.schedule.kinds.wgmma": {"welder.schedule.kinds.mma"},
-    "welder.schedule.kinds.attention": {"welder.schedule.kinds.mma"},
+    # attention_ffma takes its fp32 format from the ffma kind
+    "welder.schedule.kinds.attention": {"welder.schedule.kinds.mma", "welder.schedule.kinds.ffma"},
     "welder.schedule.kinds.ffma": {"welder.schedule.kinds.mma"},
 }
 

@@ -2,7 +2,8 @@
 
 An ``attention`` stage (``welder.schedule.kinds.attention.AttentionConfig``) computes a
 group's first product ``S``, its row stages and the second product ``O`` in one pass over
-registers.  The operands are copied as one-slice ``mma`` stages would copy them (the same
+registers; an ``attention_ffma`` stage the same in exact fp32, the products as FMAs.  The
+operands are copied as one-slice ``mma`` stages would copy them (the same
 :class:`~welder.codegen.mma._Operand` plans, rendered by ``stages/mma.cu.j2``'s copy and
 fragment macros); what is new here is printing the row stages and ``P`` over the
 accumulators: each element's value with ``S`` read as its accumulator (rounded to ``S``'s
@@ -21,6 +22,7 @@ from welder.schedule.config import StageConfig
 from welder.schedule.kinds.attention import (
     Attention,
     AttentionConfig,
+    AttentionFfmaConfig,
     attention,
     scores_config,
     values_config,
@@ -59,7 +61,8 @@ class AttentionStageCtx(StageCtx):
     copy_bytes: int
     copy_elems: int
     convert: None
-    mma: str  # the welder_mma.cuh function of one product
+    mma: str  # the welder_mma.cuh function of one product ("" with ffma)
+    ffma: bool  # both products as FMAs on CUDA cores (exact fp32)
     keys: int  # padded
     key_extent: int
     head: int  # padded K of S's product
@@ -88,7 +91,7 @@ class AttentionStageCtx(StageCtx):
 def stage_attention(kb: KernelBuilder, st: StageConfig) -> Attention:
     """The attention structure an attention stage config names (as the policy proved it)."""
     assert isinstance(st, AttentionConfig)
-    att = attention(kb.group, kb.shape_of)
+    att = attention(kb.group, kb.shape_of, fp32=isinstance(st, AttentionFfmaConfig))
     if att is None or att.out.name != st.node:
         raise ValueError(f"{st.node}: not the second product of an attention group, yet configured as one")
     return att
@@ -119,7 +122,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     q = _operand(kb, att.scores, att.scores.a, "m", first, f"att{k}_q", q_elems, s_origins)
     kop = _operand(kb, att.scores, att.scores.b, "n", first, f"att{k}_k", k_elems, s_origins)
     v = replace(_operand(kb, values, values.b, "n", second, f"att{k}_v", v_elems, o_origins), name="v")
-    half = HALF_FORMATS[dtype]
+    half = HALF_FORMATS.get(dtype)
     logit, bodies, probs = _logits(att, kb.group.computes)
     return AttentionStageCtx(
         template=TEMPLATE,
@@ -128,12 +131,13 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
         origins=origins + own["origins"],
         storage_t=STORAGE_TYPES[dtype],
         elem_bytes=item,
-        pack2=half.pack2,
-        pack1=half.from_float,
+        pack2=half.pack2 if half else "make_float2",
+        pack1=half.from_float if half else "",
         copy_bytes=st.copy_bytes,
         copy_elems=st.copy_bytes // item,
         convert=None,
         mma=att.scores.fmt.instruction,
+        ffma=isinstance(st, AttentionFfmaConfig),
         keys=st.keys,
         key_extent=att.keys,
         head=st.head,

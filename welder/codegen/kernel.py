@@ -53,6 +53,7 @@ STAGE_EMITTERS: dict[str, StageEmitter] = {
     "ffma": ffma.emit_stage,  # the mma stage's tiles with exact fp32 FMAs
     "wgmma": wgmma.emit_stage,
     "attention": attention.emit_stage,
+    "attention_ffma": attention.emit_stage,  # the same kernel with exact fp32 FMAs
 }
 
 

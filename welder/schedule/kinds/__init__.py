@@ -15,6 +15,8 @@ wgmma      :mod:`.wgmma` -- fp16 contractions on Hopper's    ``codegen_templates
 attention  :mod:`.attention` -- two fp16 products     ``codegen_templates/stages/attention.cu.j2``
            joined by row reductions (a softmax),
            the scores kept in registers
+attention  :mod:`.attention` -- the same in exact fp32,  the same template
+_ffma      FMAs on CUDA cores
 simt       :mod:`.simt` -- every group                      ``codegen_templates/stages/simt.cu.j2``
 library    :mod:`.library` -- products as cuBLAS calls      ``codegen_templates/runtime/cublas.j2``
            (claimed before fusion with ``--skip-dot``)      (a call the runtime makes, no kernel)
@@ -46,12 +48,13 @@ from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top
 #: as the SIMT kind's sliding-window twins; new tile shapes).  It is part of the tuning
 #: cache's key (``welder.tune.tuner.cache_key``): a cached winner was the best of what the
 #: search offered then, so a search that offers more must tune again.
-SEARCH_VERSION = 2
+SEARCH_VERSION = 3
 
 KINDS: dict[str, KernelKind] = {
     simt.KIND.name: simt.KIND,
     library.KIND.name: library.KIND,
     attention.KIND.name: attention.KIND,
+    attention.FFMA_KIND.name: attention.FFMA_KIND,
     wgmma.KIND.name: wgmma.KIND,
     mma.KIND.name: mma.KIND,
     mma.TF32_KIND.name: mma.TF32_KIND,

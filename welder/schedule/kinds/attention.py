@@ -23,6 +23,12 @@ with ``cp.async``: the keys fit one block, so there is no ring and no online sof
 
 The rule proposes nothing (None) for anything else; ``mma`` and SIMT stages still cover
 the group's parts.
+
+Exact fp32 attention (``attention_ffma``, :data:`FFMA_KIND`) is the same kernel with FMAs for
+both products, as the ``ffma`` kind computes the ``mma`` kind's tiles: each lane fills the
+accumulators ``mma.sync`` would leave it from its rows of Q (four head elements a load) and
+its keys of K; for ``O`` it gathers the 8 keys of each piece of ``P`` from its quad by
+shuffles and multiplies them by its column pairs of V.
 """
 
 from __future__ import annotations
@@ -37,13 +43,15 @@ from welder.ir.expr import INDEX, Binary, Call, Const, Expr, Load, Var, free_var
 from welder.ir.layout import affine_layout
 from welder.schedule.config import Estimate, GroupConfig, StageConfig
 from welder.schedule.group import Group
-from welder.schedule.kinds import mma, simt
+from welder.schedule.kinds import ffma, mma, simt
 from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, ScheduleContext, ShapeOf, top_by_family
 from welder.tile.footprint import Buffer
 from welder.tile.propagate import GroupRegions, partitions_output, propagate_group
 
 #: Keys one block holds (padded to 16): ``S``'s accumulators take ``keys / 2`` registers a thread.
 MAX_KEYS = 256
+#: The same in fp32, whose product loops hold more values in registers (a piece's 16 P values).
+MAX_KEYS_FP32 = 128
 #: Widest head (``K`` of the first product, ``N`` of the second), padded to 16.
 MAX_HEAD = 128
 #: Warps per block (16 rows each).
@@ -59,6 +67,11 @@ BASE_REGISTERS = 56
 #: H100 (scripts/attention_bench.py) BERT's, ViT's and Swin's attention at batch 64 all took
 #: 1.42-1.44x the time the SIMT kinds' 0.8 predicted, the memory term dominating each.
 DRAM_EFFICIENCY = 0.56
+#: Share of the CUDA cores' fp32 peak the fp32 kernel's products are expected to reach: about
+#: four FMAs per shared-memory load in ``O``'s product and eight in ``S``'s, plus the shuffles
+#: that gather ``P``.  A guess until measured: the ``ffma`` kind reaches 0.55-0.6 with some
+#: sixteen FMAs per load.
+FFMA_EFFICIENCY = 0.35
 
 
 @dataclass
@@ -91,6 +104,13 @@ class AttentionConfig(StageConfig):
         return replace(
             self, node=names.get(self.node, self.node), fused=tuple(names.get(f, f) for f in self.fused)
         )
+
+
+@dataclass
+class AttentionFfmaConfig(AttentionConfig):
+    """An :class:`AttentionConfig` computed with FMAs on CUDA cores (exact fp32)."""
+
+    kind: ClassVar[str] = "attention_ffma"
 
 
 @dataclass(frozen=True)
@@ -166,17 +186,20 @@ def _reads_in_registers(
     return True
 
 
-def attention(group: Group, shape_of: ShapeOf) -> Attention | None:
-    """``group`` as an attention group, or None (see the module docstring)."""
+def attention(group: Group, shape_of: ShapeOf, fp32: bool = False) -> Attention | None:
+    """``group`` as an attention group, or None (see the module docstring): in fp16 or bf16,
+    or with ``fp32`` in exact fp32 (the ``ffma`` format)."""
     if len(group.stages) < 2:
         return None
     scores = mma.contraction(group.computes[group.stages[0]], shape_of)
-    if scores is None or scores.fmt.elem_bytes != 2 or scores.gathered is not None:
+    if scores is not None and fp32:
+        scores = ffma.as_ffma(scores)
+    if scores is None or (scores.fmt.elem_bytes != 2 and not fp32) or scores.gathered is not None:
         return None
     s_name = scores.compute.name
     if scores.n_axis != len(scores.compute.axes) - 1 or s_name in group.outputs:
         return None
-    if scores.n > MAX_KEYS or scores.k_extent > MAX_HEAD:
+    if scores.n > (MAX_KEYS_FP32 if fp32 else MAX_KEYS) or scores.k_extent > MAX_HEAD:
         return None
     row_shape = scores.compute.shape[:-1]
     rows: list[str] = []
@@ -282,30 +305,38 @@ def values_config(att: Attention, warps: int, copy_bytes: int) -> mma.MmaConfig:
 
 
 def registers(att: Attention, warps: int) -> int:
-    """Per thread: ``S``'s and ``O``'s accumulators, two values per row stage, the rest."""
-    return BASE_REGISTERS + _pad16(att.keys) // 2 + _pad16(att.width) // 2 + 2 * len(att.rows)
+    """Per thread: ``S``'s and ``O``'s accumulators, two values per row stage, the rest (in
+    fp32 also a piece's 16 values of ``P`` and 8 of Q)."""
+    fp32 = 24 if att.scores.fmt.elem_bytes == 4 else 0
+    return BASE_REGISTERS + _pad16(att.keys) // 2 + _pad16(att.width) // 2 + 2 * len(att.rows) + fp32
 
 
 class AttentionKind:
-    """The policy rule of the ``attention`` kind (see the module docstring)."""
+    """The policy rule of the ``attention`` kind, or with ``fp32`` of ``attention_ffma`` (see
+    the module docstring)."""
 
-    name = AttentionConfig.kind
-    config_type = AttentionConfig
+    def __init__(self, config_type: type[AttentionConfig], fp32: bool, efficiency: float) -> None:
+        self.config_type = config_type
+        self.name = config_type.kind
+        self.fp32 = fp32
+        self.efficiency = efficiency  # of the format's peak, for both products
 
     def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig] | None:
         if ctx.arch.compute_capability < mma.MIN_COMPUTE_CAPABILITY:
             return None
-        att = attention(group, ctx.shape_of)
+        att = attention(group, ctx.shape_of, self.fp32)
         if att is None:
             return None
         found = []
         for warps in WARPS:
-            found += _config(group, att, warps, ctx)
+            found += _config(group, att, warps, ctx, self)
         found.sort(key=lambda c: c.estimate.latency_us)
         return top_by_family(found, ctx.options.topk)
 
 
-def _config(group: Group, att: Attention, warps: int, ctx: ScheduleContext) -> list[GroupConfig]:
+def _config(
+    group: Group, att: Attention, warps: int, ctx: ScheduleContext, rule: AttentionKind
+) -> list[GroupConfig]:
     """The configs of ``warps`` warps (16 rows each); none where they do not fit."""
     bm = 16 * warps
     if warps > 1 and bm // 2 >= _pad16(att.scores.m):
@@ -325,7 +356,7 @@ def _config(group: Group, att: Attention, warps: int, ctx: ScheduleContext) -> l
     copy_bytes = _copy_bytes(att, regions, grid)
     if copy_bytes is None:
         return []
-    stage = AttentionConfig(
+    stage = rule.config_type(
         att.out.name,
         tile=tuple(out_region),
         warps=warps,
@@ -356,7 +387,7 @@ def _config(group: Group, att: Attention, warps: int, ctx: ScheduleContext) -> l
     regs = max([registers(att, warps), *(simt.registers(st) for st in later)])
     if regs > ctx.arch.max_regs_per_thread:
         return []
-    estimate = _estimate(group, att, stage, later, regions, grid, smem, regs, ctx)
+    estimate = _estimate(group, att, stage, later, regions, grid, smem, regs, ctx, rule.efficiency)
     if estimate is None:
         return []
     order = tuple(range(len(tile)))
@@ -436,10 +467,12 @@ def _estimate(
     smem: int,
     regs: int,
     ctx: ScheduleContext,
+    efficiency: float,
 ) -> Estimate | None:
-    """Both products at the tensor cores' share of the peak, the row stages' and ``P``'s
-    arithmetic on every (row, key) at the SIMT rate, against DRAM (each tensor once) and
-    L2 (each block reads its Q rows, K and V whole); one fill of the operands; the launch."""
+    """Both products at ``efficiency`` of the format's peak (the tensor cores' or the CUDA
+    cores'), the row stages' and ``P``'s arithmetic on every (row, key) at the SIMT rate,
+    against DRAM (each tensor once) and L2 (each block reads its Q rows, K and V whole); one
+    fill of the operands; the launch."""
     arch = ctx.arch
     threads = stage.threads
     blocks = math.prod(grid)
@@ -449,7 +482,7 @@ def _estimate(
     waves = -(-blocks // (blocks_per_sm * arch.sm_count))
     bm = stage.block_m
     flops_block = 2 * bm * stage.keys * (stage.head + stage.width)
-    sm_rate = getattr(arch, att.scores.fmt.peak) * 1e12 * mma.TC_EFFICIENCY / arch.sm_count
+    sm_rate = getattr(arch, att.scores.fmt.peak) * 1e12 * efficiency / arch.sm_count
     rounds = -(-blocks // arch.sm_count)
     tc_us = rounds * flops_block / sm_rate * 1e6
     # Row stages (their point_flops already count every key), then P at every (row, key).
@@ -484,4 +517,5 @@ def _estimate(
     )
 
 
-KIND = AttentionKind()
+KIND = AttentionKind(AttentionConfig, fp32=False, efficiency=mma.TC_EFFICIENCY)
+FFMA_KIND = AttentionKind(AttentionFfmaConfig, fp32=True, efficiency=FFMA_EFFICIENCY)
