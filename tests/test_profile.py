@@ -152,3 +152,20 @@ def test_steps_of_the_built_runtime_are_timed_per_group(prefix: Path, tmp_path: 
     assert {g["root"] for g in report["groups"]} <= {g["root"] for g in tuned["groups"]}
     assert all(g["time_us"] > 0 and g["launches"] >= 1 for g in report["groups"])
     assert math.isclose(sum(g["share"] for g in report["groups"]), 1.0, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kind", "half", "ceiling"),
+    [
+        ("attention+simt", True, "fp16_tc_tflops"),
+        ("wgmma+simt", True, "fp16_tc_tflops"),
+        ("attention_ffma+simt", False, "fp32_tflops"),
+        ("ffma", False, "fp32_tflops"),
+        ("mma_tf32", False, "tf32_tc_tflops"),
+        ("simt", True, "fp32_tflops"),
+    ],
+)
+def test_each_kind_is_held_to_the_ceiling_of_its_units(kind: str, half: bool, ceiling: str) -> None:
+    """The FLOP rate a group is compared with: tensor cores for the fp16 attention kernel as
+    for the product kinds, CUDA cores for the exact fp32 kinds and the SIMT kind."""
+    assert profile._ceiling(kind, half, ARCH) == getattr(ARCH, ceiling)

@@ -32,8 +32,9 @@ from welder.ir.interpret import np_dtype
 
 #: Where the times come from: the built runtime on the GPU, the tuner's measurements, the cost model.
 SOURCES = ("run", "tuning", "predicted")
-#: Kinds whose arithmetic runs on tensor cores (for 16-bit operands; TF32 has its own kind).
-TENSOR_CORE_KINDS = {"mma", "wgmma", "mma_tf32"}
+#: Kinds whose arithmetic runs on tensor cores (for 16-bit operands; TF32 has its own kind;
+#: ``attention_ffma`` and ``ffma`` run on CUDA cores).
+TENSOR_CORE_KINDS = {"mma", "wgmma", "mma_tf32", "attention"}
 HALF_DTYPES = {"float16", "bfloat16"}
 
 
