@@ -93,6 +93,7 @@ def _transposed_operands(tokens: int = 24, width: int = 16) -> tuple:
 
 FP32_CASES = {
     **{label: lambda case=case: attention_model(case, dtype=np.float32) for label, case in CASES.items()},
+    "mobilevit: 256 keys, head 36": lambda: attention_model(Case(1, 1, 256, 36, "none"), dtype=np.float32),
     "transposed operands": _transposed_operands,
 }
 

@@ -50,8 +50,6 @@ from welder.tile.propagate import GroupRegions, partitions_output, propagate_gro
 
 #: Keys one block holds (padded to 16): ``S``'s accumulators take ``keys / 2`` registers a thread.
 MAX_KEYS = 256
-#: The same in fp32, whose product loops hold more values in registers (a piece's 16 P values).
-MAX_KEYS_FP32 = 128
 #: Widest head (``K`` of the first product, ``N`` of the second), padded to 16.
 MAX_HEAD = 128
 #: Warps per block (16 rows each).
@@ -199,7 +197,7 @@ def attention(group: Group, shape_of: ShapeOf, fp32: bool = False) -> Attention 
     s_name = scores.compute.name
     if scores.n_axis != len(scores.compute.axes) - 1 or s_name in group.outputs:
         return None
-    if scores.n > (MAX_KEYS_FP32 if fp32 else MAX_KEYS) or scores.k_extent > MAX_HEAD:
+    if scores.n > MAX_KEYS or scores.k_extent > MAX_HEAD:
         return None
     row_shape = scores.compute.shape[:-1]
     rows: list[str] = []
