@@ -93,6 +93,25 @@ def test_split_k_on_ffma_is_exact() -> None:
             assert error_metric(got, exact[name]) <= EXACT, cfg.stages[0]
 
 
+@needs_emulator
+def test_sixteen_warp_tiles_are_exact() -> None:
+    """The 128 x 256 and 256 x 128 blocks of 16 warps (512 threads, 64 x 32 warp tiles), which
+    only this kind offers; never split (their split-K code spills)."""
+    _seed("ffma sixteen warps")
+    model, feeds = _matmul(256, 40, 256)
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    found = ffma.KIND.propose(group, _context(graph, topk=400, kinds=("ffma",)))
+    wide = [c for c in found if c.threads == 512]
+    assert wide and all(c.stages[0].splits == 1 for c in wide)
+    configs = list({(c.stages[0].block_m, c.stages[0].block_n): c for c in wide}.values())
+    assert len(configs) == 2
+    exact = _reference(graph, feeds, round_operands=False)
+    for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
+        for name, got in outputs.items():
+            assert error_metric(got, exact[name]) <= EXACT, cfg.stages[0]
+
+
 def _padded_product(m: int, pad: int, k: int, n: int):
     """A product whose A is a zero-padded copy of x along M (a guarded load: not affine),
     as a window partition pads an image: A is gathered, element by element."""

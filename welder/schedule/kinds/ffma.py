@@ -31,7 +31,7 @@ from typing import ClassVar
 from welder.schedule.group import Group
 from welder.schedule.kinds.base import ScheduleContext
 from welder.schedule.kinds.mma import (
-    BASE_REGISTERS,
+    BLOCK_TILES,
     MMA_M,
     MMA_N,
     Contraction,
@@ -45,6 +45,11 @@ from welder.schedule.kinds.mma import (
 #: template's FMAs), the CUDA cores' fp32 rate, slices of 16 or 32 elements (64 or 128 bytes
 #: a row: the A loads take four K steps at a time).
 FP32 = MmaFormat("ffma", "fp32", "float32", 4, 4, "", None, "fp32_tflops", (16, 32))
+#: Registers a thread needs besides its values (addresses, indices), fitted to ptxas (nvcc
+#: 13, sm_90, bert's FFN-out): warp tiles of 64 x 32 and 32 x 64 took 121-128 registers (this
+#: gives 128 and 120), 16 x 64 80-93 (80), 16 x 16 and 16 x 32 61-63 (64, the floor), 32 x 32
+#: 96 (80); 64 x 64 took all 255 (200), one block of 4 or 8 warps an SM either way.
+FFMA_BASE_REGISTERS = 24
 #: Share of the fp32 peak the kind's kernels are expected to reach: the inner loop issues
 #: about one load and some addressing per ten FMAs.
 FFMA_EFFICIENCY = 0.7
@@ -56,11 +61,28 @@ class FfmaConfig(MmaConfig):
 
     kind: ClassVar[str] = "ffma"
 
+    @property
+    def family(self) -> str:
+        # Split-K as in the mma kind; the sixteen-warp blocks apart too, so that the search
+        # measures some whatever their estimate (none measured yet).
+        if self.splits > 1:
+            return "ffma/split-k"
+        return "ffma/16-warps" if self.threads > 256 else "ffma"
+
 
 class FfmaKind(MmaKind):
     """The mma rule with the fp32 format and the CUDA cores' costs."""
 
     efficiency = FFMA_EFFICIENCY
+    #: The mma kind's tiles, and 16 warps of 64 x 32 over 128 x 256 or 256 x 128: cuBLAS's
+    #: block size (twice the FMAs per byte a 128 x 64 block reads from L2) at the warp tile
+    #: that measured fastest, in 128 registers a thread.
+    block_tiles = (*BLOCK_TILES, (128, 256, 2, 8), (256, 128, 4, 4))
+
+    def splittable(self, cfg: MmaConfig) -> bool:
+        # Sixteen-warp tiles serve products with tiles to spare, and their split-K code
+        # spills at 128 registers a thread (ptxas: 52-192 bytes).
+        return cfg.threads <= 256
 
     def _contraction(self, group: Group, ctx: ScheduleContext) -> Contraction | None:
         con = contraction(group.computes[group.stages[0]], ctx.shape_of, gather_32bit=True)
@@ -75,7 +97,7 @@ class FfmaKind(MmaKind):
         wm, wn = cfg.block_m // cfg.warps[0], cfg.block_n // cfg.warps[1]
         rows, cols = 2 * (wm // MMA_M), 2 * (wn // MMA_N)
         # The accumulators, four K steps of the lane's rows of A, one of its columns of B.
-        return BASE_REGISTERS + rows * cols + 4 * rows + cols
+        return max(64, FFMA_BASE_REGISTERS + rows * cols + 4 * rows + cols)
 
 
 def smem_share(cfg: MmaConfig) -> float:
