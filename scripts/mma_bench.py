@@ -106,6 +106,32 @@ def model(batch: int, m: int, k: int, n: int, dtype: str = "fp16") -> onnx.Model
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def bench_configs(kind_name: str, proposed: list, candidates: int, tiles: int) -> list:
+    """Of one kind's proposals (best first), the configs to time: the best ``candidates`` of
+    each family (the TMA family's persistent or launch-per-tile, clustered or lone,
+    TMA-stored or directly stored ones apart; split-K; the ffma kind's sixteen-warp
+    blocks), then the best of ``tiles`` other block and warp tiles, beyond the model's
+    favourites."""
+    configs = [c for c in proposed if c.stages[0].family == kind_name][:candidates]
+    tma: dict[tuple[bool, int, bool], list] = {}
+    for c in proposed:
+        st = c.stages[0]
+        if "/tma" in st.family:
+            tma.setdefault((bool(st.persistent), st.cluster, st.tma_store), []).append(c)
+    for variant in tma.values():
+        configs += variant[:candidates]
+    configs += [c for c in proposed if c.stages[0].splits > 1][:candidates]
+    others = {c.stages[0].family for c in proposed} - {kind_name}
+    for family in sorted(f for f in others if "/tma" not in f and not f.endswith("/split-k")):
+        configs += [c for c in proposed if c.stages[0].family == family][:candidates]
+    seen = {tile_of(c) for c in configs}
+    for c in proposed if tiles else ():
+        if tile_of(c) not in seen and len(seen) < candidates + tiles:
+            seen.add(tile_of(c))
+            configs.append(c)
+    return configs
+
+
 def tile_of(cfg) -> tuple:
     """A config's block tile, warp grid and splits: what sets its register and shared-memory use."""
     st = cfg.stages[0]
@@ -301,27 +327,9 @@ def main(argv: list[str] | None = None) -> int:
             arch,
             Options(topk=100_000, clusters=args.clusters),
         )
-        # Per kind, the cost model's best configs of each family, --candidates of each (the
-        # TMA family's persistent or launch-per-tile, clustered or lone, TMA-stored or
-        # directly stored ones apart).
         configs = []
         for rule in kinds:
-            proposed = rule.propose(group, ctx) or []
-            configs += [c for c in proposed if c.stages[0].family == c.stages[0].kind][: args.candidates]
-            tma: dict[tuple[bool, int, bool], list] = {}
-            for c in proposed:
-                st = c.stages[0]
-                if "/tma" in st.family:
-                    tma.setdefault((bool(st.persistent), st.cluster, st.tma_store), []).append(c)
-            for variant in tma.values():
-                configs += variant[: args.candidates]
-            configs += [c for c in proposed if c.stages[0].splits > 1][: args.candidates]
-            if args.tiles:  # the best of each other block and warp tile, beyond the model's favourites
-                seen = {tile_of(c) for c in configs}
-                for c in proposed:
-                    if tile_of(c) not in seen and len(seen) < args.candidates + args.tiles:
-                        seen.add(tile_of(c))
-                        configs.append(c)
+            configs += bench_configs(rule.name, rule.propose(group, ctx) or [], args.candidates, args.tiles)
         if args.simt:  # the SIMT kind's best too: the cross-kind ranking is the cost model's weakest
             simt_ctx = ScheduleContext(
                 ctx.shape_of, ctx.dtype_of, arch, Options(topk=args.candidates, kinds=("simt",))

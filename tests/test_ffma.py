@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -237,3 +238,19 @@ def test_a_rolled_fp32_operand_is_gathered_and_exact() -> None:
     exact = _evaluate64(graph, {k: v.astype(np.float64) for k, v in {**graph.constants, **feeds}.items()})
     for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
         assert error_metric(outputs["y"], exact["y"]) <= EXACT, cfg.stages[0]
+
+
+def test_the_kernel_study_times_every_family_of_the_kind() -> None:
+    """``scripts/mma_bench.py --dtype fp32`` times the best of each ffma family -- the
+    plain tiles, the sixteen-warp blocks, split-K where tiles are few -- then other tiles."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from mma_bench import bench_configs, tile_of
+
+    graph = import_onnx(_matmul(1024, 256, 768)[0])
+    group = _whole_group(graph)
+    proposed = ffma.KIND.propose(group, _context(graph, topk=100_000, kinds=("ffma",)))
+    chosen = bench_configs("ffma", proposed, candidates=2, tiles=3)
+    families = [c.stages[0].family for c in chosen]
+    assert families.count("ffma") >= 2 and families.count("ffma/16-warps") == 2
+    assert len({tile_of(c) for c in chosen}) >= 2 + 3
+    assert len({id(c) for c in chosen}) == len(chosen)  # none timed twice
