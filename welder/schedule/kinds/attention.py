@@ -82,7 +82,7 @@ class AttentionConfig(StageConfig):
 
     tile: tuple[int, ...]  # the second product's region per block
     warps: int  # 16 rows each
-    keys: int  # the key axis padded to 16
+    keys: int  # the key axis padded to 16 (to 8 with FMAs)
     head: int  # K of the first product padded to 16
     width: int  # N of the second product padded to 16
     copy_bytes: int  # per cp.async: 16, or 4 where strides are not multiples of 16 bytes
@@ -358,7 +358,8 @@ def _config(
         att.out.name,
         tile=tuple(out_region),
         warps=warps,
-        keys=_pad16(att.keys),
+        # FMAs walk the keys in pieces of 8 (Swin's 49 as 56); mma.sync in k16 slices.
+        keys=mma._round_up(att.keys, 8) if rule.fp32 else _pad16(att.keys),
         head=_pad16(att.head),
         width=_pad16(att.width),
         copy_bytes=copy_bytes,
