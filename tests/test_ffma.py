@@ -178,8 +178,8 @@ def test_large_products_take_large_warp_tiles() -> None:
 def test_ffma_kernels_compile_to_fmas_and_vector_shared_loads(tmp_path: Path) -> None:
     """nvcc builds the kernels for sm_80 and sm_90 without warnings; their PTX multiplies
     with fp32 FMAs only (no tensor-core product, no TF32 rounding), reads A's rows four K
-    steps at a time and B's columns (its rows run along N) four at a time: no 8-byte shared
-    load is left.  With A transposed (its rows run along K), its rows come four at a time
+    steps at a time and B's columns (its N axis contiguous) four at a time: no 8-byte shared
+    load is left.  With A transposed (its M axis contiguous), its rows come four at a time
     too, where the warp's rows are pieces in pairs: no scalar shared load is left either."""
     for trans_a in (False, True):
         graph = import_onnx(_matmul(256, 64, 128, trans_a=trans_a)[0])

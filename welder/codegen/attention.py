@@ -30,8 +30,8 @@ from welder.schedule.kinds.attention import (
 from welder.schedule.kinds.mma import ring_elements
 
 from .common import STORAGE_TYPES, StageCtx, sanitize_comment
-from .cprint import HALF_FORMATS, CPrinter, literal
-from .mma import _operand, _rounded, contraction_fields
+from .cprint import CPrinter, literal
+from .mma import _operand, _rounded, contraction_fields, pair_packers
 from .simt import combine
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     q = _operand(kb, att.scores, att.scores.a, "m", first, f"att{k}_q", q_elems, s_origins)
     kop = _operand(kb, att.scores, att.scores.b, "n", first, f"att{k}_k", k_elems, s_origins)
     v = replace(_operand(kb, values, values.b, "n", second, f"att{k}_v", v_elems, o_origins), name="v")
-    half = HALF_FORMATS.get(dtype)
+    pack2, pack1 = pair_packers(dtype)
     logit, bodies, probs = _logits(att, kb.group.computes)
     return AttentionStageCtx(
         template=TEMPLATE,
@@ -131,8 +131,8 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
         origins=origins + own["origins"],
         storage_t=STORAGE_TYPES[dtype],
         elem_bytes=item,
-        pack2=half.pack2 if half else "make_float2",
-        pack1=half.from_float if half else "",
+        pack2=pack2,
+        pack1=pack1,
         copy_bytes=st.copy_bytes,
         copy_elems=st.copy_bytes // item,
         convert=None,

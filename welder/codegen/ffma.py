@@ -51,13 +51,13 @@ QUAD_ROWS = "mi / 2 * 32 + 4 * g + mi % 2 * 2 + h"
 class FfmaStageCtx(MmaStageCtx):
     """An mma stage's context and how the lanes split B's columns and A's rows.
 
-    Where B's rows run along N, the lanes' column pairs 8 apart (mma.sync's layout) cost one
-    8-byte shared load each per K step; owning columns ``4t .. 4t + 3`` of every 16 instead,
-    a lane loads two pieces' columns with one 16-byte load: 6 loads per 128 FMAs of a 64 x 64
-    warp tile, not 10.  Only the epilogue's column of each pair (``lane_col``) changes.  Where
-    A's rows run along K (an operand transposed into windows or heads), the lanes' rows 8
-    apart cost a 4-byte load each per K step; owning rows ``4g .. 4g + 3`` of every 32, one
-    16-byte load brings two pieces' rows (``lane_row``)."""
+    Where B's N axis is contiguous (weights), the lanes' column pairs 8 apart (mma.sync's
+    layout) cost one 8-byte shared load each per K step; owning columns ``4t .. 4t + 3`` of
+    every 16 instead, a lane loads two pieces' columns with one 16-byte load: 6 loads per 128
+    FMAs of a 64 x 64 warp tile, not 10.  Where A's M axis is contiguous (an activation
+    transposed into windows or heads), the lanes' rows 8 apart cost a 4-byte load each per K
+    step; owning rows ``4g .. 4g + 3`` of every 32, one 16-byte load brings two pieces' rows.
+    Only the epilogue's row and column of each pair (``lane_row``, ``lane_col``) change."""
 
     quad_columns: bool = False
     quad_rows: bool = False

@@ -175,13 +175,14 @@ def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contractio
     k_tiles = -(-con.k_extent // st.block_k)
     out_strides = row_major_strides(c.shape)
     dtype = c.dtype
+    pack2, pack1 = pair_packers(dtype)
     return dict(
         comment=sanitize_comment(f"{st.node} ({kind}, {st.block_m}x{st.block_n}x{st.block_k})"),
         origins=[{"name": o[d], "expr": kb.index_c(iv.lo_expr())} for d, iv in enumerate(region.dims)],
         storage_t=STORAGE_TYPES[dtype],
         elem_bytes=con.fmt.elem_bytes,
-        pack2=HALF_FORMATS[dtype].pack2 if dtype in HALF_FORMATS else "make_float2",
-        pack1=HALF_FORMATS[dtype].from_float if dtype in HALF_FORMATS else "",
+        pack2=pack2,
+        pack1=pack1,
         block_k=st.block_k,
         tile_m=st.tile[-2],
         tile_n=st.tile[-1],
@@ -262,16 +263,16 @@ def _rounded(value: str, dtype: str) -> str:
     return f"{half.to_float}({half.from_float}({value}))" if half is not None else value
 
 
+def pair_packers(dtype: str) -> tuple[str, str]:
+    """C functions storing accumulators as ``dtype``: two fp32 values as its pair type, and
+    one as the type itself (none for fp32)."""
+    half = HALF_FORMATS.get(dtype)
+    return (half.pack2, half.from_float) if half is not None else ("make_float2", "")
+
+
 def _output(kb: KernelBuilder, tensor: str, value: str) -> EpilogueOutput:
     dtype = kb.graph.tensor(tensor).dtype
-    half = HALF_FORMATS.get(dtype)
-    return EpilogueOutput(
-        kb.params[tensor].name,
-        STORAGE_TYPES[dtype],
-        half.pack2 if half is not None else "make_float2",
-        half.from_float if half is not None else "",
-        value,
-    )
+    return EpilogueOutput(kb.params[tensor].name, STORAGE_TYPES[dtype], *pair_packers(dtype), value)
 
 
 def stage_contraction(kb: KernelBuilder, st: StageConfig, gather_32bit: bool = False) -> Contraction:

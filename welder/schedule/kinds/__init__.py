@@ -1,26 +1,26 @@
 """Kernel kinds: the ways a tile-owning stage can be computed, one module each.
 
-=========  ===============================================  =========================================
-kind       stage config, policy rule                        template
-=========  ===============================================  =========================================
-mma        :mod:`.mma` -- fp16 contractions on tensor cores  ``codegen_templates/stages/mma.cu.j2``
-           (the group's first stage; later stages SIMT)
-mma_tf32   :mod:`.mma` -- the same for fp32 contractions,    the same template
-           as TF32 (listed only with ``--tf32``)
-ffma       :mod:`.ffma` -- exact fp32 contractions in the  ``codegen_templates/stages/ffma.cu.j2``
-           mma kind's tiles, FMAs on CUDA cores            (the mma template's ring and epilogue)
-wgmma      :mod:`.wgmma` -- fp16 contractions on Hopper's    ``codegen_templates/stages/wgmma.cu.j2``
-           warpgroup instructions (the mma search, other
-           data; compute capability 9.0 only)
-attention  :mod:`.attention` -- two fp16 products     ``codegen_templates/stages/attention.cu.j2``
-           joined by row reductions (a softmax),
-           the scores kept in registers
-attention  :mod:`.attention` -- the same in exact fp32,  the same template
-_ffma      FMAs on CUDA cores
-simt       :mod:`.simt` -- every group                      ``codegen_templates/stages/simt.cu.j2``
-library    :mod:`.library` -- products as cuBLAS calls      ``codegen_templates/runtime/cublas.j2``
-           (claimed before fusion with ``--skip-dot``)      (a call the runtime makes, no kernel)
-=========  ===============================================  =========================================
+===============  ===============================================  =========================================
+kind             stage config, policy rule                        template
+===============  ===============================================  =========================================
+mma              :mod:`.mma` -- fp16 contractions on tensor cores  ``codegen_templates/stages/mma.cu.j2``
+                 (the group's first stage; later stages SIMT)
+mma_tf32         :mod:`.mma` -- the same for fp32 contractions,    the same template
+                 as TF32 (listed only with ``--tf32``)
+ffma             :mod:`.ffma` -- exact fp32 contractions in the  ``codegen_templates/stages/ffma.cu.j2``
+                 mma kind's tiles, FMAs on CUDA cores            (the mma template's ring and epilogue)
+wgmma            :mod:`.wgmma` -- fp16 contractions on Hopper's    ``codegen_templates/stages/wgmma.cu.j2``
+                 warpgroup instructions (the mma search, other
+                 data; compute capability 9.0 only)
+attention        :mod:`.attention` -- two fp16 products     ``codegen_templates/stages/attention.cu.j2``
+                 joined by row reductions (a softmax),
+                 the scores kept in registers
+attention_ffma   :mod:`.attention` -- the same in exact fp32,     the same template
+                 FMAs on CUDA cores
+simt             :mod:`.simt` -- every group                      ``codegen_templates/stages/simt.cu.j2``
+library          :mod:`.library` -- products as cuBLAS calls      ``codegen_templates/runtime/cublas.j2``
+                 (claimed before fusion with ``--skip-dot``)      (a call the runtime makes, no kernel)
+===============  ===============================================  =========================================
 
 Adding a kind takes its own module here (a
 :class:`~welder.schedule.config.StageConfig` subclass and a rule implementing

@@ -11,12 +11,12 @@ This kind reuses everything of the ``mma`` kind but the instruction
 stages on the accumulators; the template's cp.async ring and epilogue): each warp still owns
 a ``warp_m x warp_n`` piece made of 16 x 8 pieces, and each lane holds the accumulators that
 ``mma.sync`` would leave it (rows ``g`` and ``g + 8`` of every piece, two adjacent columns),
-but fills them with FMAs of its own rows of A and columns of B.  Where B's rows run along N a
-lane owns columns ``4t .. 4t + 3`` of every 16 (codegen's ``FfmaStageCtx``), so one 16-byte
-load brings its columns of two pieces; where A's rows run along K, rows ``4g .. 4g + 3`` of
-every 32 likewise.  A 64 x 64 warp tile gives every lane 8 rows and 16
+but fills them with FMAs of its own rows of A and columns of B.  Where B's N axis is
+contiguous a lane owns columns ``4t .. 4t + 3`` of every 16 (codegen's ``FfmaStageCtx``), so
+one 16-byte load brings its columns of two pieces; where A's M axis is contiguous, rows
+``4g .. 4g + 3`` of every 32 likewise.  A 64 x 64 warp tile gives every lane 8 rows and 16
 columns: 128 FMAs per K step against two 16-byte loads of A (four K steps at a time, where
-A's rows run along K) and four 16-byte loads of B -- about twenty FMAs per shared-memory
+A's K axis is contiguous) and four 16-byte loads of B -- about twenty FMAs per shared-memory
 load, with the rows padded as the mma kind pads them, so the eight rows a load of A touches
 lie in distinct banks.
 
