@@ -2,7 +2,8 @@
 
 Each case is one layer's attention as the models export it (``scripts/attention_bench.py``
 builds them): BERT's with an additive mask, ViT's with 50 tokens (ragged rows and keys),
-Swin's windows of 49 tokens with a relative-position bias per head.  Every config the
+Swin's windows of 49 tokens with a relative-position bias per head, and a sequence longer
+than a block holds (300 keys: the online softmax, in chunks).  Every config the
 rule proposes is rendered, run on the CPU emulator and compared with the interpreter.
 Besides: the rule recognises the structure whatever the ops are called and refuses what
 it cannot compute; the fusion search finds the group in a graph where greedy growth
@@ -39,6 +40,7 @@ CASES = {
     "bert: mask, 128 tokens": Case(1, 2, 128, 64, "mask"),
     "vit: 50 tokens": Case(2, 3, 50, 64, "none"),
     "swin: windows of 49, relative bias": Case(3, 3, 49, 32, "relative"),
+    "bert: mask, 300 tokens (online softmax)": Case(1, 1, 300, 64, "mask"),
 }
 
 
@@ -61,6 +63,8 @@ def test_attention_matches_the_interpreter(label: str) -> None:
     configs = attention.KIND.propose(group, _context(graph, topk=8))
     assert configs, f"{label}: the attention rule proposed nothing"
     assert all(isinstance(c.stages[0], AttentionConfig) for c in configs)
+    online = CASES[label].tokens > attention.MAX_KEYS
+    assert all((c.stages[0].chunk > 0) == online for c in configs)
     feeds = _feeds(graph)
     reference = graph.run(feeds)["y"]
     for cfg, runs in zip(configs, emulate_configs(graph, group, configs, feeds, launches=2)):
@@ -162,6 +166,43 @@ def test_the_rule_refuses_what_is_not_two_products_joined_by_rows() -> None:
     group = make_group(graph, list(graph.nodes))
     assert "s" in group.outputs
     assert attention.attention(group, lambda t: graph.tensor(t).shape) is None
+
+
+def _normalised(tokens: int, softmax: bool) -> tuple:
+    """Attention over ``tokens`` keys whose probabilities are a softmax, or ``exp(s) /
+    sum(exp(s))`` without the maximum: the same values, but no running maximum to rescale by."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, tokens, 32)).astype(np.float16) for _ in range(3))
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+    ]
+    if softmax:
+        nodes.append(helper.make_node("Softmax", ["s"], ["p"], axis=-1))
+    else:
+        nodes += [
+            helper.make_node("Exp", ["s"], ["e"]),
+            helper.make_node("ReduceSum", ["e", "axes"], ["l"], keepdims=0),
+            helper.make_node("Unsqueeze", ["l", "axes"], ["lk"]),
+            helper.make_node("Div", ["e", "lk"], ["p"]),
+        ]
+    nodes.append(helper.make_node("MatMul", ["p", "v"], ["y"]))
+    return make_model(nodes, {"q": q, "k": k, "v": v}, ["y"], {"axes": np.array([-1], np.int64)}, opset=13)
+
+
+def test_beyond_one_block_of_keys_only_a_softmax_is_taken() -> None:
+    """Past MAX_KEYS the kernel walks the keys in chunks, which only a softmax's maximum and
+    sum allow; within them any row stages do."""
+    for tokens in (64, 300):
+        for softmax in (True, False):
+            graph = import_onnx(_normalised(tokens, softmax))
+            group = make_group(graph, list(graph.nodes))
+            att = attention.attention(group, lambda t, graph=graph: graph.tensor(t).shape)
+            long = tokens > attention.MAX_KEYS
+            if softmax or not long:
+                assert att is not None and att.online == long, (tokens, softmax)
+            else:
+                assert att is None, (tokens, softmax)
 
 
 def _projected_attention() -> tuple:

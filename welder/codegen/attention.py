@@ -63,7 +63,9 @@ class AttentionStageCtx(StageCtx):
     convert: None
     mma: str  # the welder_mma.cuh function of one product ("" with ffma)
     ffma: bool  # both products as FMAs on CUDA cores (exact fp32)
-    keys: int  # padded
+    keys: int  # padded (to whole chunks with chunk)
+    chunk: int  # keys per pass of the online softmax; 0: one pass
+    chunk_keys: int  # keys in shared memory at a time (chunk, or all of them)
     key_extent: int
     head: int  # padded K of S's product
     width: int  # padded N of O's product
@@ -72,6 +74,7 @@ class AttentionStageCtx(StageCtx):
     m_origin: str
     rows: list[RowStage]
     probs: str  # C: P at (gm, gn), with sv (S's element) or lv (its logit) in scope
+    term: str | None  # with chunk: exp(L - m), the second row stage's value, with m as rv0[h]
     logits: str | None  # C: the logit computed in place of S's element (_logits), if any
     q: object
     k: object
@@ -104,16 +107,18 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     s_index = kb.stage_index[att.scores.compute.name]
     s_origins = [kb.origin_name(s_index, d) for d in range(len(att.scores.compute.axes))]
     o_origins = [kb.origin_name(k, d) for d in range(len(att.out.axes))]
-    first, second = scores_config(att, st.warps, st.copy_bytes), values_config(att, st.warps, st.copy_bytes)
+    first = scores_config(att, st.warps, st.copy_bytes, st.chunk)
+    second = values_config(att, st.warps, st.copy_bytes, st.chunk)
     values = att.values_contraction()
     q_elems, k_elems = ring_elements(first, att.scores)
     v_elems = ring_elements(second, values)[1]
     dtype = att.scores.compute.dtype
     item = att.scores.fmt.elem_bytes
     offset = st.operands_offset
+    slots = 2 if st.chunk else 1
     kb.add_view(f"att{k}_q", dtype, offset, q_elems)
-    kb.add_view(f"att{k}_k", dtype, offset + q_elems * item, k_elems)
-    kb.add_view(f"att{k}_v", dtype, offset + (q_elems + k_elems) * item, v_elems)
+    kb.add_view(f"att{k}_k", dtype, offset + q_elems * item, slots * k_elems)
+    kb.add_view(f"att{k}_v", dtype, offset + (q_elems + slots * k_elems) * item, slots * v_elems)
     # Every origin of S's region and of O's: the template's group kernel prints both lists.
     s_region = kb.regions.members[att.scores.compute.name]
     # O's output fields (its tile for later stages, a global store) as its mma stage's.
@@ -124,10 +129,11 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     v = replace(_operand(kb, values, values.b, "n", second, f"att{k}_v", v_elems, o_origins), name="v")
     pack2, pack1 = pair_packers(dtype)
     logit, bodies, probs = _logits(att, kb.group.computes)
+    rows = _row_stages(kb, att, bodies, s_origins)
     return AttentionStageCtx(
         template=TEMPLATE,
         headers=HEADERS,
-        comment=sanitize_comment(f"{', '.join(att.stages)} (attention, {st.block_m} rows, {st.keys} keys)"),
+        comment=sanitize_comment(f"{', '.join(att.stages)} (attention, {st.block_m} rows, {_keys_note(st)})"),
         origins=origins + own["origins"],
         storage_t=STORAGE_TYPES[dtype],
         elem_bytes=item,
@@ -139,14 +145,17 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
         mma=att.scores.fmt.instruction,
         ffma=isinstance(st, AttentionFfmaConfig),
         keys=st.keys,
+        chunk=st.chunk,
+        chunk_keys=st.chunk_keys,
         key_extent=att.keys,
         head=st.head,
         width=st.width,
         rows_extent=att.scores.m,
         row_guard=att.scores.m % st.block_m != 0 or st.tile[-2] != st.block_m,
         m_origin=s_origins[att.scores.m_axis],
-        rows=_row_stages(kb, att, bodies, s_origins),
+        rows=rows,
         probs=_printer(kb, att, _row_names(att, o_origins, "gn"))(probs),
+        term=rows[1].value if st.chunk else None,
         logits=None if logit is None else _printer(kb, att, _row_names(att, s_origins, "gn"))(logit),
         q=q,
         k=kop,
@@ -161,6 +170,10 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
         epilogue=[],
         guard=own["guard"],
     )
+
+
+def _keys_note(st: AttentionConfig) -> str:
+    return f"{st.keys} keys in chunks of {st.chunk}" if st.chunk else f"{st.keys} keys"
 
 
 def _printer(kb: KernelBuilder, att: Attention, names: dict[str, str]) -> CPrinter:

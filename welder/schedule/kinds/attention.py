@@ -19,7 +19,16 @@ in its accumulators (``m16n8k16`` C fragments: lane ``(g, t)`` holds rows ``g`` 
 shuffles within the quad; ``P``'s values, computed from those accumulators, are exactly
 the A fragments of ``O``'s products (the C layout of two n8 tiles is the A layout of one
 k16 slice).  ``Q``'s rows, all of ``K`` and all of ``V`` are copied once into shared memory
-with ``cp.async``: the keys fit one block, so there is no ring and no online softmax.
+with ``cp.async``.
+
+Where the keys do not fit one block (more than :data:`MAX_KEYS`), the group is still
+taken if its row stages are a softmax's -- ``m = max(L)``, ``l = sum(exp(L - m))`` and ``P
+= exp(L - m) / l`` for one logit expression ``L`` of ``S`` (:func:`online_softmax`) -- and
+the kernel walks the keys in chunks (:data:`CHUNKS`) through a two-slot ring of K and V,
+keeping each row's running maximum and sum: a chunk whose maximum is larger rescales the
+sum and ``O``'s accumulators by ``exp(m_old - m_new)``, and ``O`` is divided by ``l`` once,
+at the end.  ``exp(L - m)`` is at most one, so in fp16 the unnormalised ``P`` rounds as
+well as the normalised one does.
 
 The rule proposes nothing (None) for anything else; ``mma`` and SIMT stages still cover
 the group's parts.
@@ -39,7 +48,20 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from welder.ir.compute import Compute
-from welder.ir.expr import INDEX, Binary, Call, Const, Expr, Load, Var, free_vars, loads, walk
+from welder.ir.expr import (
+    INDEX,
+    Binary,
+    Call,
+    Const,
+    Expr,
+    Load,
+    Var,
+    free_vars,
+    loads,
+    rewrite,
+    substitute,
+    walk,
+)
 from welder.ir.layout import affine_layout
 from welder.schedule.config import Estimate, GroupConfig, StageConfig
 from welder.schedule.group import Group
@@ -50,6 +72,8 @@ from welder.tile.propagate import GroupRegions, partitions_output, propagate_gro
 
 #: Keys one block holds (padded to 16): ``S``'s accumulators take ``keys / 2`` registers a thread.
 MAX_KEYS = 256
+#: Keys per pass of the online softmax (:func:`online_softmax`), for more than MAX_KEYS.
+CHUNKS = (64, 128)
 #: Widest head (``K`` of the first product, ``N`` of the second), padded to 16.
 MAX_HEAD = 128
 #: Warps per block (16 rows each).
@@ -89,6 +113,12 @@ class AttentionConfig(StageConfig):
     operands_offset: int  # byte offset of Q's rows, K and V in the shared pool
     fused: tuple[str, ...] = ()  # the first product, then the row stages, in order
     smem_offset: int | None = None  # where the second product's tile lives when read in the group
+    chunk: int = 0  # keys per pass of the online softmax; 0: all keys in one pass
+
+    @property
+    def chunk_keys(self) -> int:
+        """Keys whose K and V rows one ring slot holds (all of them without chunks)."""
+        return self.chunk or self.keys
 
     @property
     def threads(self) -> int:
@@ -121,6 +151,7 @@ class Attention:
     probs: Expr  # P: O's computed factor
     values: mma.Operand  # V: O's loaded factor (contiguous "n" or "k" as a B operand)
     key: str  # O's reduce axis (the keys)
+    online: bool = False  # more keys than one block holds: a softmax, walked in chunks
 
     @property
     def keys(self) -> int:
@@ -197,7 +228,7 @@ def attention(group: Group, shape_of: ShapeOf, fp32: bool = False) -> Attention 
     s_name = scores.compute.name
     if scores.n_axis != len(scores.compute.axes) - 1 or s_name in group.outputs:
         return None
-    if scores.n > MAX_KEYS or scores.k_extent > MAX_HEAD:
+    if scores.k_extent > MAX_HEAD:
         return None
     row_shape = scores.compute.shape[:-1]
     rows: list[str] = []
@@ -219,8 +250,39 @@ def attention(group: Group, shape_of: ShapeOf, fp32: bool = False) -> Attention 
         for later in group.stages[pos + 1 :]:
             if any(ld.tensor in in_registers for ld in group.computes[later].loads()):
                 return None
-        return found
+        if found.keys <= MAX_KEYS:
+            return found
+        return replace(found, online=True) if online_softmax(group, found) else None
     return None
+
+
+def online_softmax(group: Group, att: Attention) -> bool:
+    """Whether ``att``'s row stages are ``m = max(L)`` and ``l = sum(exp(L - m))`` and its
+    ``P`` is ``exp(L - m) / l``, for one expression ``L`` (of ``S`` and global tensors): then
+    ``O = (sum exp(L - m) V) / l`` can be accumulated chunk by chunk, rescaled whenever the
+    running maximum grows.  Expressions are compared with their keys renamed alike and their
+    loads of ``S`` and of the row stages reduced to names (:func:`attention` proved them to
+    read the row's element, however its indices spell it)."""
+    if len(att.rows) != 2:
+        return False
+    top, total = (group.computes[r] for r in att.rows)
+    if top.reduce_op != "max" or total.reduce_op != "sum":
+        return False
+    key = Var("key")
+    in_registers = {att.scores.compute.name, *att.rows}
+
+    def plain(e: Expr, axis: str) -> Expr:
+        e = substitute(e, {axis: key})
+        return rewrite(e, lambda n: named(n) if isinstance(n, Load) and n.tensor in in_registers else None)
+
+    def named(ld: Load) -> Load:
+        return Load(ld.tensor, (), ld.dtype)
+
+    logit = plain(top.body, top.reduce_axes[0].name)
+    term = plain(total.body, total.reduce_axes[0].name)
+    probs = plain(att.probs, att.key)
+    m, l_ = (Load(r, (), group.computes[r].dtype) for r in att.rows)
+    return term == Call("exp", (Binary("sub", logit, m),)) and probs == Binary("div", term, l_)
 
 
 def _second_product(
@@ -270,11 +332,18 @@ def _pad16(x: int) -> int:
     return mma._round_up(x, 16)
 
 
-def operand_elements(att: Attention, warps: int) -> tuple[int, int, int]:
-    """Elements (padded rows included) of Q's rows, K and V in shared memory."""
-    q, k = mma.ring_elements(scores_config(att, warps, 16), att.scores)
-    v = mma.ring_elements(values_config(att, warps, 16), att.values_contraction())[1]
+def operand_elements(att: Attention, warps: int, chunk: int = 0) -> tuple[int, int, int]:
+    """Elements (padded rows included) of Q's rows and of one ring slot of K and of V (all
+    keys, or ``chunk`` of them)."""
+    q, k = mma.ring_elements(scores_config(att, warps, 16, chunk), att.scores)
+    v = mma.ring_elements(values_config(att, warps, 16, chunk), att.values_contraction())[1]
     return q, k, v
+
+
+def operand_bytes(att: Attention, warps: int, chunk: int = 0) -> int:
+    """Shared memory for Q's rows, K and V: one slot of K and V, or two with chunks."""
+    q, k, v = operand_elements(att, warps, chunk)
+    return (q + (2 if chunk else 1) * (k + v)) * att.scores.fmt.elem_bytes
 
 
 def _one_slice(node: str, warps: int, n: int, k: int, copy_bytes: int) -> mma.MmaConfig:
@@ -292,21 +361,22 @@ def _one_slice(node: str, warps: int, n: int, k: int, copy_bytes: int) -> mma.Mm
     )
 
 
-def scores_config(att: Attention, warps: int, copy_bytes: int) -> mma.MmaConfig:
-    """``S``'s product as a one-slice ``mma`` stage (Q is A, K is B)."""
-    return _one_slice(att.scores.compute.name, warps, att.keys, att.head, copy_bytes)
+def scores_config(att: Attention, warps: int, copy_bytes: int, chunk: int = 0) -> mma.MmaConfig:
+    """``S``'s product (of every key, or of a ``chunk``) as a one-slice ``mma`` stage (Q is
+    A, K is B)."""
+    return _one_slice(att.scores.compute.name, warps, chunk or att.keys, att.head, copy_bytes)
 
 
-def values_config(att: Attention, warps: int, copy_bytes: int) -> mma.MmaConfig:
-    """``O``'s product as a one-slice ``mma`` stage (V is B)."""
-    return _one_slice(att.out.name, warps, att.width, att.keys, copy_bytes)
+def values_config(att: Attention, warps: int, copy_bytes: int, chunk: int = 0) -> mma.MmaConfig:
+    """``O``'s product (over every key, or a ``chunk``) as a one-slice ``mma`` stage (V is B)."""
+    return _one_slice(att.out.name, warps, att.width, chunk or att.keys, copy_bytes)
 
 
-def registers(att: Attention, warps: int) -> int:
-    """Per thread: ``S``'s and ``O``'s accumulators, two values per row stage, the rest (in
-    fp32 also a piece's 16 values of ``P`` and 8 of Q)."""
+def registers(att: Attention, warps: int, chunk: int = 0) -> int:
+    """Per thread: ``S``'s accumulators (of every key or a chunk's) and ``O``'s, two values
+    per row stage, the rest (in fp32 also a piece's 16 values of ``P`` and 8 of Q)."""
     fp32 = 24 if att.scores.fmt.elem_bytes == 4 else 0
-    return BASE_REGISTERS + _pad16(att.keys) // 2 + _pad16(att.width) // 2 + 2 * len(att.rows) + fp32
+    return BASE_REGISTERS + _pad16(chunk or att.keys) // 2 + _pad16(att.width) // 2 + 2 * len(att.rows) + fp32
 
 
 class AttentionKind:
@@ -327,15 +397,17 @@ class AttentionKind:
             return None
         found = []
         for warps in WARPS:
-            found += _config(group, att, warps, ctx, self)
+            for chunk in CHUNKS if att.online else (0,):
+                found += _config(group, att, warps, chunk, ctx, self)
         found.sort(key=lambda c: c.estimate.latency_us)
         return top_by_family(found, ctx.options.topk)
 
 
 def _config(
-    group: Group, att: Attention, warps: int, ctx: ScheduleContext, rule: AttentionKind
+    group: Group, att: Attention, warps: int, chunk: int, ctx: ScheduleContext, rule: AttentionKind
 ) -> list[GroupConfig]:
-    """The configs of ``warps`` warps (16 rows each); none where they do not fit."""
+    """The configs of ``warps`` warps (16 rows each) taking ``chunk`` keys a pass (0: all);
+    none where they do not fit."""
     bm = 16 * warps
     if warps > 1 and bm // 2 >= _pad16(att.scores.m):
         return []  # mostly padding
@@ -358,13 +430,15 @@ def _config(
         att.out.name,
         tile=tuple(out_region),
         warps=warps,
-        # FMAs walk the keys in pieces of 8 (Swin's 49 as 56); mma.sync in k16 slices.
-        keys=mma._round_up(att.keys, 8) if rule.fp32 else _pad16(att.keys),
+        # FMAs walk the keys in pieces of 8 (Swin's 49 as 56); mma.sync in k16 slices;
+        # chunks in whole chunks.
+        keys=mma._round_up(att.keys, chunk or (8 if rule.fp32 else 16)),
         head=_pad16(att.head),
         width=_pad16(att.width),
         copy_bytes=copy_bytes,
         operands_offset=0,
         fused=att.stages[:-1],
+        chunk=chunk,
     )
     threads = stage.threads
     later = []
@@ -374,8 +448,7 @@ def _config(
             return []
         later.append(st)
     info = simt.group_info(group, ctx.shape_of, ctx.dtype_of, ctx.arch)
-    q, k, v = operand_elements(att, warps)
-    operands = Buffer(OPERANDS, (q + k + v) * att.scores.fmt.elem_bytes, 0, 0)
+    operands = Buffer(OPERANDS, operand_bytes(att, warps, chunk), 0, 0)
     placeholder = simt.SimtConfig(att.out.name, stage.tile, (1,) * len(tile), (1,) * len(tile))
     # Without later stages O goes straight to global memory and needs no tile.
     offsets, smem = simt.place_smem(info, [placeholder, *later] if later else [], [operands])
@@ -383,7 +456,7 @@ def _config(
     stage.operands_offset = offsets[OPERANDS]
     if smem > ctx.arch.smem_per_block:
         return []
-    regs = max([registers(att, warps), *(simt.registers(st) for st in later)])
+    regs = max([registers(att, warps, chunk), *(simt.registers(st) for st in later)])
     if regs > ctx.arch.max_regs_per_thread:
         return []
     estimate = _estimate(group, att, stage, later, regions, grid, smem, regs, ctx, rule.efficiency)
@@ -491,9 +564,9 @@ def _estimate(
         math.prod(regions.members[st.node].extents) * group.computes[st.node].point_flops for st in later
     )
     simt_us = rounds * simt_flops / (arch.fp32_tflops * 1e12 * simt.COMPUTE_EFFICIENCY / arch.sm_count) * 1e6
-    q, k, v = operand_elements(att, stage.warps)
+    q, k, v = operand_elements(att, stage.warps, stage.chunk)
     item = att.scores.fmt.elem_bytes
-    read_block = (q + k + v) * item
+    read_block = (q + (k + v) * stage.keys // stage.chunk_keys) * item
     write_block = simt.block_bytes(
         regions.members, group.outputs, ctx.shape_of, ctx.dtype_of, arch.write_transaction
     )
