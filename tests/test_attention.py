@@ -228,9 +228,10 @@ def test_fusion_finds_the_attention_group_behind_a_projection() -> None:
     graph = import_onnx(_projected_attention())
     cm = CostModel(graph, get_arch("H100"))
     result = fuse(graph, cm)
-    kinds = {g.root: cm.configs(g)[0].stages[0].kind for g in result.groups}
-    assert kinds["y"] == "attention", kinds
     (group,) = [g for g in result.groups if g.root == "y"]
+    # An attention group (whether its kernel beats the SIMT kind's at 4 x 64 tokens is the
+    # calibrated estimates' call).
+    assert attention.KIND.propose(group, _context(graph, topk=4)), sorted(group.members)
     # The projection (the flat product "k:tmp"; "k" is its reshape) is a group of its own.
     assert "s" in group.members and "k:tmp" not in group.members
     assert graph.nodes["k:tmp"].compute.reduce_axes
@@ -261,7 +262,7 @@ def test_fusion_takes_the_copies_feeding_a_span() -> None:
     result = fuse(graph, cm)
     (group,) = [g for g in result.groups if g.root == "y"]
     assert {"kh", "k4", "s"} <= set(group.members)
-    assert cm.configs(group)[0].stages[0].kind == "attention"
+    assert attention.KIND.propose(group, _context(graph, topk=4))  # it reads the keys through strides
 
 
 def test_only_copies_join_a_span() -> None:

@@ -515,6 +515,25 @@ def test_mma_split_k_on_bf16() -> None:
     assert _failures(graph, group, configs, feeds, launches=2) == []
 
 
+@needs_emulator
+@pytest.mark.parametrize("kind", ["mma", "wgmma"])
+def test_a_gathered_bf16_operand_is_held_in_bf16_pairs(kind: str) -> None:
+    """A rolled operand (Swin's shifted windows) is gathered into registers two elements at a
+    time: in bf16 the pairs are bfloat162 (a half2 there failed to compile), and every config
+    matches the interpreter."""
+    from test_mma import rolled_product
+
+    model, feeds = rolled_product(np.float16)
+    feeds = {k: v.astype(np.float32).astype(BF16) for k, v in feeds.items()}
+    graph = import_onnx(to_bfloat16(model))
+    group = _whole_group(graph)
+    configs = {"mma": mma.KIND, "wgmma": wgmma.KIND}[kind].propose(group, _context(graph, topk=4))
+    assert configs and all(c.stages[0].kind == kind for c in configs)
+    source = generate_kernel(graph, group, configs[0], "bf16_gather_probe").source
+    assert "__nv_bfloat162 a_pairs" in source and "__half" not in source
+    assert _failures(graph, group, configs[:2], feeds) == []
+
+
 WGMMA_CASES = ["ragged 40x72x48", "A transposed (Gemm)", "B transposed (Gemm)", "QK^T + softmax"]
 
 
@@ -548,7 +567,7 @@ def test_tensor_core_kinds_take_bf16_only_where_the_instructions_exist() -> None
 
 #: Transformer pieces whose products the H100 plan puts on tensor cores (as test_mma_models).
 MODELS = {
-    "bert layer": lambda: bert_encoder_layer(seq=32, hidden=64, heads=2, ffn=128)[0],
+    "bert layer": lambda: bert_encoder_layer(seq=64, hidden=256, heads=4, ffn=512)[0],
     "vit block": lambda: vit_block(image=64, patch=8, dim=256, heads=4, mlp=1024)[0],
 }
 

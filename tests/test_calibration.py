@@ -61,3 +61,46 @@ def test_missing_or_unmeasured_files_are_usage_errors(tmp_path: Path, capsys) ->
     empty = _tuned(tmp_path / "t.json", [("simt", None, 3.0)])
     assert calibration.main([str(empty)]) == 2
     assert "no measured group" in capsys.readouterr().err
+
+
+# -- the factors the cost model applies (welder/schedule/calibration.py) -----------------------
+
+#: The tuned.json files of the round the factors were fitted to (docs/results.md).
+ROUND = sorted((ROOT / "artifacts" / "results" / "H100").glob("tuned_*_online_round.json"))
+
+
+def test_the_factors_put_the_rounds_medians_on_target() -> None:
+    """Each kind's measured / predicted median over the committed round, divided by the kind's
+    factor, is within the target: a factor fitted wrongly, or one left out, fails it (the
+    recorded predictions are the uncorrected ones)."""
+    from welder.schedule.calibration import FACTORS
+
+    assert len(ROUND) >= 10, "the round's tuned.json files are missing"
+    for (kind, precision), values in calibration.ratios(ROUND).items():
+        if len(values) < 20:
+            continue  # too few groups to fit
+        key = (kind, "fp16" if precision == "fp16" else "fp32")
+        median = float(np.median(values)) / FACTORS.get(key, 1.0)
+        assert 1 / calibration.MEDIAN_LIMIT <= median <= calibration.MEDIAN_LIMIT, (kind, precision, median)
+
+
+def test_each_kinds_estimates_carry_its_factor() -> None:
+    """The ranking over kinds (kinds.propose) sees every kind's estimates times its factor, the
+    kind's own ranking (its rule's propose) the uncorrected ones."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from attention_bench import Case, attention_model
+    from test_mma import _context
+
+    from welder.frontend.onnx import import_onnx
+    from welder.schedule import kinds
+    from welder.schedule.calibration import FACTORS
+    from welder.schedule.group import make_group
+
+    graph = import_onnx(attention_model(Case(2, 2, 40, 64, "mask")))
+    group = make_group(graph, list(graph.nodes))
+    ctx = _context(graph, topk=4)
+    for name in ("attention", "simt"):
+        raw = [c.estimate.latency_us for c in kinds.kind(name).propose(group, ctx)]
+        ranked = [c.estimate.latency_us for c in kinds.propose(group, ctx, [name])]
+        assert raw and ranked == pytest.approx([r * FACTORS.get((name, "fp16"), 1.0) for r in raw], rel=1e-4)
+    assert FACTORS[("attention", "fp16")] != 1.0

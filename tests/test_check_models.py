@@ -125,7 +125,7 @@ def test_count_ptx_of_a_half_model_agrees_with_its_plan(tmp_path: Path) -> None:
     kernels hold a tensor-core product as the plan has groups with a tensor-core stage, and
     the totals are those of a plain line count."""
     path = tmp_path / "layer.onnx"
-    onnx.save(to_half(bert_encoder_layer(seq=32, hidden=64, heads=2, ffn=128)[0]), str(path))
+    onnx.save(to_half(bert_encoder_layer(seq=64, hidden=256, heads=4, ffn=512)[0]), str(path))
     graph = import_onnx(path)
     plan = plan_model(graph, get_arch("H100"), topk=1)
     on_mma = sum(any(st.kind in cm.TENSOR_CORE_KINDS for st in g.configs[0].stages) for g in plan.groups)

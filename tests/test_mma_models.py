@@ -24,7 +24,7 @@ from welder.session import check_model
 #: Sizes where the cost model puts at least one product on tensor cores (smaller ones stay
 #: fused into SIMT groups, which it rightly estimates faster).
 MODELS = {
-    "bert layer": lambda: bert_encoder_layer(seq=32, hidden=64, heads=2, ffn=128)[0],
+    "bert layer": lambda: bert_encoder_layer(seq=64, hidden=256, heads=4, ffn=512)[0],
     "vit block": lambda: vit_block(image=64, patch=8, dim=256, heads=4, mlp=1024)[0],
 }
 

@@ -2,7 +2,7 @@
 
 Each graph is fp32; the ``mma_tf32`` kind schedules it under several configs, which are
 rendered, emulated and compared with numpy in fp64 twice: with the exact operands, within
-TF32's threshold (2e-3), and with the operands rounded to TF32 the way ``cvt.rna`` rounds
+TF32's threshold (5e-3), and with the operands rounded to TF32 the way ``cvt.rna`` rounds
 them (numpy here, not the emulator's code), far closer -- and the exact comparison must
 also miss fp32's threshold, so a kernel that computed exactly (no TF32 at all) fails.
 The cases reach every fragment path for 32-bit elements: A with K or M contiguous (ldmatrix
@@ -333,7 +333,7 @@ def test_tf32_kernels_compile_to_m16n8k8(tmp_path: Path) -> None:
 
 @needs_emulator
 def test_the_tuner_holds_tf32_candidates_to_the_tf32_threshold() -> None:
-    """On the emulator a TF32 candidate misses fp32's 1e-4 and is kept at 2e-3; the cache
+    """On the emulator a TF32 candidate misses fp32's 1e-4 and is kept at 5e-3; the cache
     key tells a TF32 tune from an exact one."""
     graph = import_onnx(_matmul(64, 256, 64)[0])
     group = _whole_group(graph)
@@ -420,7 +420,7 @@ def test_recorded_precision_reads_tuned_json(tmp_path: Path) -> None:
 @pytest.mark.skipif(not (available() and shutil.which("cmake")), reason="needs g++ and cmake")
 def test_test_acc_and_check_apply_the_precision_the_runtime_was_tuned_for(tmp_path: Path, capsys) -> None:
     """A runtime tuned with --tf32, built for the emulator: test_acc and ``welder check
-    --backend gpu`` pass it at TF32's 2e-3 without being told; held to fp32's 1e-4 it fails."""
+    --backend gpu`` pass it at TF32's 5e-3 without being told; held to fp32's 1e-4 it fails."""
     _seed("end to end")
     prefix = tmp_path / "tf32"
     prefix.mkdir()
@@ -434,11 +434,11 @@ def test_test_acc_and_check_apply_the_precision_the_runtime_was_tuned_for(tmp_pa
     assert main(["build", str(prefix), "--emulate"]) == 0
     capsys.readouterr()
     assert main(["check", str(prefix), "--backend", "gpu"]) == 0
-    assert "2.0e-03  PASS" in capsys.readouterr().out
+    assert "5.0e-03  PASS" in capsys.readouterr().out
     spec = importlib.util.spec_from_file_location("test_acc", ROOT / "artifacts" / "test_acc.py")
     test_acc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(test_acc)
     assert test_acc.main([str(prefix)]) == 0
-    assert "2.0e-03  PASS" in capsys.readouterr().out
+    assert "5.0e-03  PASS" in capsys.readouterr().out
     assert test_acc.main([str(prefix), "--precision", "fp32"]) == 1
     assert "1.0e-04  FAIL" in capsys.readouterr().out

@@ -29,11 +29,18 @@ class HalfFormat:
     from_float: str  # float to one element, rounded to nearest even
     pair_from_float: str  # float to both elements of a pair
     pack2: str  # two floats to a pair (low, high), rounded to nearest even
+    join2: str  # two elements to a pair (low, high)
 
 
 HALF_FORMATS = {
     "float16": HalfFormat(
-        "__half", "__half2", "__half2float", "__float2half", "__float2half2_rn", "__floats2half2_rn"
+        "__half",
+        "__half2",
+        "__half2float",
+        "__float2half",
+        "__float2half2_rn",
+        "__floats2half2_rn",
+        "__halves2half2",
     ),
     "bfloat16": HalfFormat(
         "__nv_bfloat16",
@@ -42,6 +49,7 @@ HALF_FORMATS = {
         "__float2bfloat16",
         "__float2bfloat162_rn",
         "__floats2bfloat162_rn",
+        "__halves2bfloat162",
     ),
 }
 

@@ -35,8 +35,16 @@ if TYPE_CHECKING:
 
 TEMPLATE = "stages/mma.cu.j2"
 HEADERS = ("welder_mma.cuh",)
+
+
 #: ContractionStageCtx's gather fields for 32-bit elements.
-FP32_GATHER = {"gather_pair_t": "float2", "gather_pack": "make_float2", "gather_zero": "0.0f"}
+def gather_types(dtype: str) -> dict[str, str]:
+    """The MmaStageCtx fields of a gathered operand of ``dtype``: the pair type its registers
+    hold, how two elements make one, and its zero."""
+    half = HALF_FORMATS.get(dtype)
+    if half is None:
+        return {"gather_pair_t": "float2", "gather_pack": "make_float2", "gather_zero": "0.0f"}
+    return {"gather_pair_t": half.pair, "gather_pack": half.join2, "gather_zero": f"{half.from_float}(0.0f)"}
 
 
 @dataclass
@@ -112,10 +120,10 @@ class ContractionStageCtx(StageCtx):
     # hoisting loads or interleaving elements (a bias + GELU epilogue ran 3x slower).
     guard: bool = True
     # A gathered operand's element pair: its C type, how two elements make one, and the
-    # element zero (fp32 pairs for the ffma kind, 16-bit pairs otherwise).
-    gather_pair_t: str = "__half2"
-    gather_pack: str = "__halves2half2"
-    gather_zero: str = "__float2half(0.0f)"
+    # element zero, of the operands' type (gather_types).
+    gather_pair_t: str
+    gather_pack: str
+    gather_zero: str
     tile_view: str | None
     out_param: str | None
     out_offset: str
@@ -200,7 +208,7 @@ def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contractio
         m_extent=con.m,
         n_extent=con.n,
         guard=not _pieces_inside(kb, st, con),
-        **(FP32_GATHER if con.fmt.elem_bytes == 4 else {}),
+        **gather_types(con.compute.dtype),
         tile_view=kb.tile_views.get(st.node),
         out_param=kb.params[st.node].name if st.node in kb.group.outputs else None,
         out_offset=" + ".join(f"{o[d]} * {out_strides[d]}" for d in con.batch_axes) or "0",

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from welder.errors import WelderError
+from welder.schedule.calibration import calibrated, precision_of
 from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
 from welder.schedule.group import Group
 from welder.schedule.kinds import attention, ffma, library, mma, simt, wgmma
@@ -80,12 +81,15 @@ def propose(group: Group, ctx: ScheduleContext, kinds: Sequence[str] | None = No
     across families
     (on the H100 the SIMT estimate of a 50 x 384 x 1152 fp16 product was 4.9 us and its
     kernel took 9 us, while the tensor-core kernel estimated at 5.8 us took 4.2 us), so the
-    tuner measures each family that applies rather than trusting the ranking between them."""
+    tuner measures each family that applies rather than trusting the ranking between them.
+    Each kind's estimates are first scaled by its measured correction
+    (:mod:`welder.schedule.calibration`)."""
     found = []
+    precision = precision_of(ctx.dtype_of(group.root))
     for name in ctx.options.kinds if kinds is None else kinds:
         configs = kind(name).propose(group, ctx)
         if configs:
-            found.append(configs)
+            found.append(calibrated(configs, name, precision))
     return top_by_family(list(heapq.merge(*found, key=lambda c: c.estimate.latency_us)), ctx.options.topk)
 
 
