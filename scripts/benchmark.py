@@ -714,18 +714,25 @@ def machine_meta(args: argparse.Namespace) -> dict[str, str]:
     return meta
 
 
-def _git_commit() -> str:
+def _git_commit(root: Path = ROOT) -> str:
     """The welder commit measured: $WELDER_COMMIT where the tree was copied without its
-    history (a GPU machine), else git's HEAD."""
+    history (a GPU machine), else git's HEAD -- marked where the package's tracked files
+    differ from it (a tree copied over an older checkout, or uncommitted work), so that a
+    table never names a commit it was not measured at."""
     if os.environ.get("WELDER_COMMIT"):
         return f"@ {os.environ['WELDER_COMMIT']}"
+
+    def git(*cmd: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=root, timeout=10)
+
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT, timeout=10
-        )
-        return f"@ {out.stdout.strip()}" if out.returncode == 0 and out.stdout.strip() else ""
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode != 0 or not head.stdout.strip():
+            return ""
+        changed = git("diff", "--quiet", "HEAD", "--", "welder", "scripts", "artifacts").returncode != 0
     except (OSError, subprocess.TimeoutExpired):
         return ""
+    return f"@ {head.stdout.strip()}{' with uncommitted changes' if changed else ''}"
 
 
 # -- persistence ---------------------------------------------------------------------------

@@ -634,3 +634,51 @@ def test_fp16_export_on_the_gpu_is_pure_half(name: str, tmp_path: Path) -> None:
     reference = onnxruntime_outputs(tmp_path, to_numpy(inputs))
     for got, ref in zip(ours, reference.values()):
         assert error_metric(got, ref.astype(np.float32)) <= threshold_for("float16")
+
+
+def test_the_table_names_the_commit_and_says_when_the_tree_differs(tmp_path: Path, monkeypatch) -> None:
+    """A tree copied over an older checkout (as on a GPU machine) or with uncommitted work is
+    marked, so a table never names a commit it was not measured at; WELDER_COMMIT wins."""
+    import subprocess
+
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", *cmd], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    monkeypatch.delenv("WELDER_COMMIT", raising=False)
+    git("init", "-q")
+    (tmp_path / "welder").mkdir()
+    (tmp_path / "welder" / "x.py").write_text("a = 1\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    head = git("rev-parse", "--short", "HEAD").strip()
+    assert benchmark._git_commit(tmp_path) == f"@ {head}"
+    (tmp_path / "welder" / "x.py").write_text("a = 2\n")
+    assert benchmark._git_commit(tmp_path) == f"@ {head} with uncommitted changes"
+    monkeypatch.setenv("WELDER_COMMIT", "abc1234")
+    assert benchmark._git_commit(tmp_path) == "@ abc1234"
+
+
+def test_a_compiled_model_no_mode_can_capture_is_timed_by_events_around_calls(monkeypatch) -> None:
+    """Where neither the compiled callable nor its CUDA-graph-free twin can be captured (a
+    forward that syncs with the host), compile's device time falls back to CUDA events
+    around calls, as eager's does, with both reasons in the note -- not an error cell."""
+    need("torch")
+    import run_torch
+    import torch
+
+    timings = iter(run_torch.Timing(float(ms), float(ms), 1, 1, "fake") for ms in (1, 2))
+
+    def no_capture(call, plan):
+        raise RuntimeError("operation failed due to a previous error during capture")
+
+    monkeypatch.setattr(run_torch, "_device_time", no_capture)
+    monkeypatch.setattr(run_torch, "_compiled", lambda module, mode: module)
+    monkeypatch.setattr(run_torch, "measure_calls", lambda call, sync, plan=None: next(timings))
+    monkeypatch.setattr(run_torch, "measure", lambda call, clock, plan=None: next(timings))
+    monkeypatch.setattr(run_torch, "CudaEventClock", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    module = torch.nn.Linear(4, 4)
+    got = time_system("compile", module, (torch.ones(1, 4),), "cuda")
+    assert (got.call.median_ms, got.device.median_ms) == (1.0, 2.0)
+    (note,) = got.notes
+    assert "in any mode" in note and "mode='default'" in note and "events around calls" in note
