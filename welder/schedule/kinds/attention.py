@@ -28,7 +28,9 @@ the kernel walks the keys in chunks (:data:`CHUNKS`) through a two-slot ring of 
 keeping each row's running maximum and sum: a chunk whose maximum is larger rescales the
 sum and ``O``'s accumulators by ``exp(m_old - m_new)``, and ``O`` is divided by ``l`` once,
 at the end.  ``exp(L - m)`` is at most one, so in fp16 the unnormalised ``P`` rounds as
-well as the normalised one does.
+well as the normalised one does.  A softmax over fewer keys is offered in chunks too
+(:data:`SHORT_CHUNKS`), beside the one-pass configs: a chunk holds fewer keys' K and V in
+shared memory and fewer of ``S``'s accumulators in registers, so more blocks fit an SM.
 
 The rule proposes nothing (None) for anything else; ``mma`` and SIMT stages still cover
 the group's parts.
@@ -74,6 +76,10 @@ from welder.tile.propagate import GroupRegions, partitions_output, propagate_gro
 MAX_KEYS = 256
 #: Keys per pass of the online softmax (:func:`online_softmax`), for more than MAX_KEYS.
 CHUNKS = (64, 128)
+#: The same for a softmax over at most MAX_KEYS keys, offered where shorter than the keys:
+#: bert's fp32 attention (128 keys of width 64) holds 105 KB of operands a block in one
+#: pass, two blocks an SM, and measured 1.8x its estimate (docs/schedule.md).
+SHORT_CHUNKS = (32, 64)
 #: Widest head (``K`` of the first product, ``N`` of the second), padded to 16.
 MAX_HEAD = 128
 #: Warps per block (16 rows each).
@@ -151,7 +157,7 @@ class Attention:
     probs: Expr  # P: O's computed factor
     values: mma.Operand  # V: O's loaded factor (contiguous "n" or "k" as a B operand)
     key: str  # O's reduce axis (the keys)
-    online: bool = False  # more keys than one block holds: a softmax, walked in chunks
+    online: bool = False  # a softmax (online_softmax): may be walked in chunks, must be past MAX_KEYS
 
     @property
     def keys(self) -> int:
@@ -250,9 +256,10 @@ def attention(group: Group, shape_of: ShapeOf, fp32: bool = False) -> Attention 
         for later in group.stages[pos + 1 :]:
             if any(ld.tensor in in_registers for ld in group.computes[later].loads()):
                 return None
-        if found.keys <= MAX_KEYS:
-            return found
-        return replace(found, online=True) if online_softmax(group, found) else None
+        softmax = online_softmax(group, found)
+        if found.keys > MAX_KEYS and not softmax:
+            return None
+        return replace(found, online=softmax)
     return None
 
 
@@ -379,6 +386,16 @@ def registers(att: Attention, warps: int, chunk: int = 0) -> int:
     return BASE_REGISTERS + _pad16(chunk or att.keys) // 2 + _pad16(att.width) // 2 + 2 * len(att.rows) + fp32
 
 
+def chunk_choices(att: Attention) -> tuple[int, ...]:
+    """Keys per pass to offer (0: one pass): chunks past MAX_KEYS; for a softmax within it
+    one pass and the shorter chunks; else one pass."""
+    if att.keys > MAX_KEYS:
+        return CHUNKS
+    if not att.online:
+        return (0,)
+    return (0, *(c for c in SHORT_CHUNKS if c < att.keys))
+
+
 class AttentionKind:
     """The policy rule of the ``attention`` kind, or with ``fp32`` of ``attention_ffma`` (see
     the module docstring)."""
@@ -397,7 +414,7 @@ class AttentionKind:
             return None
         found = []
         for warps in WARPS:
-            for chunk in CHUNKS if att.online else (0,):
+            for chunk in chunk_choices(att):
                 found += _config(group, att, warps, chunk, ctx, self)
         found.sort(key=lambda c: c.estimate.latency_us)
         return top_by_family(found, ctx.options.topk)
