@@ -28,6 +28,7 @@ from pathlib import Path
 
 from welder.arch import Arch, get_arch
 from welder.errors import WelderError
+from welder.ir.expr import HALF_DTYPES
 from welder.ir.interpret import np_dtype
 
 #: Where the times come from: the built runtime on the GPU, the tuner's measurements, the cost model.
@@ -35,7 +36,6 @@ SOURCES = ("run", "tuning", "predicted")
 #: Kinds whose arithmetic runs on tensor cores (for 16-bit operands; TF32 has its own kind;
 #: ``attention_ffma`` and ``ffma`` run on CUDA cores).
 TENSOR_CORE_KINDS = {"mma", "wgmma", "mma_tf32", "attention"}
-HALF_DTYPES = {"float16", "bfloat16"}
 
 
 class ProfileError(WelderError):

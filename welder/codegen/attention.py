@@ -24,6 +24,7 @@ from welder.schedule.kinds.attention import (
     AttentionConfig,
     AttentionFfmaConfig,
     attention,
+    ring_slots,
     scores_config,
     values_config,
 )
@@ -74,7 +75,6 @@ class AttentionStageCtx(StageCtx):
     m_origin: str
     rows: list[RowStage]
     probs: str  # C: P at (gm, gn), with sv (S's element) or lv (its logit) in scope
-    term: str | None  # with chunk: exp(L - m), the second row stage's value, with m as rv0[h]
     logits: str | None  # C: the logit computed in place of S's element (_logits), if any
     q: object
     k: object
@@ -115,7 +115,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     dtype = att.scores.compute.dtype
     item = att.scores.fmt.elem_bytes
     offset = st.operands_offset
-    slots = 2 if st.chunk else 1
+    slots = ring_slots(st.chunk)
     kb.add_view(f"att{k}_q", dtype, offset, q_elems)
     kb.add_view(f"att{k}_k", dtype, offset + q_elems * item, slots * k_elems)
     kb.add_view(f"att{k}_v", dtype, offset + (q_elems + slots * k_elems) * item, slots * v_elems)
@@ -155,7 +155,6 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
         m_origin=s_origins[att.scores.m_axis],
         rows=rows,
         probs=_printer(kb, att, _row_names(att, o_origins, "gn"))(probs),
-        term=rows[1].value if st.chunk else None,
         logits=None if logit is None else _printer(kb, att, _row_names(att, s_origins, "gn"))(logit),
         q=q,
         k=kop,

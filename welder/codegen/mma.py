@@ -37,7 +37,6 @@ TEMPLATE = "stages/mma.cu.j2"
 HEADERS = ("welder_mma.cuh",)
 
 
-#: ContractionStageCtx's gather fields for 32-bit elements.
 def gather_types(dtype: str) -> dict[str, str]:
     """The MmaStageCtx fields of a gathered operand of ``dtype``: the pair type its registers
     hold, how two elements make one, and its zero."""

@@ -97,8 +97,10 @@ BASE_REGISTERS = 56
 DRAM_EFFICIENCY = 0.56
 #: Share of the CUDA cores' fp32 peak the fp32 kernel's products are expected to reach: about
 #: four FMAs per shared-memory load in ``O``'s product and eight in ``S``'s, plus the shuffles
-#: that gather ``P``.  A guess until measured: the ``ffma`` kind reaches 0.55-0.6 with some
-#: sixteen FMAs per load.
+#: that gather ``P``; the ``ffma`` kind reaches 0.55-0.6 with some sixteen FMAs per load.  On
+#: the H100 Swin's attention took 1.06x the estimate this gives, ViT's 1.52x and bert's 1.81x
+#: (fewer warps an SM as the operands fill shared memory): welder.schedule.calibration's
+#: factor for the kind corrects the median.
 FFMA_EFFICIENCY = 0.35
 
 
@@ -347,10 +349,16 @@ def operand_elements(att: Attention, warps: int, chunk: int = 0) -> tuple[int, i
     return q, k, v
 
 
+def ring_slots(chunk: int) -> int:
+    """Slots of K and V in shared memory: one holding every key, or two chunks (one being
+    multiplied while the next lands)."""
+    return 2 if chunk else 1
+
+
 def operand_bytes(att: Attention, warps: int, chunk: int = 0) -> int:
-    """Shared memory for Q's rows, K and V: one slot of K and V, or two with chunks."""
+    """Shared memory for Q's rows and the ring slots of K and V."""
     q, k, v = operand_elements(att, warps, chunk)
-    return (q + (2 if chunk else 1) * (k + v)) * att.scores.fmt.elem_bytes
+    return (q + ring_slots(chunk) * (k + v)) * att.scores.fmt.elem_bytes
 
 
 def _one_slice(node: str, warps: int, n: int, k: int, copy_bytes: int) -> mma.MmaConfig:
