@@ -3,7 +3,7 @@
 # scripts/benchmark.py on $CONFIGS (default: bert:1:fp16,vit_small_p32:64:fp16) with
 # $SYSTEMS (default: welder,eager,compile) at --topk $TOPK (default 20): device time and
 # call latency for every system, then each welder tune's wall time and where it went
-# (tuned.json's tuning_phase_seconds).
+# (tuned.json's tuning_phase_seconds) and what it did (tuning_work).
 # Writes the table (JSON and markdown) and $NAME-files.tgz (logs, each row's tuned.json, and
 # the state below) to $OUT (or /tmp/welder-pending), and prints the tables last.
 #
@@ -59,7 +59,8 @@ for tuned in sorted(Path(sys.argv[1]).glob("*/tuned.json")):
     totals = json.loads(tuned.read_text())["totals"]
     shutil.copy(tuned, Path(sys.argv[2]) / f"tuned_{tuned.parent.name}.json")
     phases = ", ".join(f"{k} {v:.0f}" for k, v in totals.get("tuning_phase_seconds", {}).items())
-    print(f"{tuned.parent.name}: tune {totals['tuning_seconds']:.0f} s ({phases}), {totals['kernels']} kernels")
+    work = ", ".join(f"{k} {v:.0f}" for k, v in totals.get("tuning_work", {}).items())
+    print(f"{tuned.parent.name}: tune {totals['tuning_seconds']:.0f} s ({phases}; {work}), {totals['kernels']} kernels")
 PY
 tar czf "$out/$name-files.tgz" -C "$bundle" . && rm -rf "$bundle"
 cat "$out/$name.md" 2>/dev/null

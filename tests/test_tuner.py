@@ -1100,8 +1100,16 @@ def test_a_measured_tune_says_where_its_time_went():
     assert sum(phases.values()) <= plan.seconds + 0.1
     assert tuned_json(plan, graph)["totals"]["tuning_phase_seconds"] == phases
     assert "search and the rest" in format_summary(plan, graph)
+    work = plan.tuning_work  # counted by the tuner, checked against what the device saw
+    assert work["nvcc calls"] == len(device.compiles)
+    assert work["nvcc kernels"] == sum(len(c) for c in device.compiles)
+    assert work["nvcc seconds, all calls"] >= 0.2 * len(device.compiles) - 0.05
+    assert work["candidates timed"] == len(device.timed)
+    assert work["groups tuned"] + work.get("fusion-check groups tuned", 0) == len(set(device.roots))
+    assert tuned_json(plan, graph)["totals"]["tuning_work"] == work
     cost_only = plan_model(graph, ARCH, topk=2)
     assert cost_only.phase_seconds == {} and "search and the rest" not in format_summary(cost_only, graph)
+    assert cost_only.tuning_work == {}
 
 
 def test_giant_random_inputs_repeat_a_prime_block(monkeypatch):

@@ -103,6 +103,9 @@ class Plan:
     split_failures: list[SplitFailure] = field(default_factory=list)
     # Seconds per phase of a measured tune (welder.tune.phases), longest first; empty otherwise.
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    # What a measured tune did on all its threads (welder.tune.phases.Phases.work_done):
+    # groups tuned, kernels compiled, nvcc's seconds summed over its parallel calls.
+    tuning_work: dict[str, float] = field(default_factory=dict)
 
     @property
     def library_calls(self) -> int:
@@ -273,6 +276,7 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
             "unfused_traffic_bytes": plan.unfused_traffic_bytes,
             "tuning_seconds": round(plan.seconds, 2),
             "tuning_phase_seconds": dict(plan.phase_seconds),
+            "tuning_work": dict(plan.tuning_work),
         },
     }
 

@@ -10,6 +10,7 @@ no more than the tune's total and the rest is the search itself.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,10 @@ class Phases:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self._stack: list[float] = []  # per open phase: seconds its nested phases took
+        # Work done on any thread, by what it was (kernels compiled, nvcc's seconds summed
+        # over its parallel calls): the phases say how long the main thread waited for it.
+        self.work: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -34,6 +39,15 @@ class Phases:
             self.seconds[name] = self.seconds.get(name, 0.0) + elapsed - nested
             if self._stack:
                 self._stack[-1] += elapsed
+
+    def count(self, name: str, amount: float = 1.0) -> None:
+        """Add ``amount`` to the work counter ``name`` (thread-safe: compiles run on a pool)."""
+        with self._lock:
+            self.work[name] = self.work.get(name, 0.0) + amount
+
+    def work_done(self) -> dict[str, float]:
+        """The work counters, sorted by name, to 0.1 (``tuned.json``'s form)."""
+        return {name: round(v, 1) for name, v in sorted(self.work.items())}
 
     def rounded(self) -> dict[str, float]:
         """The phases, longest first, in seconds to 0.1 (``tuned.json``'s form)."""

@@ -200,20 +200,25 @@ def compile_timeout_s(kernels: int) -> float:
 
 
 def compile_candidates(
-    device: Device, cands: Candidates, per_call: int | None = None, pool: ThreadPoolExecutor | None = None
+    device: Device,
+    cands: Candidates,
+    per_call: int | None = None,
+    pool: ThreadPoolExecutor | None = None,
+    phases: Phases | None = None,
 ) -> Candidates:
     """Compile every kernel, in calls of ``per_call`` kernels (default: all in one) when they
     all compile, the calls spread over ``pool`` when given (thread-safe: runs in the tuner's
     code generation threads).  One call per group leaves cores idle where a model has fewer
-    distinct groups than cores: its largest group's nvcc alone then sets the tune's pace."""
+    distinct groups than cores: its largest group's nvcc alone then sets the tune's pace.
+    ``phases`` counts the calls, the kernels and nvcc's seconds (see :meth:`Phases.count`)."""
     indices = sorted(cands.kernels)
     size = max(1, per_call or len(indices))
     chunks = [indices[k : k + size] for k in range(0, len(indices), size)]
     if pool is None or len(chunks) < 2:
         for chunk in chunks:
-            _compile_split(device, cands, chunk, may_split_timeout=True)
+            _compile_split(device, cands, chunk, True, phases)
         return cands
-    for done in [pool.submit(_compile_split, device, cands, chunk, True) for chunk in chunks]:
+    for done in [pool.submit(_compile_split, device, cands, chunk, True, phases) for chunk in chunks]:
         done.result()
     return cands
 
@@ -225,7 +230,13 @@ def kernels_per_call(kernels: int, workers: int) -> int:
     return max(MIN_KERNELS_PER_CALL, -(-kernels // (CALLS_PER_WORKER * max(1, workers))))
 
 
-def _compile_split(device: Device, cands: Candidates, indices: list[int], may_split_timeout: bool) -> None:
+def _compile_split(
+    device: Device,
+    cands: Candidates,
+    indices: list[int],
+    may_split_timeout: bool,
+    phases: Phases | None = None,
+) -> None:
     """Compile ``indices`` in one call; on failure, compile each half.  A timed-out set is
     split only while ``may_split_timeout``, which the halves of a timed-out set lose: the
     halving that isolates a bad candidate in a few quick compiles would otherwise cost one
@@ -237,7 +248,9 @@ def _compile_split(device: Device, cands: Candidates, indices: list[int], may_sp
     try:
         program = device.compile([cands.kernels[i] for i in indices], timeout_s=limit)
     except CompileError as e:
-        timed_out = _is_compile_timeout(e, time.perf_counter() - start, limit)
+        elapsed = time.perf_counter() - start
+        _count_compile(phases, len(indices), elapsed)
+        timed_out = _is_compile_timeout(e, elapsed, limit)
         if len(indices) == 1 or (timed_out and not may_split_timeout):
             for i in indices:
                 cands.drop(i, "timeout" if timed_out else "compile", str(e))
@@ -252,11 +265,19 @@ def _compile_split(device: Device, cands: Candidates, indices: list[int], may_sp
             )
         half = len(indices) // 2
         keep_splitting = may_split_timeout and not timed_out
-        _compile_split(device, cands, indices[:half], keep_splitting)
-        _compile_split(device, cands, indices[half:], keep_splitting)
+        _compile_split(device, cands, indices[:half], keep_splitting, phases)
+        _compile_split(device, cands, indices[half:], keep_splitting, phases)
         return
+    _count_compile(phases, len(indices), time.perf_counter() - start)
     for i in indices:
         cands.programs[i] = program
+
+
+def _count_compile(phases: Phases | None, kernels: int, seconds: float) -> None:
+    if phases is not None:
+        phases.count("nvcc calls")
+        phases.count("nvcc kernels", kernels)
+        phases.count("nvcc seconds, all calls", seconds)
 
 
 def _is_compile_timeout(error: CompileError, elapsed_s: float, limit_s: float) -> bool:
@@ -494,6 +515,7 @@ def finish_candidates(
 
     with phases("timing"):
         timings = _time_all(device, cands, inputs)
+    phases.count("candidates timed", len(timings))
     # Each candidate is held to the arithmetic it uses: a TF32 one to 2e-3, the others to 1e-4.
     by_precision = {
         p: output_thresholds(graph, group.outputs, group.members, p)
@@ -603,7 +625,7 @@ class GpuMeasure:
             if not hit:
                 self.tunes += 1
                 with self.phases("nvcc"):
-                    cands = compile_candidates(self.device, self.candidates(group))
+                    cands = compile_candidates(self.device, self.candidates(group), phases=self.phases)
                 result = finish_candidates(
                     self.graph, cands, self.device, self.cache, key, self.topk, self.seed, self.phases
                 )
@@ -803,7 +825,8 @@ class _ModelTuner:
                         f"{doubted} doubted groups kept unchecked"
                     )
                 return final + [g for g, _ in pending]
-            self.tune_all([p for g, depth in pending if self.doubt(g, depth) for p in self.split_groups(g)])
+            splits = [p for g, depth in pending if self.doubt(g, depth) for p in self.split_groups(g)]
+            self.tune_all(splits, "fusion-check groups tuned")
             deeper = []
             for g, depth in pending:
                 parts = self.checked(g, depth)
@@ -879,7 +902,7 @@ class _ModelTuner:
         measured: list[tuple[float, str, list[Group]]] = []
         why = ""
         for way, split in ways:
-            self.tune_all(split)
+            self.tune_all(split, "fusion-check groups tuned")
             tuned = [self.measure.tuned(p) for p in split]
             failed = [p for p, t in zip(split, tuned) if t is None]
             if failed:
@@ -958,7 +981,7 @@ class _ModelTuner:
         """The groups a library computes: never searched, tuned or measured here."""
         return list(self.library.values())
 
-    def tune_all(self, groups: Sequence[Group]) -> None:
+    def tune_all(self, groups: Sequence[Group], what: str = "groups tuned") -> None:
         """Tune each distinct group: compiles run in a thread pool (nvcc on every core), while
         this thread times and checks on the GPU in model order as compiles complete."""
         todo: dict[str, Group] = {}
@@ -971,6 +994,7 @@ class _ModelTuner:
                 self.measure.remember(g, result)
             else:
                 todo[sig] = g
+        self.phases.count(what, len(todo))
         bar = ProgressBar(len(todo), "tuning", self.stream)
         total = 0.0
         nvcc = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="welder-nvcc")
@@ -1022,7 +1046,8 @@ class _ModelTuner:
     ) -> Candidates:
         """Code generation for one group, then its nvcc calls on the ``nvcc`` pool (runs in
         the code generation pool, whose threads only wait on nvcc's: no deadlock)."""
-        return compile_candidates(self.device, prepare_candidates(self.graph, group, configs), per_call, nvcc)
+        cands = prepare_candidates(self.graph, group, configs)
+        return compile_candidates(self.device, cands, per_call, nvcc, self.phases)
 
     def plan(self, groups: Sequence[Group]) -> tuple[list[PlannedGroup], bool]:
         """The tuned groups in execution order (a group without any valid candidate is split
@@ -1173,4 +1198,5 @@ def tune_model(
         skip_dot,
         tuner.split_failures,
         tuner.phases.rounded(),
+        tuner.phases.work_done(),
     )
