@@ -645,9 +645,9 @@ def _count_tunes(monkeypatch) -> list[int]:
     calls: list[int] = []
     original = _ModelTuner.tune_all
 
-    def counting(self, groups):
+    def counting(self, groups, *what):
         calls.append(sum(1 for g in groups if not self.measure.known(g)))
-        return original(self, groups)
+        return original(self, groups, *what)
 
     monkeypatch.setattr(_ModelTuner, "tune_all", counting)
     return calls

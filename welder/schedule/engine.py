@@ -98,6 +98,23 @@ def group_signature(graph: Graph, group: Group) -> str:
     return h.hexdigest()[:24]
 
 
+def graph_signature(graph: Graph) -> str:
+    """Hash of a whole graph's structure, tensor names included: every node's compute in
+    topological order, the shapes and dtypes of everything it reads, and the outputs.  Two
+    graphs with equal signatures fuse into the same groups of the same names (weights'
+    values play no part in a plan)."""
+    h = hashlib.sha256()
+    for node in graph.topo_order():
+        c = node.compute
+        reads = ",".join(f"{t}:{graph.tensor(t).shape}:{graph.tensor(t).dtype}" for t in c.inputs)
+        reduce = [a.extent for a in c.reduce_axes]
+        h.update(
+            f"{c.name}({reads})={c.shape}:{c.dtype}:{c.reduce_op}:{reduce}:{format_expr(c.body)};".encode()
+        )
+    h.update(f"outputs={list(graph.outputs)}".encode())
+    return h.hexdigest()[:24]
+
+
 @dataclass
 class FusionResult:
     groups: list[Group]  # execution order

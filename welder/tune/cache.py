@@ -55,6 +55,17 @@ CREATE TABLE IF NOT EXISTS tuned (
     PRIMARY KEY (signature, arch, gpu, compiler)
 )
 """
+# A whole model's groups as the fusion search and its checks left them (welder.tune.plan_cache):
+# a tune that finds its model here skips the search, and each group then finds its config above.
+_PLANS = """
+CREATE TABLE IF NOT EXISTS plans (
+    key     TEXT PRIMARY KEY,  -- plan_cache.plan_key: the graph and every setting of the search
+    arch    TEXT NOT NULL,
+    gpu     TEXT NOT NULL,
+    plan    TEXT NOT NULL,     -- plan_cache.CachedPlan JSON
+    created REAL NOT NULL
+)
+"""
 
 
 class CacheError(WelderError):
@@ -174,6 +185,7 @@ class TuningCache:
                     "upgrade welder or point WELDER_CACHE_DIR elsewhere"
                 )
             conn.execute(_SCHEMA)
+            conn.execute(_PLANS)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except sqlite3.Error as e:
@@ -244,6 +256,28 @@ class TuningCache:
         assert stored is not None
         return stored
 
+    def get_plan(self, key: str) -> dict[str, Any] | None:
+        """The model plan stored under ``key`` (``welder.tune.plan_cache``), or None."""
+        with self.connect() as conn:
+            row = conn.execute("SELECT plan FROM plans WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def put_plan(self, key: str, arch: str, gpu: str, plan: dict[str, Any]) -> None:
+        """Store a model plan under ``key``, replacing an older one: the key holds every
+        setting the plan depends on, so the newer plan differs only by what the group
+        entries it was built on learned since."""
+        with self.connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(
+                    "INSERT OR REPLACE INTO plans VALUES (?, ?, ?, ?, ?)",
+                    (key, arch, gpu, json.dumps(plan, sort_keys=True), time.time()),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
     def entries(self) -> list[CacheEntry]:
         """Every entry, oldest first (for reports and tests)."""
         with self.connect() as conn:
@@ -269,7 +303,8 @@ class TuningCache:
         return CacheStats(self.path, total, negative, size, by_target)
 
     def clear(self, gpu: str | None = None, arch: str | None = None) -> int:
-        """Delete entries (all, or those of one GPU and/or cost-model arch); returns how many."""
+        """Delete entries (all, or those of one GPU and/or cost-model arch) and the model plans
+        of the same; returns how many group entries went."""
         where, args = [], []
         if gpu is not None:
             where.append("gpu = ?")
@@ -277,10 +312,11 @@ class TuningCache:
         if arch is not None:
             where.append("arch = ?")
             args.append(arch)
-        sql = "DELETE FROM tuned" + (" WHERE " + " AND ".join(where) if where else "")
+        condition = " WHERE " + " AND ".join(where) if where else ""
         with self.connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
-            removed = conn.execute(sql, args).rowcount
+            removed = conn.execute("DELETE FROM tuned" + condition, args).rowcount
+            conn.execute("DELETE FROM plans" + condition, args)
             conn.execute("COMMIT")
         return removed
 

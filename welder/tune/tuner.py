@@ -61,6 +61,7 @@ from welder.schedule.kinds.mma import config_precision
 from welder.schedule.plan import Plan, PlannedGroup, SplitFailure, library_planned, traffic_of
 from welder.tune.cache import CacheKey, TuningCache
 from welder.tune.phases import Phases
+from welder.tune.plan_cache import CachedPlan, plan_key
 from welder.tune.reference import Reference, reference
 
 log = logging.getLogger("welder.tune")
@@ -801,13 +802,46 @@ class _ModelTuner:
         return result.groups
 
     def fuse_by_cost_model(self, nofusion: bool) -> list[Group]:
+        """The cost model's groups after their fusion checks -- or, where the tuning cache
+        holds this model's plan (:mod:`welder.tune.plan_cache`), those groups without the
+        search."""
+        key = self.plan_key(nofusion) if self.cache is not None else None
+        cached = self.cached_plan(key) if key is not None else None
+        if cached is not None:
+            return cached
+        log_start = len(self.log)
         result = fuse(self.graph, self.cost, nofusion=nofusion, library=self.fixed)
         self.log += result.log
         self.tune_all([g for g in result.groups if g.root not in self.library])
         if nofusion:
-            return result.groups
-        groups = self.verify_all(result.groups)
-        return [groups[k] for k in execution_order(groups)]
+            groups = result.groups
+        else:
+            verified = self.verify_all(result.groups)
+            groups = [verified[k] for k in execution_order(verified)]
+        if key is not None and self.cache is not None and not self.over_budget():
+            record = CachedPlan.of(groups, self.log[log_start:], self.split_failures)
+            self.cache.put_plan(key, self.arch.name, self.device.name, record.to_json())
+        return groups
+
+    def plan_key(self, nofusion: bool) -> str:
+        kinds = self.cost.options.kinds
+        gpu, compiler = self.device.name, self.device.compiler
+        return plan_key(self.graph, self.arch, gpu, compiler, kinds, self.topk, nofusion, list(self.library))
+
+    def cached_plan(self, key: str) -> list[Group] | None:
+        """The groups of the plan stored under ``key``, tuned (from their cache entries), or
+        None where there is none or it no longer fits the graph."""
+        assert self.cache is not None
+        stored = self.cache.get_plan(key)
+        record = None if stored is None else CachedPlan.from_json(stored)
+        groups = None if record is None else record.rebuild(self.graph)
+        if record is None or groups is None:
+            return None
+        self.tune_all([g for g in groups if g.root not in self.library])
+        note = f"fusion from the tuning cache ({len(groups)} groups; the search did not run)"
+        self.log += [*record.log, note]
+        self.split_failures += record.split_failures
+        return groups
 
     def verify_all(self, groups: Sequence[Group]) -> list[Group]:
         """Every group after its fusion check (:meth:`checked`), level by level: the splits of

@@ -1,0 +1,102 @@
+"""A model's fused groups, remembered so that tuning it again skips the fusion search.
+
+The tuning cache answers for one group at a time; what it cannot answer is which groups a
+model splits into.  The cost model's fusion search and the measured fusion checks after it
+take most of a warm tune (tens of seconds on Swin-T, every group's configs proposed again),
+though their outcome is settled once every group they measured is in the cache.  So the
+final groups -- each one's members, in execution order -- are stored beside the group
+entries, under a key that holds everything the outcome depends on:
+
+* the graph's structure, tensor names included (``engine.graph_signature``),
+* the search's version (``kinds.SEARCH_VERSION``), the cost model's arch, the kernel kinds,
+  ``topk`` and ``--nofusion``, the groups a library computes (``--skip-dot``),
+* the GPU and the compiler whose measurements decided the fusion checks.
+
+A stored plan is written only by a tune that ran every check (none cut short by a time
+budget).  On a hit, each group is rebuilt from its members and tuned as usual -- from the
+group entries, so nothing compiles unless an entry went missing -- and the search's log and
+split failures come back with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from welder.arch import Arch
+from welder.graph import Graph
+from welder.schedule.engine import graph_signature
+from welder.schedule.group import Group, InvalidGroup, make_group
+from welder.schedule.kinds import SEARCH_VERSION
+from welder.schedule.plan import SplitFailure
+
+
+def plan_key(
+    graph: Graph,
+    arch: Arch,
+    gpu: str,
+    compiler: str,
+    kinds: Sequence[str],
+    topk: int,
+    nofusion: bool,
+    library_roots: Sequence[str] = (),
+) -> str:
+    """The key a model's plan is stored under (see the module's docstring)."""
+    settings = [
+        graph_signature(graph),
+        SEARCH_VERSION,
+        arch.name,
+        gpu,
+        compiler,
+        sorted(kinds),
+        topk,
+        nofusion,
+        sorted(library_roots),
+    ]
+    return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class CachedPlan:
+    """The final groups' members in execution order, and what the search said about them."""
+
+    groups: tuple[tuple[str, ...], ...]
+    log: tuple[str, ...]
+    split_failures: tuple[SplitFailure, ...]
+
+    @classmethod
+    def of(cls, groups: Sequence[Group], log: Sequence[str], failures: Sequence[SplitFailure]) -> CachedPlan:
+        return cls(tuple(tuple(g.members) for g in groups), tuple(log), tuple(failures))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "groups": [list(m) for m in self.groups],
+            "log": list(self.log),
+            "split_failures": [f.to_json() for f in self.split_failures],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CachedPlan:
+        failures = tuple(
+            SplitFailure(
+                f["root"],
+                tuple(f["members"]),
+                tuple(f["ops"]),
+                f["measured_latency_us"],
+                f["predicted_latency_us"],
+                f["reason"],
+            )
+            for f in data["split_failures"]
+        )
+        return cls(tuple(tuple(m) for m in data["groups"]), tuple(data["log"]), failures)
+
+    def rebuild(self, graph: Graph) -> list[Group] | None:
+        """The groups over ``graph``, or None where one no longer forms (a key collision, or
+        a rule of what a group may hold changed without the search's version)."""
+        try:
+            return [make_group(graph, list(members)) for members in self.groups]
+        except (InvalidGroup, KeyError):
+            return None
