@@ -360,6 +360,51 @@ def test_candidates_compile_in_calls_spread_over_a_pool():
     assert [d.candidate for d in cands.dropped] == [4]
 
 
+def test_groups_of_one_call_each_compile_on_every_worker_at_once():
+    """Many groups of one nvcc call each (a transformer's first level: about twenty
+    candidates per call): their calls run on all the workers at once, not only on as many
+    as the code generation threads (which once waited for their groups' calls)."""
+    from welder.tune.tuner import CODEGEN_THREADS
+
+    class Counting(ScriptedDevice):
+        running = peak = 0
+
+        more = threading.Condition()
+
+        def compile(self, kernels, timeout_s=None):
+            with self.more:  # hold the call until more run than code generation threads
+                self.running += 1
+                self.peak = max(self.peak, self.running)
+                self.more.notify_all()
+                self.more.wait_for(lambda: self.peak > CODEGEN_THREADS, timeout=2.0)
+                self.running -= 1
+            return super().compile(kernels, timeout_s)
+
+    graph = bert(2)
+    workers = CODEGEN_THREADS + 2
+    device = Counting(graph)
+    plan = tune_model(graph, ARCH, 2, None, device, workers=workers)
+    assert plan.tuning_work["groups tuned"] > workers
+    assert plan.tuning_work["nvcc calls"] == plan.tuning_work["groups tuned"]  # one call each
+    assert device.peak > CODEGEN_THREADS
+
+
+def test_a_failed_compile_pool_call_fails_the_group_future():
+    """An error other than nvcc's (the device itself failing) reaches the waiting tuner."""
+    from welder.tune.tuner import submit_compiles
+
+    class Broken(ScriptedDevice):
+        def compile(self, kernels, timeout_s=None):
+            raise RuntimeError("the GPU worker died")
+
+    graph = matmul_graph()
+    group, configs = matmul_configs(graph)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = submit_compiles(Broken(graph), prepare_candidates(graph, group, configs), 2, pool)
+        with pytest.raises(RuntimeError, match="worker died"):
+            done.result(timeout=10)
+
+
 def test_kernels_per_call_spreads_few_groups_over_the_cores():
     assert kernels_per_call(20, 16) == MIN_KERNELS_PER_CALL  # one group of 20: calls of 2
     assert kernels_per_call(3000, 16) == 47  # 150 groups: about one call per group of 20

@@ -36,9 +36,11 @@ import math
 import re
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
@@ -208,20 +210,56 @@ def compile_candidates(
     phases: Phases | None = None,
 ) -> Candidates:
     """Compile every kernel, in calls of ``per_call`` kernels (default: all in one) when they
-    all compile, the calls spread over ``pool`` when given (thread-safe: runs in the tuner's
-    code generation threads).  One call per group leaves cores idle where a model has fewer
-    distinct groups than cores: its largest group's nvcc alone then sets the tune's pace.
+    all compile, the calls spread over ``pool`` when given (see :func:`submit_compiles`).
     ``phases`` counts the calls, the kernels and nvcc's seconds (see :meth:`Phases.count`)."""
+    if pool is not None:
+        return submit_compiles(device, cands, per_call, pool, phases).result()
+    for chunk in _chunks(cands, per_call):
+        _compile_split(device, cands, chunk, True, phases)
+    return cands
+
+
+def submit_compiles(
+    device: Device,
+    cands: Candidates,
+    per_call: int | None,
+    pool: ThreadPoolExecutor,
+    phases: Phases | None = None,
+) -> Future[Candidates]:
+    """Queue every call that compiles ``cands`` on ``pool`` and return at once; the future
+    is done when the last call is.  Nothing waits in between: a group's calls take whatever
+    of the pool's cores are free, so the model's groups keep every core busy however few
+    calls each makes (a thread that waited for its group's calls would cap the compiles
+    running at once by the number of such threads)."""
+    chunks = _chunks(cands, per_call)
+    done: Future[Candidates] = Future()
+    if not chunks:
+        done.set_result(cands)
+        return done
+    left = [len(chunks)]
+    lock = threading.Lock()
+
+    def finished(call: Future[None]) -> None:
+        error = CancelledError() if call.cancelled() else call.exception()
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if error is not None and not done.done():
+            with suppress(InvalidStateError):  # another call failed first
+                done.set_exception(error)
+        elif last and not done.done():
+            with suppress(InvalidStateError):
+                done.set_result(cands)
+
+    for chunk in chunks:
+        pool.submit(_compile_split, device, cands, chunk, True, phases).add_done_callback(finished)
+    return done
+
+
+def _chunks(cands: Candidates, per_call: int | None) -> list[list[int]]:
     indices = sorted(cands.kernels)
     size = max(1, per_call or len(indices))
-    chunks = [indices[k : k + size] for k in range(0, len(indices), size)]
-    if pool is None or len(chunks) < 2:
-        for chunk in chunks:
-            _compile_split(device, cands, chunk, True, phases)
-        return cands
-    for done in [pool.submit(_compile_split, device, cands, chunk, True, phases) for chunk in chunks]:
-        done.result()
-    return cands
+    return [indices[k : k + size] for k in range(0, len(indices), size)]
 
 
 def kernels_per_call(kernels: int, workers: int) -> int:
@@ -1041,7 +1079,7 @@ class _ModelTuner:
         configs = [self.cost.configs(g)[:topk] for g in groups]
         per_call = kernels_per_call(sum(len(c) for c in configs), self.workers)
         try:
-            futures: list[Future[Candidates]] = [
+            futures: list[Future[Future[Candidates]]] = [
                 codegen.submit(self._prepare_and_compile, g, c, per_call, nvcc)
                 for g, c in zip(groups, configs)
             ]
@@ -1052,7 +1090,7 @@ class _ModelTuner:
                     host[ahead] = HostSide.submit(host_pool, self.graph, groups[ahead], self.measure.seed)
                 key = self.measure.cache_key(g)
                 with self.phases("nvcc"):  # what the compile pool has not finished yet
-                    cands = fut.result()
+                    cands = fut.result().result()
                 result = finish_candidates(
                     self.graph,
                     cands,
@@ -1077,11 +1115,11 @@ class _ModelTuner:
 
     def _prepare_and_compile(
         self, group: Group, configs: list[GroupConfig], per_call: int, nvcc: ThreadPoolExecutor
-    ) -> Candidates:
-        """Code generation for one group, then its nvcc calls on the ``nvcc`` pool (runs in
-        the code generation pool, whose threads only wait on nvcc's: no deadlock)."""
+    ) -> Future[Candidates]:
+        """Code generation for one group (in the code generation pool), then its nvcc calls
+        queued on the ``nvcc`` pool: the future of those is returned, not waited for."""
         cands = prepare_candidates(self.graph, group, configs)
-        return compile_candidates(self.device, cands, per_call, nvcc, self.phases)
+        return submit_compiles(self.device, cands, per_call, nvcc, self.phases)
 
     def plan(self, groups: Sequence[Group]) -> tuple[list[PlannedGroup], bool]:
         """The tuned groups in execution order (a group without any valid candidate is split
