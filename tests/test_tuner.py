@@ -1228,3 +1228,56 @@ def test_large_groups_with_independent_rows_are_checked_on_sampled_rows(monkeypa
     dependent = _rows_graph(300, transpose=True)
     dgroup = make_group(dependent, list(dependent.nodes))
     assert reference_module.reference(dependent, dgroup, group_inputs(dependent, dgroup)).rows is None
+
+
+def _near_estimate_fusion(monkeypatch, measured_over: float, split_share: float | None):
+    """layernorm_gelu tuned with its fused group measuring ``measured_over`` times its
+    estimate (within VERIFY_RATIO) and any shallower group fast; the cost model's split
+    estimate is ``split_share`` times the fused one (None: the model's own)."""
+    from welder.tune.tuner import VERIFY_RATIO, _ModelTuner
+
+    assert measured_over <= VERIFY_RATIO
+    graph = layernorm_gelu()
+    [fused] = fuse(graph, CostModel(graph, ARCH, Options(topk=2))).groups
+    predicted = CostModel(graph, ARCH, Options(topk=2))(fused)
+    if split_share is not None:
+        monkeypatch.setattr(_ModelTuner, "split_estimate", lambda self, g: split_share * predicted)
+    deep = len(fused.stages)
+    latency = lambda k: measured_over * predicted if stages_of(k) == deep else 0.1  # noqa: E731
+    device = ScriptedDevice(graph, latency=latency)
+    return tune_model(graph, ARCH, 2, None, device)
+
+
+def test_a_fusion_far_over_a_cheaper_split_estimate_is_checked(monkeypatch):
+    """Measured within VERIFY_RATIO of its own estimate, but over VERIFY_RATIO times the
+    cost model's estimate of a split: the check runs, and the faster split wins."""
+    plan = _near_estimate_fusion(monkeypatch, 1.2, 0.5)
+    assert any("split into" in line for line in plan.log)
+    assert len(plan.groups) > 1
+
+
+@pytest.mark.parametrize(
+    "measured_over, split_share",
+    [(1.2, None), (1.2, 0.9), (0.95, 0.1)],
+    ids=["the model's own split estimate", "split estimate close", "measured under its estimate"],
+)
+def test_a_fusion_near_its_estimate_is_not_checked(monkeypatch, measured_over, split_share):
+    plan = _near_estimate_fusion(monkeypatch, measured_over, split_share)
+    assert not any("split into" in line or "kept" in line for line in plan.log)
+    assert len(plan.groups) == 1
+
+
+def test_the_split_estimate_is_the_cheapest_way_by_the_cost_model():
+    """Brute force over the ways the check would split the group: each way's parts summed
+    with the cost model's estimates (a fresh model), the cheapest taken."""
+    from welder.tune.tuner import _ModelTuner
+
+    graph = layernorm_gelu()
+    [fused] = fuse(graph, CostModel(graph, ARCH, Options(topk=2))).groups
+    tuner = _ModelTuner(graph, ARCH, 2, None, ScriptedDevice(graph), 0, 1, None)
+    ways = tuner.ways(fused)
+    assert isinstance(ways, list) and len(ways) >= 2
+    fresh = CostModel(graph, ARCH, Options(topk=2))
+    sums = [sum(fresh(make_group(graph, list(p.members))) for p in split) for _, split in ways]
+    assert tuner.split_estimate(fused) == pytest.approx(min(sums))
+    assert min(sums) < max(sums) or len(set(sums)) == 1

@@ -8,8 +8,9 @@ final groups -- each one's members, in execution order -- are stored beside the 
 entries, under a key that holds everything the outcome depends on:
 
 * the graph's structure, tensor names included (``engine.graph_signature``),
-* the search's version (``kinds.SEARCH_VERSION``), the cost model's arch, the kernel kinds,
-  ``topk`` and ``--nofusion``, the groups a library computes (``--skip-dot``),
+* the fusion checks' and the search's versions (:data:`PLAN_VERSION`,
+  ``kinds.SEARCH_VERSION``), the cost model's arch, the kernel kinds, ``topk`` and
+  ``--nofusion``, the groups a library computes (``--skip-dot``),
 * the GPU and the compiler whose measurements decided the fusion checks.
 
 A stored plan is written only by a tune that ran every check (none cut short by a time
@@ -33,6 +34,10 @@ from welder.schedule.group import Group, InvalidGroup, make_group
 from welder.schedule.kinds import SEARCH_VERSION
 from welder.schedule.plan import SplitFailure
 
+#: Bumped when the fusion checks (``tuner._ModelTuner.doubt`` and ``checked``) change what
+#: they decide: a plan they made before is no answer for them now.
+PLAN_VERSION = 1
+
 
 def plan_key(
     graph: Graph,
@@ -47,6 +52,7 @@ def plan_key(
     """The key a model's plan is stored under (see the module's docstring)."""
     settings = [
         graph_signature(graph),
+        PLAN_VERSION,
         SEARCH_VERSION,
         arch.name,
         gpu,
