@@ -84,6 +84,35 @@ def test_the_factors_put_the_rounds_medians_on_target() -> None:
         assert 1 / calibration.MEDIAN_LIMIT <= median <= calibration.MEDIAN_LIMIT, (kind, precision, median)
 
 
+#: The round of 2026-11-27 at 3471e28 (docs/results.md), whose tuned.json files record the
+#: estimates corrected by the factors of that commit, listed here.
+CORRECTED_ROUND = sorted((ROOT / "artifacts" / "results" / "H100").glob("tuned_*_one_commit.json"))
+FACTORS_AT_3471E28 = {
+    ("attention", "fp16"): 1.8,
+    ("attention_ffma", "fp32"): 1.5,
+    ("wgmma", "fp16"): 1.4,
+    ("simt", "fp16"): 1.4,
+    ("ffma", "fp32"): 1.3,
+    ("mma_tf32", "fp32"): 1.6,
+}
+
+
+def test_the_factors_put_the_corrected_rounds_residuals_on_target() -> None:
+    """The later round's residual medians, each turned back into an uncorrected ratio (times
+    the factor of its commit) and corrected by today's factor, are within the target: the
+    mma kind's fp16 factor fitted to it is checked, and no other factor may drift off it."""
+    from welder.schedule.calibration import FACTORS
+
+    assert len(CORRECTED_ROUND) >= 10, "the round's tuned.json files are missing"
+    for (kind, precision), values in calibration.ratios(CORRECTED_ROUND).items():
+        if len(values) < 20:
+            continue
+        key = (kind, "fp16" if precision == "fp16" else "fp32")
+        raw = float(np.median(values)) * FACTORS_AT_3471E28.get(key, 1.0)
+        median = raw / FACTORS.get(key, 1.0)
+        assert 1 / calibration.MEDIAN_LIMIT <= median <= calibration.MEDIAN_LIMIT, (kind, precision, median)
+
+
 def test_each_kinds_estimates_carry_its_factor() -> None:
     """The ranking over kinds (kinds.propose) sees every kind's estimates times its factor, the
     kind's own ranking (its rule's propose) the uncorrected ones."""

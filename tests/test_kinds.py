@@ -148,3 +148,78 @@ def test_every_family_of_candidates_gets_measured() -> None:
         assert by_estimate[0].estimate.latency_us == chosen[0].estimate.latency_us
     assert propose(group, ctx(1))[0].estimate.latency_us == by_estimate[0].estimate.latency_us
     assert top_by_family([], 4) == []
+
+
+def test_ties_are_spread_over_shapes(bert: Graph) -> None:
+    """Brute force over a ranked list with runs of tied estimates: the result is the same
+    configs; estimates still never decrease across runs; within a run, every shape comes
+    once before any comes twice, and configs of one shape keep their order."""
+    import itertools
+    from dataclasses import replace
+
+    from welder.schedule.kinds.base import TIE_TOLERANCE, spread_ties
+
+    graph = bert
+    base = CostModel(graph, ARCH).configs(make_group(graph, [next(iter(graph.nodes))]))[0]
+    shapes = [((1, 128, 128), 256), ((1, 128, 64), 128), ((2, 64, 64), 256)]
+    estimates = [10.0, 10.0, 10.0 * (1 + TIE_TOLERANCE / 2), 10.0, 12.0, 12.0, 30.0]
+    for picks in itertools.product(range(len(shapes)), repeat=len(estimates)):
+        ranked = [
+            replace(
+                base,
+                block_tile=shapes[s][0],
+                threads=shapes[s][1],
+                estimate=replace(base.estimate, latency_us=e),
+            )
+            for s, e in zip(picks, sorted(estimates))
+        ]
+        out = spread_ties(ranked)
+        assert sorted(map(id, out)) == sorted(map(id, ranked))
+        runs = [ranked[:4], ranked[4:6], ranked[6:]]  # 10, 10, 10.05, 10 | 12, 12 | 30
+        assert [len(r) for r in runs] == [4, 2, 1]
+        position = 0
+        for run in runs:
+            part = out[position : position + len(run)]
+            assert {id(c) for c in part} == {id(c) for c in run}
+            keys = [(c.block_tile, c.threads) for c in part]
+            distinct = len(set(keys))
+            assert len(set(keys[:distinct])) == distinct  # each shape once first
+            for key in set(keys):
+                assert [c for c in part if (c.block_tile, c.threads) == key] == [
+                    c for c in run if (c.block_tile, c.threads) == key
+                ]
+            position += len(run)
+
+
+def test_a_familys_reserved_places_go_to_different_shapes_on_ties() -> None:
+    """An exact fp32 product (BERT's FFN at batch 64: ffma configs of several block shapes
+    tie on their estimate): each family's reserved places hold every shape that ties with
+    its best before a second config of any one shape."""
+    import numpy as np
+    from onnx import helper
+    from onnx_util import make_model
+
+    from welder.schedule.kinds import Options, ScheduleContext, propose
+
+    x, w = np.zeros((8192, 768), np.float32), np.zeros((768, 3072), np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": x}, ["y"], {"w": w})
+    graph = import_onnx(model)
+    group = make_group(graph, list(graph.nodes))
+    shape, dtype = (lambda t: graph.tensor(t).shape), (lambda t: graph.tensor(t).dtype)
+
+    def ctx(topk: int) -> ScheduleContext:
+        return ScheduleContext(shape, dtype, ARCH, Options(topk=topk))
+
+    everything = propose(group, ctx(10_000))
+    chosen = propose(group, ctx(20))
+    families = {c.stages[0].family for c in chosen}
+    keep = 20 // max(4, len({c.stages[0].family for c in everything}))
+    for family in families:
+        members = [c for c in everything if c.stages[0].family == family]
+        members.sort(key=lambda c: c.estimate.latency_us)
+        best = members[0].estimate.latency_us
+        tied = {(c.block_tile, c.threads) for c in members if c.estimate.latency_us <= best * 1.01}
+        got = {(c.block_tile, c.threads) for c in chosen if c.stages[0].family == family}
+        assert len(got) >= min(len(tied), keep), family
+    ffma = {(c.block_tile, c.threads) for c in chosen if c.stages[0].family == "ffma"}
+    assert len(ffma) >= 2

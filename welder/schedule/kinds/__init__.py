@@ -49,7 +49,8 @@ from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top
 #: as the SIMT kind's sliding-window twins; new tile shapes).  It is part of the tuning
 #: cache's key (``welder.tune.tuner.cache_key``): a cached winner was the best of what the
 #: search offered then, so a search that offers more must tune again.
-SEARCH_VERSION = 5  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too
+SEARCH_VERSION = 6  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
+# 6: a family's tied estimates spread over block shapes (base.spread_ties), mma fp16's factor
 
 KINDS: dict[str, KernelKind] = {
     simt.KIND.name: simt.KIND,

@@ -72,15 +72,48 @@ class KernelKind(Protocol):
         ...
 
 
+#: Estimates within this share of the first of a run are ties: the cost model cannot tell
+#: those configs apart, and the tuner should measure different shapes among them.
+TIE_TOLERANCE = 0.01
+
+
+def spread_ties(ranked: Sequence[GroupConfig]) -> list[GroupConfig]:
+    """``ranked`` (best first) with each run of tied estimates reordered so that each shape
+    (block tile and threads) appears once before any appears twice, in rank order within
+    each round.  The tensor-core and FMA kinds' estimates often tie across block shapes and
+    pipeline depths: a family's few reserved places then went to the variants of one shape
+    (BERT's fp32 FFN product on the H100: five 128 x 128 configs, while the 128 x 64 block
+    that had measured 5% faster was left out)."""
+    out: list[GroupConfig] = []
+    start = 0
+    while start < len(ranked):
+        limit = ranked[start].estimate.latency_us * (1 + TIE_TOLERANCE)
+        end = start
+        while end < len(ranked) and ranked[end].estimate.latency_us <= limit:
+            end += 1
+        rounds: list[list[GroupConfig]] = []
+        seen: dict[tuple, int] = {}
+        for c in ranked[start:end]:
+            shape = (c.block_tile, c.threads)
+            n = seen[shape] = seen.get(shape, -1) + 1
+            if n == len(rounds):
+                rounds.append([])
+            rounds[n].append(c)
+        out += [c for r in rounds for c in r]
+        start = end
+    return out
+
+
 def top_by_family(ranked: Sequence[GroupConfig], topk: int) -> list[GroupConfig]:
     """The ``topk`` best of ``ranked`` (best first) with places kept for the best of every
     family (``StageConfig.family``) of the group's first stage -- a quarter of them each, or
-    an equal share where more than four families compete -- in estimate order."""
+    an equal share where more than four families compete -- in estimate order, ties spread
+    over shapes (:func:`spread_ties`)."""
     families: dict[str, list[GroupConfig]] = {}
     for c in ranked:
         families.setdefault(c.stages[0].family, []).append(c)
     keep = max(1, topk // max(4, len(families))) if topk > 1 else 0
-    chosen = [c for members in families.values() for c in members[:keep]][:topk]
+    chosen = [c for members in families.values() for c in spread_ties(members)[:keep]][:topk]
     for c in ranked:
         if len(chosen) >= topk:
             break
