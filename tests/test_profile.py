@@ -169,3 +169,31 @@ def test_each_kind_is_held_to_the_ceiling_of_its_units(kind: str, half: bool, ce
     """The FLOP rate a group is compared with: tensor cores for the fp16 attention kernel as
     for the product kinds, CUDA cores for the exact fp32 kinds and the SIMT kind."""
     assert profile._ceiling(kind, half, ARCH) == getattr(ARCH, ceiling)
+
+
+def test_a_tf32_tune_s_floor_counts_its_contractions_at_the_tf32_rate(prefix: Path, tmp_path: Path) -> None:
+    """Allowed TF32 (tuned.json's precision), the fp32 contractions' ceiling is the TF32
+    tensor cores', the rest stays at the fp32 rate; the same files without it keep fp32.
+    The model's FLOPs are scaled up a millionfold so that compute, not memory, bounds it."""
+    from welder.profile import model_floor, prefix_floor
+
+    model = json.loads((prefix / "model.json").read_text())
+    for n in model["nodes"]:
+        n["flops"] = int(n.get("flops", 0)) * 10**6
+    sizes = _sizes()
+    memory = (sizes["x"] + sizes["w"] + sizes["b"] + sizes["y"] + sizes["s"]) / (ARCH.global_bw_gbs * 1e3)
+    contractions = 10**6 * _flops(["MatMul", "ReduceSum"]) / (ARCH.tf32_tc_tflops * 1e6)
+    tf32 = contractions + 10**6 * _flops(["Add"]) / (ARCH.fp32_tflops * 1e6)
+    exact = 10**6 * _flops(["MatMul", "Add", "ReduceSum"]) / (ARCH.fp32_tflops * 1e6)
+    assert memory < tf32 < exact
+    assert model_floor(model, ARCH, "tf32").floor_us == pytest.approx(tf32, rel=1e-3)
+    assert model_floor(model, ARCH, "fp32").floor_us == pytest.approx(exact, rel=1e-3)
+    # prefix_floor reads the precision from tuned.json
+    other = tmp_path / "tf32"
+    shutil.copytree(prefix, other)
+    (other / "model.json").write_text(json.dumps(model))
+    tuned = json.loads((other / "tuned.json").read_text())
+    assert prefix_floor(other).floor_us == pytest.approx(exact, rel=1e-3)
+    tuned["precision"] = "tf32"
+    (other / "tuned.json").write_text(json.dumps(tuned))
+    assert prefix_floor(other).floor_us == pytest.approx(tf32, rel=1e-3)

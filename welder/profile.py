@@ -241,7 +241,7 @@ def profile_prefix(
                 bound=bound,
             )
         )
-    floor = model_floor(model, described)
+    floor = model_floor(model, described, str(tuned.get("precision", "fp32")))
     return Profile(
         model=tuned.get("model", model.get("name", prefix.name)),
         device=device or f"{described.name} (figures of the arch; nothing timed)",
@@ -289,10 +289,13 @@ class ModelFloor:
     bound: str  # "compute" or "memory"
 
 
-def model_floor(model: Mapping, arch: Arch) -> ModelFloor:
+def model_floor(model: Mapping, arch: Arch, precision: str = "fp32") -> ModelFloor:
     """The floor of the graph ``model`` (model.json's dict): every operation at its best
-    ceiling -- tensor cores for a half-precision contraction, whatever kind a plan chose --
-    and the model's own inputs, weights and outputs read or written once."""
+    ceiling -- tensor cores for a half-precision contraction, whatever kind a plan chose,
+    and for an fp32 one where ``precision`` is ``tf32`` (a tune that allows TF32, as
+    tuned.json's ``precision`` says) -- and the model's own inputs, weights and outputs read
+    or written once."""
+    tf32 = precision == "tf32" and arch.tf32_tc_tflops > 0
     tensors = {t["name"]: t for key in ("inputs", "outputs", "constants") for t in model[key]}
     tensors.update({n["name"]: n for n in model["nodes"]})
     flops_total = 0
@@ -301,7 +304,12 @@ def model_floor(model: Mapping, arch: Arch) -> ModelFloor:
         flops = int(n.get("flops", 0))
         flops_total += flops
         half = any(tensors[t]["dtype"] in HALF_DTYPES for t in n["inputs"] if t in tensors)
-        best = arch.fp16_tc_tflops if half and n["kind"] == "reduction" else arch.fp32_tflops
+        contraction = n["kind"] == "reduction"
+        best = arch.fp32_tflops
+        if contraction and half:
+            best = arch.fp16_tc_tflops
+        elif contraction and tf32:
+            best = arch.tf32_tc_tflops
         compute_us += flops / (best * 1e6)
     nbytes = _bytes(t for key in ("inputs", "outputs", "constants") for t in model[key])
     memory_us = nbytes / (arch.global_bw_gbs * 1e3)
@@ -311,13 +319,14 @@ def model_floor(model: Mapping, arch: Arch) -> ModelFloor:
 
 def prefix_floor(prefix: str | Path, arch: str | None = None) -> ModelFloor:
     """:func:`model_floor` of the model ``welder tune`` (or ``welder import``) wrote into
-    ``prefix``, on ``arch`` (default: the arch tuned.json names, else the H100)."""
+    ``prefix``, on ``arch`` (default: the arch tuned.json names, else the H100), at the
+    precision tuned.json names (fp32 without one)."""
     prefix = Path(prefix)
     model = _read_json(prefix / "model.json", "the graph")
-    if arch is None:
-        tuned = prefix / "tuned.json"
-        arch = _arch_of(None, _read_json(tuned, "the plan")) if tuned.is_file() else "H100"
-    return model_floor(model, get_arch(arch))
+    path = prefix / "tuned.json"
+    tuned = _read_json(path, "the plan") if path.is_file() else {}
+    arch = arch or (_arch_of(None, tuned) if tuned else "H100")
+    return model_floor(model, get_arch(arch), str(tuned.get("precision", "fp32")))
 
 
 def _arch_of(device: str | None, tuned: Mapping) -> str:
