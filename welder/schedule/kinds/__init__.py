@@ -50,7 +50,7 @@ from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top
 #: cache's key (``welder.tune.tuner.cache_key``): a cached winner was the best of what the
 #: search offered then, so a search that offers more must tune again.
 SEARCH_VERSION = 6  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
-# 6: a family's tied estimates spread over block shapes (base.spread_ties), mma fp16's factor
+# 6: a family's tied estimates spread over block shapes (base.spread_ties)
 
 KINDS: dict[str, KernelKind] = {
     simt.KIND.name: simt.KIND,
