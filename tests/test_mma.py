@@ -421,6 +421,32 @@ def test_an_operand_no_aligned_copy_reaches_is_gathered_and_matches() -> None:
     assert _run(graph, group, configs, feeds) == []
 
 
+@needs_emulator
+@pytest.mark.parametrize("fixed", [True, False], ids=["one column a thread", "a column a pair"])
+def test_a_gathered_operand_matches_with_or_without_one_column_a_thread(monkeypatch, fixed: bool) -> None:
+    """Where a block's threads are a whole number of a slice row's pairs (every config of
+    the tiles offered today), each thread keeps one column for all its pairs, set once so
+    that nvcc shares its index arithmetic; elsewhere the column follows the pair (forced
+    here).  Both match the interpreter, for the mma and the wgmma kind."""
+    from welder.codegen import generate_kernel
+    from welder.codegen import mma as mma_codegen
+    from welder.schedule.kinds import wgmma
+
+    if not fixed:
+        monkeypatch.setattr(mma_codegen, "pair_rows", lambda threads, cols: 0)
+        monkeypatch.setattr("welder.codegen.wgmma.pair_rows", lambda threads, cols: 0)
+    model, feeds = _matmul(33, 40, 80, trans_a=True)
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    for kind in (mma.KIND, wgmma.KIND):
+        configs = kind.propose(group, _context(graph, topk=3))
+        assert configs
+        for cfg in configs:
+            source = generate_kernel(graph, group, cfg, "k").source
+            assert ("row = row0 + j *" in source) == fixed and ("row = e /" in source) != fixed
+        assert _run(graph, group, configs, feeds) == []
+
+
 def rolled_product(dtype: type, batch: int = 2, m: int = 40, k: int = 64, n: int = 48, shift: int = 3):
     """``roll(x, -shift, axis=1) @ w`` as Swin exports its shifted windows: a Concat of two
     Slices, which A reads through ``select(m < M - shift, x[m + shift], x[m - M + shift])``."""

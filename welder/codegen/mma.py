@@ -85,6 +85,9 @@ class _Operand:
     # the element pairs each thread copies per slice.  None / 0 for an affine operand.
     gather: str | None = None
     pairs: int = 0
+    # Rows of a slice between a thread's pairs where the threads are a whole number of a
+    # row's pairs (each thread then keeps one column); 0 where they are not.
+    pair_rows: int = 0
     gather_dst: str = ""  # C: a pair's element offset within a slot, in ``row`` and ``col``
 
 
@@ -292,6 +295,13 @@ def stage_contraction(kb: KernelBuilder, st: StageConfig, gather_32bit: bool = F
     return con
 
 
+def pair_rows(threads: int, cols: int) -> int:
+    """A gathered operand's ``pair_rows``: the rows of a slice between one thread's pairs
+    where ``threads`` are a whole number of a ``cols``-wide row's pairs, else 0."""
+    pairs = cols // 2
+    return threads // pairs if threads % pairs == 0 else 0
+
+
 def gather_value(kb: KernelBuilder, con: Contraction, op: Operand, origins: list[str]) -> str:
     """C: element ``(gk, gf)`` of gathered operand ``op``'s matrix (``gk`` along K, ``gf``
     along its own axis, the batch axes at this block's origins), as the storage type: the
@@ -448,5 +458,6 @@ def _operand(
         fixed_limit=extent,
         gather=gather_value(kb, con, op, origins) if gathered else None,
         pairs=rows * cols // 2 // threads if gathered else 0,
+        pair_rows=pair_rows(threads, cols) if gathered else 0,
         gather_dst=f"row * {ld} + col",
     )

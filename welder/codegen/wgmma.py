@@ -33,7 +33,14 @@ from welder.schedule.kinds.wgmma import (
     tma_dims,
 )
 
-from .mma import ContractionStageCtx, contraction_fields, gather_value, operand_offset, stage_contraction
+from .mma import (
+    ContractionStageCtx,
+    contraction_fields,
+    gather_value,
+    operand_offset,
+    pair_rows,
+    stage_contraction,
+)
 
 if TYPE_CHECKING:
     from .kernel import KernelBuilder
@@ -87,6 +94,7 @@ class _Operand:
     # ``gather_dst`` placing a pair in the swizzled slot.
     gather: str | None = None
     pairs: int = 0
+    pair_rows: int = 0
     gather_dst: str = ""
     map: str | None = None  # the producer variant: the operand's tensor-map parameter
     loads: list[_TmaLoad] = field(default_factory=list)  # and the boxes of one slice
@@ -280,6 +288,7 @@ def _operand(
         cols=cols,
         gather=gather_value(kb, con, op, origins) if gathered else None,
         pairs=rows * cols // 2 // threads if gathered else 0,
+        pair_rows=pair_rows(threads, cols) if gathered else 0,
         # Panel col / 64 of 64-element rows, 16-byte unit (col % 64 / 8) ^ (row % 8) of its row.
         gather_dst=f"col / 64 * {rows * 64} + row * 64 + ((col % 64 / 8) ^ (row & 7)) * 8 + col % 8",
     )
