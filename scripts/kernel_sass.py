@@ -1,0 +1,146 @@
+"""What nvcc makes of a tuned group's kernel: registers, spills and the SASS instruction mix.
+
+For the groups of ``DIR/tuned.json`` whose root contains ``--group`` (all of them without
+it), regenerates each group's kernel from the recorded config over ``DIR/model.onnx`` --
+the kernel the tune measured, from today's code generator -- compiles it with nvcc for
+``--sm`` (default sm_90; sm_90a where the kernel needs it), and prints ptxas's registers,
+spills and stack, and the count of each SASS opcode class (``IMAD``, ``LDG``, ``HMMA``, ...:
+predicated instructions included) where ``cuobjdump`` is on PATH.  The counts are static:
+an instruction inside a loop counts once.  This is how the gather's integer arithmetic
+was measured (docs/tensor_cores.md, "The gathered operand").
+
+    python scripts/kernel_sass.py DIR [--group ROOT_PART] [--top 12] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from welder.codegen import TEMPLATE_DIR, generate_kernel  # noqa: E402
+from welder.frontend.onnx import import_onnx  # noqa: E402
+from welder.schedule.group import make_group  # noqa: E402
+from welder.schedule.kinds import config_from_json  # noqa: E402
+
+#: ptxas -v's lines: "Used 136 registers", "0 bytes stack frame, 0 bytes spill stores, ...".
+_REGISTERS = re.compile(r"Used (\d+) registers")
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+#: A SASS line: ``/*0040*/  @!P0 IMAD.MOV.U32 R1, ...`` -> the opcode's class, ``IMAD``.
+_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+@dataclass
+class KernelSass:
+    group: str
+    ops: str
+    measured_us: float | None
+    registers: int
+    stack_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    opcodes: dict[str, int] = field(default_factory=dict)  # empty without cuobjdump
+
+
+def opcode_counts(sass: str) -> dict[str, int]:
+    """Opcode classes of a ``cuobjdump -sass`` listing, most frequent first."""
+    counts = Counter(m.group(1) for m in _OPCODE.finditer(sass))
+    return dict(counts.most_common())
+
+
+def ptxas_facts(log: str) -> tuple[int, int, int, int]:
+    """(registers, stack, spill stores, spill loads) from ``ptxas -v``'s report of one kernel."""
+    regs = _REGISTERS.search(log)
+    stack = _STACK.search(log)
+    if regs is None or stack is None:
+        raise ValueError(f"no ptxas report in: {log[-500:]}")
+    return int(regs.group(1)), int(stack.group(1)), int(stack.group(2)), int(stack.group(3))
+
+
+def study(source: str, sm: str, work: Path) -> tuple[tuple[int, int, int, int], dict[str, int]]:
+    """Compile one kernel's source; ptxas's facts and, where cuobjdump exists, its opcodes."""
+    src, cubin = work / "kernel.cu", work / "kernel.cubin"
+    src.write_text(source)
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise SystemExit("kernel_sass: nvcc is not on PATH")
+    command = [
+        nvcc,
+        "-cubin",
+        "-O3",
+        f"-arch={sm}",
+        f"-I{TEMPLATE_DIR}",
+        "-Xptxas",
+        "-v",
+        str(src),
+        "-o",
+        str(cubin),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"kernel_sass: nvcc failed:\n{done.stderr[-2000:]}")
+    facts = ptxas_facts(done.stderr)
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None:
+        return facts, {}
+    listing = subprocess.run(
+        [cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True
+    ).stdout
+    return facts, opcode_counts(listing)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path, help="a folder holding model.onnx and tuned.json")
+    parser.add_argument("--group", default="", help="only groups whose root contains this")
+    parser.add_argument("--sm", default="sm_90", help="nvcc's architecture (default sm_90)")
+    parser.add_argument("--top", type=int, default=12, help="opcode classes printed per kernel")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    for name in ("model.onnx", "tuned.json"):
+        if not (args.dir / name).is_file():
+            print(f"kernel_sass: {args.dir / name} does not exist", file=sys.stderr)
+            return 2
+    graph = import_onnx(str(args.dir / "model.onnx"))
+    tuned = json.loads((args.dir / "tuned.json").read_text())
+    chosen = [g for g in tuned["groups"] if args.group in g["root"] and not g.get("library")]
+    if not chosen:
+        print(f"kernel_sass: no generated group's root contains {args.group!r}", file=sys.stderr)
+        return 2
+    results = []
+    with tempfile.TemporaryDirectory(prefix="welder-sass-") as work:
+        for g in chosen:
+            group = make_group(graph, g["members"])
+            kernel = generate_kernel(graph, group, config_from_json(g["configs"][0]), "welder_study")
+            sm = f"{args.sm}a" if kernel.arch_specific and not args.sm.endswith("a") else args.sm
+            (regs, stack, stores, loads), opcodes = study(kernel.source, sm, Path(work))
+            ops = "+".join(dict.fromkeys(g["ops"]))
+            result = KernelSass(
+                g["root"], ops, g.get("measured_latency_us"), regs, stack, stores, loads, opcodes
+            )
+            results.append(result)
+            measured = f"{result.measured_us:.1f} us" if result.measured_us is not None else "not measured"
+            print(f"{g['root']} ({ops[:60]}; {measured})")
+            print(f"  {regs} registers, {stack} B stack, spills {stores} B stored / {loads} B loaded")
+            if opcodes:
+                top = ", ".join(f"{op} {n}" for op, n in list(opcodes.items())[: args.top])
+                print(f"  {sum(opcodes.values())} instructions: {top}")
+            else:
+                print("  (cuobjdump is not on PATH: no instruction counts)")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
