@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from welder.codegen import TEMPLATE_DIR, generate_kernel  # noqa: E402
+from welder.codegen import generate_kernel  # noqa: E402
+from welder.device.gpu import CompileError, GpuUnavailable, compile_cubin  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
 from welder.schedule.kinds import config_from_json  # noqa: E402
@@ -69,34 +70,19 @@ def ptxas_facts(log: str) -> tuple[int, int, int, int]:
 
 def study(source: str, sm: str, work: Path) -> tuple[tuple[int, int, int, int], dict[str, int]]:
     """Compile one kernel's source; ptxas's facts and, where cuobjdump exists, its opcodes."""
-    src, cubin = work / "kernel.cu", work / "kernel.cubin"
-    src.write_text(source)
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise SystemExit("kernel_sass: nvcc is not on PATH")
-    command = [
-        nvcc,
-        "-cubin",
-        "-O3",
-        f"-arch={sm}",
-        f"-I{TEMPLATE_DIR}",
-        "-Xptxas",
-        "-v",
-        str(src),
-        "-o",
-        str(cubin),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"kernel_sass: nvcc failed:\n{done.stderr[-2000:]}")
-    facts = ptxas_facts(done.stderr)
+    logs: list[str] = []
+    try:
+        image = compile_cubin(source, sm, options=("-Xptxas", "-v"), report=logs.append)
+    except (CompileError, GpuUnavailable) as e:
+        raise SystemExit(f"kernel_sass: {e}") from None
+    facts = ptxas_facts(logs[0])
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump is None:
         return facts, {}
-    listing = subprocess.run(
-        [cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True
-    ).stdout
-    return facts, opcode_counts(listing)
+    cubin = work / "kernel.cubin"
+    cubin.write_bytes(image)
+    dump = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True)
+    return facts, opcode_counts(dump.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:

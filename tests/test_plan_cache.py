@@ -102,3 +102,19 @@ def test_clearing_the_cache_clears_its_plans(tmp_path):
     cache.clear(gpu="Fake GPU")
     plan = tune_model(graph, ARCH, 2, cache, ScriptedDevice(graph))
     assert not any(line.startswith("fusion from the tuning cache") for line in plan.log)
+
+
+def test_a_plan_and_its_split_failures_survive_the_database(tmp_path):
+    """What put_plan stores, get_plan gives back: members in order, log lines, and split
+    failures (a failure with and one without a measurement) equal field by field."""
+    from welder.schedule.plan import SplitFailure
+
+    failures = (
+        SplitFailure("y", ("h", "n", "y"), ("MatMul", "LayerNormalization", "Gelu"), 12.5, 3.25, "why"),
+        SplitFailure("z", ("z",), ("Add",), None, 1.0, "no valid candidate"),
+    )
+    plan = CachedPlan((("h", "n"), ("y",)), ("line one", "line two"), failures)
+    cache = TuningCache(tmp_path)
+    cache.put_plan("key", ARCH.name, "Fake GPU", plan.to_json())
+    assert CachedPlan.from_json(cache.get_plan("key")) == plan
+    assert cache.get_plan("other key") is None

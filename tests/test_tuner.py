@@ -1280,4 +1280,3 @@ def test_the_split_estimate_is_the_cheapest_way_by_the_cost_model():
     fresh = CostModel(graph, ARCH, Options(topk=2))
     sums = [sum(fresh(make_group(graph, list(p.members))) for p in split) for _, split in ways]
     assert tuner.split_estimate(fused) == pytest.approx(min(sums))
-    assert min(sums) < max(sums) or len(set(sums)) == 1

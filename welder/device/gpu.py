@@ -182,12 +182,14 @@ def compile_cubin(
     include_dirs: Sequence[str | os.PathLike[str]] | None = None,
     options: Sequence[str] = (),
     timeout_s: float = NVCC_TIMEOUT_S,
+    report: Callable[[str], None] | None = None,
 ) -> bytes:
     """Compile CUDA source(s) into one cubin with a single nvcc call.
 
     Several sources become one translation unit, so each must define kernels with distinct
     names (their includes are guarded).  ``include_dirs`` defaults to the kernel templates' folder,
-    where ``welder_prelude.cuh`` lives.  Raises :class:`CompileError` with nvcc's diagnostics."""
+    where ``welder_prelude.cuh`` lives.  Raises :class:`CompileError` with nvcc's diagnostics.
+    ``report`` receives what nvcc printed to stderr on success (``-Xptxas -v``'s registers)."""
     text = sources if isinstance(sources, str) else "\n".join(sources)
     dirs = [TEMPLATE_DIR] if include_dirs is None else list(include_dirs)
     if not re.fullmatch(r"(sm|compute)_\d+[a-z]?", arch):
@@ -214,6 +216,8 @@ def compile_cubin(
             raise CompileError(f"nvcc did not finish within {timeout_s:.0f} s") from None
         if result.returncode != 0 or not out.is_file():
             raise CompileError(f"nvcc failed (exit {result.returncode}):\n{_tail(result.stderr, 4000)}")
+        if report is not None:
+            report(result.stderr)
         return out.read_bytes()
 
 

@@ -88,6 +88,18 @@ class SplitFailure:
             "reason": self.reason,
         }
 
+    @classmethod
+    def from_json(cls, d: dict) -> SplitFailure:
+        """The failure :meth:`to_json` wrote (the tuning cache keeps a model's plan so)."""
+        return cls(
+            d["root"],
+            tuple(d["members"]),
+            tuple(d["ops"]),
+            d["measured_latency_us"],
+            d["predicted_latency_us"],
+            d["reason"],
+        )
+
 
 @dataclass
 class Plan:

@@ -86,17 +86,7 @@ class CachedPlan:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CachedPlan:
-        failures = tuple(
-            SplitFailure(
-                f["root"],
-                tuple(f["members"]),
-                tuple(f["ops"]),
-                f["measured_latency_us"],
-                f["predicted_latency_us"],
-                f["reason"],
-            )
-            for f in data["split_failures"]
-        )
+        failures = tuple(SplitFailure.from_json(f) for f in data["split_failures"])
         return cls(tuple(tuple(m) for m in data["groups"]), tuple(data["log"]), failures)
 
     def rebuild(self, graph: Graph) -> list[Group] | None:
