@@ -14,7 +14,8 @@ so it never reorders one kind's candidates.
 The factors come from the H100 rounds of 2026-11-26 (docs/results.md, "The cost model
 against the measurements"); a kind whose median was within 0.9-1.2 keeps 1.  The round at
 3471e28 of 2026-11-27 recorded the corrected estimates, and its residuals were on target
-for every kind but the mma kind in fp16 (see the note below the factors).  ``tuned.json``
+for every kind but the mma kind in fp16 (see the note below the factors), and so were
+those of the whole table at 3f2de3e (24 rows, the same factors).  ``tuned.json``
 records the calibrated prediction, so the next round's ``scripts/calibration.py`` reads the
 residual directly.
 """
