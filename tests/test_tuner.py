@@ -1211,7 +1211,9 @@ def test_large_groups_with_independent_rows_are_checked_on_sampled_rows(monkeypa
     ref = reference_module.reference(graph, group, feeds, seed=0)
     assert ref.rows is not None and ref.rows[0] == 0 and ref.rows[-1] == 299 and len(ref.rows) <= 21
     whole = reference_module.whole_outputs(graph, group, feeds)["y"]
-    np.testing.assert_array_equal(ref.values["y"], whole[ref.rows])
+    # The same rows, up to the BLAS's rounding: numpy's product may block a few rows
+    # differently from 300 (seen with numpy 2.4.6 on an AMD EPYC), a last-bit difference.
+    np.testing.assert_allclose(ref.values["y"], whole[ref.rows], rtol=1e-5, atol=1e-6)
 
     class LastRowWrong(ScriptedDevice):
         def run(self, program, kernel, inputs):
