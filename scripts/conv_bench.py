@@ -10,7 +10,12 @@ to exceed twice the L2 cache, median of repeats, every welder kernel checked aga
 output first.
 
     python scripts/conv_bench.py [--candidates 4] [--kinds mma,wgmma] [--shapes 0,1] [--simt]
-                                 [--json out.json]
+                                 [--match REGEX] [--json out.json] [--profile]
+
+``--match`` adds the proposed configs whose one-line description matches (a tuned model's
+choice, say, below the cost model's top ``--candidates``); ``--profile`` launches each
+kernel once for Nsight Compute (``BENCH=conv_bench scripts/ncu_mma.sh SHAPES CANDIDATES
+KINDS``).
 
 Needs a GPU with torch and cupy.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -32,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from mma_bench import error_of_one_launch, time_us  # noqa: E402
+from mma_bench import error_of_one_launch, profiled_once, time_us  # noqa: E402
 
 from welder.arch import match_gpu_name  # noqa: E402
 from welder.codegen import generate_kernel, model_source  # noqa: E402
@@ -60,6 +66,15 @@ SHAPES = [
     ("mobilenetv2 stem 3x3 s2", 64, 3, 224, 32, 3, 2, 1),
     ("swin-t patch 4x4 s4", 1, 3, 224, 96, 4, 4, 0),
     ("swin-t patch 4x4 s4", 64, 3, 224, 96, 4, 4, 0),
+    # mobilevit_s at batch 1: each MobileViT block's local 3x3 convolution (conv_kxk) and
+    # its fusion of the block's input with the transformer's output (conv_fusion), whose
+    # split-K mma kernels measured 3-5x their estimate in the H100 rounds.
+    ("mobilevit_s conv_kxk 96@32", 1, 96, 32, 96, 3, 1, 1),
+    ("mobilevit_s conv_fusion 192>96@32", 1, 192, 32, 96, 3, 1, 1),
+    ("mobilevit_s conv_kxk 128@16", 1, 128, 16, 128, 3, 1, 1),
+    ("mobilevit_s conv_fusion 256>128@16", 1, 256, 16, 128, 3, 1, 1),
+    ("mobilevit_s conv_kxk 160@8", 1, 160, 8, 160, 3, 1, 1),
+    ("mobilevit_s conv_fusion 320>160@8", 1, 320, 8, 160, 3, 1, 1),
 ]
 LIMIT = 2e-2  # welder.check.THRESHOLDS["fp16"]
 
@@ -77,6 +92,18 @@ class Row:
     max_error: float
     timings: list
     best_by_kind: dict
+
+
+def describe(cfg) -> str:
+    """A config in one line: a tensor-core stage's tiles, warps, ring depth and split, or
+    the SIMT block tile."""
+    st = cfg.stages[0]
+    if isinstance(st, mma.MmaConfig):
+        return (
+            f"{st.kind} {st.block_m}x{st.block_n}x{st.block_k} "
+            f"w{st.warps[0]}x{st.warps[1]} p{st.pipeline} s{st.splits}"
+        )
+    return f"simt tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads}"
 
 
 def conv_model(batch: int, cin: int, size: int, cout: int, k: int, s: int, p: int, seed: int = 0):
@@ -100,7 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default="mma,wgmma", help="tensor-core kinds (wgmma needs an H100)")
     parser.add_argument("--simt", action="store_true", help="also time the SIMT kind's best configs")
     parser.add_argument("--shapes", help="comma-separated indices into the shape list (default: all)")
+    parser.add_argument(
+        "--match",
+        help="also time every proposed tensor-core config whose description (as printed, e.g. "
+        "'mma 64x32x128 w2x1 p4 s6') matches this regular expression",
+    )
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="launch each kernel (and cuDNN) once inside a profiler range instead of timing it: "
+        "run under `ncu --profile-from-start off` (BENCH=conv_bench scripts/ncu_mma.sh)",
+    )
     args = parser.parse_args(argv)
 
     import cupy
@@ -128,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         configs = []
         for rule in rules:
-            configs += (rule.propose(group, ctx) or [])[: args.candidates]
+            proposed = rule.propose(group, ctx) or []
+            configs += proposed[: args.candidates]
+            if args.match:
+                configs += [c for c in proposed[args.candidates :] if re.search(args.match, describe(c))]
         if args.simt:
             simt_ctx = ScheduleContext(
                 ctx.shape_of, ctx.dtype_of, arch, Options(topk=args.candidates, kinds=("simt",))
@@ -159,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             i = turn[0] = (turn[0] + 1) % copies
             F.conv2d(xs[i], w, stride=s, padding=p)
 
-        cudnn_us = time_us(cudnn_launch)
+        cudnn_launch()  # cudnn.benchmark picks its algorithm here, outside the profiled range
+        timer = profiled_once if args.profile else time_us
+        cudnn_us = timer(cudnn_launch)
         best, best_by_kind, timings = None, {}, []
         for kernel, cfg in zip(kernels, configs):
             fn = module.get_function(kernel.name)
@@ -179,21 +222,15 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
             err = error_of_one_launch(launch, y, reference, turn, copies)
-            st = cfg.stages[0]
-            if isinstance(st, mma.MmaConfig):
-                desc = (
-                    f"{st.kind} {st.block_m}x{st.block_n}x{st.block_k} "
-                    f"w{st.warps[0]}x{st.warps[1]} p{st.pipeline} s{st.splits}"
-                )
-            else:
-                desc = f"simt tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads}"
+            st, desc = cfg.stages[0], describe(cfg)
             if not math.isfinite(err) or err > LIMIT:
                 print(f"  {desc}: WRONG (error {err:.3e})", flush=True)
                 continue
-            us = time_us(launch)
+            us = timer(launch)
             timings.append(
                 {"config": desc, "measured_us": round(us, 2), "predicted_us": cfg.estimate.latency_us}
             )
+            print(f"  {desc}: {us:.2f} us, predicted {cfg.estimate.latency_us:.2f}", flush=True)
             best_by_kind[st.kind] = round(min(us, best_by_kind.get(st.kind, math.inf)), 2)
             if best is None or us < best[0]:
                 best = (us, desc, err)

@@ -250,3 +250,28 @@ def test_planner_puts_a_3x3_conv_on_the_arch_tensor_core_kind(arch: str, kind: s
     assert all(len(g.configs[0].stages) >= 2 for g in plan.groups if g.configs[0].stages[0].kind == kind)
     report = check_model(path, backend="emulate", arch=arch)
     assert report.passed, report
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_gathered_element_is_read_without_a_branch(kind: str) -> None:
+    """A padded 3x3 convolution's gathered image: the element's guards join with ``&``
+    (nvcc turns a ``&&`` whose right side costs divisions into a branch, and a branch per
+    element serialises the slice's loads), and the load reads ``p[index & -ok]``
+    unconditionally, zero selected afterwards.  The emulator tests above check the values."""
+    from welder.codegen import generate_kernel
+
+    model, _ = _conv_model((1, 16, 8, 8), 32, "", kernel=3, pad=1)
+    graph = import_onnx(model)
+    group = make_group(graph, list(graph.nodes))
+    ctx = ScheduleContext(
+        lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, ARCH, Options(topk=2)
+    )
+    configs = KINDS[kind].propose(group, ctx)
+    assert configs
+    source = generate_kernel(graph, group, configs[0], "k").source
+    start = source.index("_element = [&]")
+    element = source[start : source.index("};", start)]
+    guard, load = element.split("\n")[1:3]
+    assert "const int ok = " in guard and "&&" not in guard and "?" not in guard
+    assert load.rstrip().endswith("& -ok];") and "?" not in load
+    assert "return ok ? v :" in element

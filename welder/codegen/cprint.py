@@ -170,10 +170,16 @@ class CPrinter:
         load: Callable[[Load, CPrinter], str],
         var: Mapping[str, str] | None = None,
         nonneg: frozenset[str] | set[str] = frozenset(),
+        eager_logic: bool = False,
     ) -> None:
         self._load = load
         self._var = dict(var or {})
         self.nonneg = set(nonneg) | set(self._var.values()) | set(self._var)
+        # "and" / "or" as C's & and | (both sides evaluated) rather than && and ||: nvcc
+        # turns a short-circuit whose right side is costly into a branch, which ends the
+        # basic block (the gathered copies want one block for their loads to be scheduled
+        # together); the operands are side-effect free bools, so the value is the same.
+        self.eager_logic = eager_logic
 
     def __call__(self, e: Expr) -> str:
         return self.expr(e)
@@ -182,7 +188,12 @@ class CPrinter:
         """This printer with the loads in ``values`` printed as the given C values (loads
         hoisted into registers); the variables and other loads as before."""
         outer = self._load
-        return CPrinter(lambda ld, p: values[ld] if ld in values else outer(ld, p), self._var, self.nonneg)
+        return CPrinter(
+            lambda ld, p: values[ld] if ld in values else outer(ld, p),
+            self._var,
+            self.nonneg,
+            self.eager_logic,
+        )
 
     def expr(self, e: Expr) -> str:
         if isinstance(e, Var):
@@ -214,6 +225,8 @@ class CPrinter:
     def _binary(self, e: Binary) -> str:
         a, b = self.expr(e.a), self.expr(e.b)
         dt = e.a.dtype
+        if self.eager_logic and e.op in ("and", "or"):
+            return f"({a} {'&' if e.op == 'and' else '|'} {b})"
         if e.op in _INFIX:
             return f"({a} {_INFIX[e.op]} {b})"
         if e.op == "div":

@@ -80,10 +80,10 @@ class _Operand:
     k_step: int  # elements the source advances per unit of k0
     fixed_origin: str  # m0 or n0: the origin along the axis that is not K
     fixed_limit: int  # M or N
-    # A gathered operand (rows along K): the C value, an element of the storage type, at K
-    # index ``gk`` and M or N index ``gf`` (in range: the template guards the edges), and
-    # the element pairs each thread copies per slice.  None / 0 for an affine operand.
-    gather: str | None = None
+    # A gathered operand (rows along K): how to read its element at K index ``gk`` and M or
+    # N index ``gf`` (in range: the template guards the edges), and the element pairs each
+    # thread copies per slice.  None / 0 for an affine operand.
+    gather: GatherAccess | None = None
     pairs: int = 0
     # Rows of a slice between a thread's pairs where the threads are a whole number of a
     # row's pairs (each thread then keeps one column); 0 where they are not.
@@ -302,30 +302,59 @@ def pair_rows(threads: int, cols: int) -> int:
     return threads // pairs if threads % pairs == 0 else 0
 
 
-def gather_value(kb: KernelBuilder, con: Contraction, op: Operand, origins: list[str]) -> str:
-    """C: element ``(gk, gf)`` of gathered operand ``op``'s matrix (``gk`` along K, ``gf``
-    along its own axis, the batch axes at this block's origins), as the storage type: the
-    load its conditions pick (a rolled axis reads one of two), or zero where a padding
-    guard fails.  The value is copied, not computed: a load, no conversion."""
+@dataclass(frozen=True)
+class GatherAccess:
+    """C for element ``(gk, gf)`` of a gathered operand: ``param[index]`` where ``valid``
+    holds, zero elsewhere.  The template reads ``param[valid ? index : 0]`` unconditionally
+    and selects zero afterwards: a guard around the load would make it a branch, and nvcc
+    then waits for each element before the next one's guard, one memory latency per
+    element, where a branch-free slice issues all its loads back to back."""
+
+    param: str
+    index: str
+    valid: str  # "true" where every element in range is read
+
+
+def gather_access(kb: KernelBuilder, con: Contraction, op: Operand, origins: list[str]) -> GatherAccess:
+    """How to read element ``(gk, gf)`` of gathered operand ``op``'s matrix (``gk`` along
+    K, ``gf`` along its own axis, the batch axes at this block's origins), as the storage
+    type: the load its conditions pick (a rolled axis reads one of two), or zero where a
+    padding guard fails.  The value is copied, not computed: a load, no conversion."""
     assert op.gather is not None
     c = con.compute
     own = con.axis_name(op.contiguous)
     names = {c.axes[d].name: origins[d] for d in con.batch_axes} | {own: "gf", con.k: "gk"}
     param = kb.params[op.tensor]
 
-    def load(ld: Load, p: CPrinter) -> str:
-        return f"{param.name}[{flat_index([p(i) for i in ld.indices], param.shape)}]"
+    def no_load(ld: Load, p: CPrinter) -> str:
+        raise AssertionError(f"a gathered operand's index or guard reads {ld.tensor}")
 
-    printer = CPrinter(load, names)
-    half = HALF_FORMATS.get(c.dtype)
-    zero = f"{half.from_float}(0.0f)" if half is not None else "0.0f"
+    printer = CPrinter(no_load, names, eager_logic=True)
 
-    def copied(e: Expr) -> str:  # the shapes _gathered_load admits: selects of loads and zeros
-        if isinstance(e, Select):
-            return f"({printer(e.cond)} ? {copied(e.a)} : {copied(e.b)})"
-        return zero if isinstance(e, Const) else printer(e)
+    def access(e: Expr) -> tuple[str, str | None]:
+        """(where ``e`` reads, its index; None for a zero) over the shapes _gathered_load
+        admits: selects of loads of one tensor and zeros."""
+        if isinstance(e, Const):
+            return "false", None
+        if isinstance(e, Load):
+            return "true", flat_index([printer(i) for i in e.indices], param.shape)
+        assert isinstance(e, Select)
+        cond = printer(e.cond)
+        (valid_a, index_a), (valid_b, index_b) = access(e.a), access(e.b)
+        if index_a is None or index_b is None:
+            index = index_b if index_a is None else index_a
+        else:
+            index = f"({cond} ? {index_a} : {index_b})"
+        if valid_a == valid_b:
+            return valid_a, index
+        if (valid_a, valid_b) == ("true", "false"):
+            return cond, index
+        if (valid_a, valid_b) == ("false", "true"):
+            return f"(!{cond})", index
+        return f"({cond} ? {valid_a} : {valid_b})", index
 
-    return copied(op.gather)
+    valid, index = access(op.gather)
+    return GatherAccess(param.name, index or "0", valid)
 
 
 def operand_offset(con: Contraction, op: Operand, origins: list[str]) -> str:
@@ -456,7 +485,7 @@ def _operand(
         k_step=row_stride if k_rows else 1,
         fixed_origin=origin,
         fixed_limit=extent,
-        gather=gather_value(kb, con, op, origins) if gathered else None,
+        gather=gather_access(kb, con, op, origins) if gathered else None,
         pairs=rows * cols // 2 // threads if gathered else 0,
         pair_rows=pair_rows(threads, cols) if gathered else 0,
         gather_dst=f"row * {ld} + col",

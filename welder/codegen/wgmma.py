@@ -36,7 +36,7 @@ from welder.schedule.kinds.wgmma import (
 from .mma import (
     ContractionStageCtx,
     contraction_fields,
-    gather_value,
+    gather_access,
     operand_offset,
     pair_rows,
     stage_contraction,
@@ -286,7 +286,7 @@ def _operand(
         fixed_origin="m0" if role == "m" else "n0",
         fixed_limit=extent,
         cols=cols,
-        gather=gather_value(kb, con, op, origins) if gathered else None,
+        gather=gather_access(kb, con, op, origins) if gathered else None,
         pairs=rows * cols // 2 // threads if gathered else 0,
         pair_rows=pair_rows(threads, cols) if gathered else 0,
         # Panel col / 64 of 64-element rows, 16-byte unit (col % 64 / 8) ^ (row % 8) of its row.
