@@ -328,6 +328,31 @@ def test_faulting_and_hanging_kernels_are_contained():
         assert device.time(program, good, x) > 0
 
 
+def test_a_groups_candidates_are_timed_on_one_set_of_rotated_copies(sm):
+    """The executor makes the outputs and the rotated copies at a data key's first timing
+    and reuses them for the next kernels timed on it (a group's candidates), and frees them
+    with the data; other output specs make new ones."""
+    from welder.device.gpu import GpuExecutor, launch_spec, output_specs
+
+    good = _handwritten_kernel("add_one")
+    executor = GpuExecutor(0)
+    try:
+        executor.load("m", compile_cubin([good.source], sm))
+        executor.upload("d", [_w(1024)])
+        first = executor.time("m", launch_spec(good), "d", output_specs(good), 0.05)
+        copies = executor._timing["d"][2]
+        second = executor.time("m", launch_spec(good), "d", output_specs(good), 0.05)
+        assert first > 0 and second > 0
+        assert executor._timing["d"][2] is copies and len(copies) == 31  # 8 KB: the cap of 32 sets
+        wider = [((2048,), "float32")]
+        assert executor.time("m", launch_spec(good), "d", wider, 0.05) > 0
+        assert executor._timing["d"][0] == tuple(wider) and executor._timing["d"][2] is not copies
+        executor.release("d")
+        assert "d" not in executor._timing
+    finally:
+        executor.close()
+
+
 def test_in_process_fault_is_final():
     """In a process of its own: the fault ends that process's use of the GPU for good."""
     import subprocess

@@ -629,6 +629,8 @@ def time_kernel(
     l2_bytes: int | None = None,
     max_copies: int = 32,
     give_up_ms: float | None = None,
+    copies: Sequence[Sequence[Argument]] | None = None,
+    spin_module: GpuModule | None = None,
 ) -> float:
     """Median milliseconds of one launch, by CUDA events.
 
@@ -637,11 +639,19 @@ def time_kernel(
     repeat until :func:`sample_until_stable` is satisfied.  When the launch's buffers fit in
     L2 they are copied and launches rotate through the copies.  The caller provides the data:
     never time on all-zero inputs (some kernels run faster on zeros).  ``give_up_ms``: see
-    :func:`sample_until_stable`'s ``give_up_above``."""
+    :func:`sample_until_stable`'s ``give_up_above``.
+
+    A caller timing many kernels on the same buffers (a group's candidates) passes the
+    rotated copies it keeps (``copies``: argument lists like ``args``, from
+    :func:`rotated_copies`; its own to free) and the spin kernel's module, so that each
+    candidate does not allocate, copy and free the copies and load the module again."""
     drv = _driver()
     stream = drv.Stream()
-    sets = _rotation_sets(args, l2_bytes, max_copies)
-    spin = GpuModule(_SPIN_PTX).function("welder_spin")
+    owned = copies is None
+    if copies is None:
+        copies = rotated_copies(args, l2_bytes, max_copies)
+    sets = [bind_tensor_maps(args), *(bind_tensor_maps(c) for c in copies)]
+    spin = (spin_module or GpuModule(_SPIN_PTX)).function("welder_spin")
     spin.prepare("Q")
     counter = itertools.count()
 
@@ -684,32 +694,45 @@ def time_kernel(
         )
         return statistics.median(samples)
     finally:
-        for extra in sets[1:]:
-            for a in extra:
-                if isinstance(a, DeviceBuffer):
-                    with suppress(drv.Error):  # after a fault; the fault itself is being raised
-                        a.free()
+        if owned:
+            free_copies(copies)
 
 
-def _rotation_sets(args: Sequence[Argument], l2_bytes: int | None, max_copies: int) -> list[list[Argument]]:
-    """The argument list plus copies of its buffers (scalars shared) to rotate through, each
-    with its tensor maps encoded over its own buffers."""
+def rotated_copies(
+    args: Sequence[Argument], l2_bytes: int | None, max_copies: int = 32
+) -> list[list[Argument]]:
+    """Copies of ``args``' buffers (scalars and tensor-map arguments shared) for launches to
+    rotate through besides ``args`` itself: :func:`rotation_copies` - 1 of them, none where
+    the buffers exceed the L2.  Free them with :func:`free_copies`."""
     buffers = [a for a in args if isinstance(a, DeviceBuffer)]
     total = sum(b.nbytes for b in buffers)
     free, _ = _driver().mem_get_info()
-    copies = rotation_copies(total, l2_bytes or FALLBACK_L2_BYTES, free, max_copies)
-    sets = [list(args)]
-    for _ in range(copies - 1):
-        copy: list[Argument] = []
-        for a in args:
+    count = rotation_copies(total, l2_bytes or FALLBACK_L2_BYTES, free, max_copies)
+    made: list[list[Argument]] = []
+    try:
+        for _ in range(count - 1):
+            copy: list[Argument] = []
+            made.append(copy)
+            for a in args:
+                if isinstance(a, DeviceBuffer):
+                    b = DeviceBuffer(a.nbytes)
+                    copy.append(b)
+                    b.copy_from(a)
+                else:
+                    copy.append(a)
+    except BaseException:
+        free_copies(made)
+        raise
+    return made
+
+
+def free_copies(copies: Sequence[Sequence[Argument]]) -> None:
+    """Free the buffers of :func:`rotated_copies`' lists."""
+    for copy in copies:
+        for a in copy:
             if isinstance(a, DeviceBuffer):
-                b = DeviceBuffer(a.nbytes)
-                b.copy_from(a)
-                copy.append(b)
-            else:
-                copy.append(a)
-        sets.append(copy)
-    return [bind_tensor_maps(s) for s in sets]
+                with suppress(_driver().Error):  # after a fault; the fault itself is being raised
+                    a.free()
 
 
 # -- the executor: whole jobs in one CUDA context ---------------------------------------------------
@@ -748,6 +771,11 @@ class GpuExecutor:
         self._context = self._device.make_context()
         self._modules: dict[str, GpuModule] = {}
         self._data: dict[str, list[DeviceBuffer]] = {}
+        # What timing one kernel after another on the same inputs shares, kept until the
+        # inputs are released: per data key, the output specs, the outputs and the rotated
+        # copies of inputs and outputs; and the spin kernel's module.
+        self._timing: dict[str, tuple[tuple[OutputSpec, ...], list[DeviceBuffer], list[list[Argument]]]] = {}
+        self._spin: GpuModule | None = None
 
     def info(self) -> DeviceInfo:
         attr = self._drv.device_attribute
@@ -769,8 +797,15 @@ class GpuExecutor:
             self._data[key] = [DeviceBuffer.from_array(a) for a in arrays]
 
     def release(self, key: str) -> None:
+        self._release_timing(key)
         for b in self._data.pop(key, []):
             b.free()
+
+    def _release_timing(self, key: str) -> None:
+        if key in self._timing:
+            _, outs, copies = self._timing.pop(key)
+            free_copies(copies)
+            self._free(outs)
 
     def run(
         self, module: str, launch: LaunchSpec, data: str, outputs: Sequence[OutputSpec]
@@ -795,23 +830,36 @@ class GpuExecutor:
         budget_s: float,
         give_up_ms: float | None = None,
     ) -> float:
-        """Median milliseconds of one launch (see :func:`time_kernel`)."""
-        outs = self._outputs(outputs)
-        try:
-            with self._guard(f"timing {launch.name}"):
-                return time_kernel(
-                    self._modules[module],
-                    launch.name,
-                    launch.grid,
-                    launch.block,
-                    launch.smem,
-                    [*self._data[data], *outs, *launch.tensor_maps],
-                    budget_s=budget_s,
-                    l2_bytes=self.info().l2_bytes,
-                    give_up_ms=give_up_ms,
-                )
-        finally:
-            self._free(outs)
+        """Median milliseconds of one launch (see :func:`time_kernel`).  The outputs and the
+        rotated copies are made at the first timing on ``data`` and kept for the next ones
+        with the same outputs (a group's candidates), until ``data`` is released."""
+        with self._guard(f"timing {launch.name}"):
+            specs = tuple(outputs)
+            if data in self._timing and self._timing[data][0] != specs:
+                self._release_timing(data)
+            if data not in self._timing:
+                outs = self._outputs(outputs)
+                try:
+                    copies = rotated_copies([*self._data[data], *outs], self.info().l2_bytes)
+                except BaseException:
+                    self._free(outs)
+                    raise
+                self._timing[data] = (specs, outs, copies)
+            if self._spin is None:
+                self._spin = GpuModule(_SPIN_PTX)
+            _, outs, copies = self._timing[data]
+            return time_kernel(
+                self._modules[module],
+                launch.name,
+                launch.grid,
+                launch.block,
+                launch.smem,
+                [*self._data[data], *outs, *launch.tensor_maps],
+                budget_s=budget_s,
+                give_up_ms=give_up_ms,
+                copies=[[*c, *launch.tensor_maps] for c in copies],
+                spin_module=self._spin,
+            )
 
     def close(self) -> None:
         """Free everything and destroy the context -- step by step, since after a fault
@@ -819,6 +867,7 @@ class GpuExecutor:
         for key in list(self._data):
             with suppress(self._drv.Error):
                 self.release(key)
+        self._spin = None
         self._modules.clear()
         with suppress(self._drv.Error):
             self._context.pop()
