@@ -389,3 +389,52 @@ def test_a_span_must_beat_the_greedy_fusion_of_its_nodes() -> None:
     assert not any(line.startswith("span") and "'m'" in line for line in result.log)
     whole = make_group(graph, [*home.members, "y4", "n:sum", "n:mean", "n:centred", "n:sqsum"])
     assert cm(whole) > result.latency_us - sum(cm(g) for g in result.groups if "out" in g.members)
+
+
+def test_worker_processes_search_as_one_process_would() -> None:
+    """A whole graph's search proposes groups in forked worker processes (CostModel.parallel:
+    the nodes alone, each growth step's trials, the spans and their greedy costs): on a BERT
+    layer the groups, latencies and log equal one process's, and the workers proposed some
+    of the groups.  In a process of its own, since a pytest worker runs threads and no fork
+    is taken among threads."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; sys.path.insert(0, 'tests')\n"
+        "from models import bert_encoder_layer\n"
+        "from welder.arch import get_arch\n"
+        "from welder.frontend.onnx import import_onnx\n"
+        "from welder.schedule.engine import CostModel, fuse\n"
+        "graph = import_onnx(bert_encoder_layer()[0])\n"
+        "out = {}\n"
+        "for workers in (1, 2):\n"
+        "    cost = CostModel(graph, get_arch('H100'), workers=workers)\n"
+        "    result = fuse(graph, cost)\n"
+        "    groups = [sorted(g.members) for g in result.groups]\n"
+        "    out[workers] = [groups, result.latencies, result.log, cost.forked]\n"
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    alone, forked = out["1"], out["2"]
+    assert alone[:3] == forked[:3]
+    assert any(line.startswith("span") for line in alone[2])
+    assert alone[3] == 0 and forked[3] > 0
+
+
+def test_no_worker_processes_while_other_threads_run() -> None:
+    import threading
+
+    cost = CostModel(attention(heads=2), get_arch("H100"), workers=2)
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        with cost.parallel():
+            assert cost._pool is None
+    finally:
+        stop.set()
+        thread.join()

@@ -13,15 +13,19 @@ but injective operators still travel with the reduction next to them (see
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
-from collections.abc import Callable, Collection, Iterable, Sequence
+import multiprocessing
+import threading
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from welder.arch import Arch
 from welder.graph import Graph
+from welder.hostcpu import usable_cores
 from welder.ir.expr import Load, format_expr, rename_tensors
 from welder.ir.views import aliased_input
 from welder.schedule.config import GroupConfig
@@ -30,6 +34,7 @@ from welder.schedule.kinds import Options, ScheduleContext, propose
 from welder.schedule.kinds.library import LibraryGroup
 
 MAX_GROUP_MEMBERS = 48
+T = TypeVar("T")
 MAX_GROUP_STAGES = 8
 
 
@@ -42,16 +47,85 @@ class LatencyMeasure(Protocol):
 class CostModel:
     """Latency of a group under the cost model (its best config's estimate over the kernel
     kinds ``options.kinds`` names); memoised by group structure, so the twelve identical
-    layers of a BERT are scheduled once."""
+    layers of a BERT are scheduled once.
 
-    def __init__(self, graph: Graph, arch: Arch, options: Options | None = None) -> None:
+    Proposing a group's configs is pure Python and the search's whole cost (a tenth of a
+    second a group, hundreds of distinct groups a model), so within :meth:`parallel` the
+    search hands the groups it is about to rate to :meth:`prefetch`, which proposes the
+    new ones in ``workers`` forked processes; the ratings, and so the search, are the same
+    as one process would make."""
+
+    def __init__(
+        self, graph: Graph, arch: Arch, options: Options | None = None, workers: int | None = None
+    ) -> None:
         self.graph = graph
         self.arch = arch
         self.options = options or Options()
         self.context = ScheduleContext(self._shape, self._dtype, arch, self.options)
         self._cache: dict[str, list[GroupConfig]] = {}
         self._tensor = functools.cache(graph.tensor)  # asked a million times a search
-        self.calls = 0
+        self.calls = 0  # groups proposed, here or (forked) in a worker process
+        self.forked = 0  # of which in a worker process
+        self.workers = usable_cores() if workers is None else workers
+        self._pool: multiprocessing.pool.Pool | None = None
+
+    @contextlib.contextmanager
+    def parallel(self) -> Iterator[None]:
+        """Worker processes for :meth:`prefetch` while the block runs (a nested call reuses
+        them).  None where there is one worker, where ``fork`` is missing, or where other
+        threads run: a fork copies their locks in whatever state they are."""
+        global _FORKED_MODEL
+        usable = self.workers > 1 and "fork" in multiprocessing.get_all_start_methods()
+        if self._pool is not None or not usable or threading.active_count() > 1:
+            yield
+            return
+        _FORKED_MODEL = self  # what the forked processes read the graph and options from
+        self._pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_forked_start)
+        try:
+            yield
+        finally:
+            pool, self._pool = self._pool, None
+            pool.terminate()
+            pool.join()
+            _FORKED_MODEL = None
+
+    def prefetch(self, groups: Iterable[Group]) -> None:
+        """Propose the configs of ``groups`` not memoised yet, in the worker processes of
+        :meth:`parallel` (nothing outside it).  A group the worker fails on is left to
+        :meth:`configs`, which raises as it would have."""
+        if self._pool is None:
+            return
+        todo: dict[str, list[str]] = {}
+        for group in groups:
+            key = group_signature(self.graph, group)
+            if key not in self._cache and key not in todo:
+                todo[key] = sorted(group.members)
+        if len(todo) < 2:
+            return
+        for key, found in zip(todo, self._pool.map(_propose_forked, list(todo.values()), chunksize=1)):
+            if found is not None:
+                self.calls += 1
+                self.forked += 1
+                self._cache[key] = found
+
+    def map_forked(self, fn: Callable[..., T], calls: Sequence[tuple]) -> list[T]:
+        """``[fn(self, *args) for args in calls]``, in the worker processes of :meth:`parallel`
+        where there are any: each runs with its own copy of this model, whose new memoised
+        configs come back into this one.  ``fn`` and ``args`` must pickle (names, not groups);
+        a call that raises in a worker is made again here."""
+        if self._pool is None or len(calls) < 2:
+            return [fn(self, *args) for args in calls]
+        results = []
+        for args, (ok, value, learned) in zip(
+            calls, self._pool.map(_call_forked, [(fn, a) for a in calls], 1)
+        ):
+            for key, configs in learned.items():
+                if key not in self._cache:
+                    self.calls += 1
+                    self.forked += 1
+                    self._cache[key] = configs
+            results.append(value if ok else fn(self, *args))
+        return results
 
     def configs(self, group: Group) -> list[GroupConfig]:
         key = group_signature(self.graph, group)
@@ -72,6 +146,49 @@ class CostModel:
 
     def _dtype(self, t: str) -> str:
         return self._tensor(t).dtype
+
+
+#: The CostModel a forked :meth:`CostModel.prefetch` process proposes for (set before the fork).
+_FORKED_MODEL: CostModel | None = None
+
+
+def _propose_forked(members: list[str]) -> list[GroupConfig] | None:
+    """In a forked process: the configs of the group of ``members``, in canonical names."""
+    model = _FORKED_MODEL
+    assert model is not None
+    try:
+        group = make_group(model.graph, members)
+        names = canonical_names(group)
+        return [c.renamed(names) for c in propose(group, model.context)]
+    except Exception:  # the parent's configs() meets it again and raises
+        return None
+
+
+def _forked_start() -> None:
+    """A worker process's start: its copy of the model proposes alone (no pool of its own)."""
+    assert _FORKED_MODEL is not None
+    _FORKED_MODEL.workers = 1
+
+
+def _call_forked(task: tuple[Callable[..., Any], tuple]) -> tuple[bool, Any, dict[str, list[GroupConfig]]]:
+    """In a forked process: ``fn(model, *args)``, whether it returned, and the configs the
+    model memoised meanwhile."""
+    fn, args = task
+    model = _FORKED_MODEL
+    assert model is not None
+    before = set(model._cache)
+    try:
+        ok, value = True, fn(model, *args)
+    except Exception:  # made again in the parent, which raises as it would have
+        ok, value = False, None
+    return ok, value, {k: v for k, v in model._cache.items() if k not in before}
+
+
+def _prefetch(measure: LatencyMeasure, groups: Iterable[Group]) -> None:
+    """Let a measure that proposes in parallel (CostModel.prefetch) rate ``groups`` ahead."""
+    prefetch = getattr(measure, "prefetch", None)
+    if prefetch is not None:
+        prefetch(groups)
 
 
 def canonical_names(group: Group) -> dict[str, str]:
@@ -144,6 +261,23 @@ def fuse(
     the groups are :func:`nofusion_partition`'s.  ``only`` restricts the search to those
     nodes (re-fusing one group's members), ``max_stages`` caps the tile-owning stages of a
     group; ``product_spans=False`` leaves :func:`_product_spans` out (greedy growth only)."""
+    # Worker processes for a whole graph's search; re-fusing one group's members (``only``:
+    # the tuner's fusion checks, a span's greedy cost) is too small to pay for starting them.
+    parallel = getattr(measure, "parallel", None) if only is None else None
+    with parallel() if parallel is not None else contextlib.nullcontext():
+        return _fuse(graph, measure, nofusion, progress, library, only, max_stages, product_spans)
+
+
+def _fuse(
+    graph: Graph,
+    measure: LatencyMeasure,
+    nofusion: bool,
+    progress: Callable[[int, int], None] | None,
+    library: Sequence[LibraryGroup],
+    only: Collection[str] | None,
+    max_stages: int,
+    product_spans: bool,
+) -> FusionResult:
     order = [n.name for n in graph.topo_order()]
     rank = {n: k for k, n in enumerate(order)}
     scheduled: set[str] = {m for lg in library for m in lg.group.members}
@@ -155,6 +289,8 @@ def fuse(
     if nofusion:
         part_of = {m: part for part in nofusion_partition(graph, measure, scheduled, log) for m in part}
     search = product_spans and not nofusion
+    if not nofusion:  # every node alone: the seeds of the growth and the parts it weighs
+        _prefetch(measure, (make_group(graph, [n]) for n in order if n not in scheduled))
     spans = _product_spans(graph, order, scheduled, measure, rank, log, max_stages) if search else {}
     span_of = {m: span for span in spans.values() for m in span}
     reserved = set(span_of)
@@ -280,6 +416,7 @@ def _grow(
     grown = True
     while grown:
         grown = False
+        trials = []
         for cand in _candidates(graph, members, scheduled, rank):
             extra = _with_spans(graph, cand, members, scheduled, span_of)
             if extra is None:
@@ -291,6 +428,9 @@ def _grow(
                 continue
             if len(group.members) > MAX_GROUP_MEMBERS or len(group.stages) > max_stages:
                 continue
+            trials.append((extra, trial, group))
+        _prefetch(measure, (group for _, _, group in trials))
+        for extra, trial, group in trials:
             fused = measure(group)
             parts = _separate_cost(graph, extra, measure)
             if fused is None or parts is None:
@@ -318,7 +458,7 @@ def _product_spans(
     product pays for them (the ``attention`` kind keeps the scores in registers).  The
     spans are fixed before the search, so that no other group claims their nodes first (a
     projection taking the first product as a later stage)."""
-    found: list[tuple[float, str, set[str]]] = []
+    candidates: list[tuple[str, set[str], Group]] = []
     for name in order:
         if name in scheduled or not graph.nodes[name].compute.is_product:
             continue
@@ -338,14 +478,21 @@ def _product_spans(
             group = make_group(graph, span)
         except InvalidGroup:
             continue
-        if len(group.stages) > max_stages:
-            continue
+        if len(group.stages) <= max_stages:
+            candidates.append((name, span, group))
+    _prefetch(measure, (group for _, _, group in candidates))
+    rated: list[tuple[str, set[str], float, float]] = []
+    for name, span, group in candidates:
         fused = measure(group)
         parts = _separate_cost(graph, span, measure)
-        if fused is None or parts is None or fused >= parts:
-            continue
-        if fused <= _greedy_cost(graph, span, measure, max_stages):  # often the span itself
-            found.append((parts - fused, name, span))
+        if fused is not None and parts is not None and fused < parts:
+            rated.append((name, span, fused, parts))
+    greedy = _greedy_costs(graph, [span for _, span, _, _ in rated], measure, max_stages)
+    found = [
+        (parts - fused, name, span)
+        for (name, span, fused, parts), alone in zip(rated, greedy)
+        if fused <= alone  # often the span itself
+    ]
     # Largest gain first: of a chain of products (a projection, the scores, their product
     # with values, the next projection) each overlapping span competes with its neighbours.
     spans: dict[str, set[str]] = {}
@@ -357,6 +504,21 @@ def _product_spans(
         spans[name] = span
         taken |= span
     return spans
+
+
+def _greedy_costs(
+    graph: Graph, spans: list[set[str]], measure: LatencyMeasure, max_stages: int
+) -> list[float]:
+    """:func:`_greedy_cost` of each span: in parallel where the measure runs calls in worker
+    processes (``CostModel.map_forked``; the spans' searches are independent)."""
+    run = getattr(measure, "map_forked", None)
+    if run is None:
+        return [_greedy_cost(graph, span, measure, max_stages) for span in spans]
+    return run(_forked_greedy_cost, [(sorted(span), max_stages) for span in spans])
+
+
+def _forked_greedy_cost(model: CostModel, span: list[str], max_stages: int) -> float:
+    return _greedy_cost(model.graph, set(span), model, max_stages)
 
 
 def _greedy_cost(graph: Graph, span: set[str], measure: LatencyMeasure, max_stages: int) -> float:
