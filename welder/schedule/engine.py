@@ -34,6 +34,8 @@ from welder.schedule.kinds import Options, ScheduleContext, propose
 from welder.schedule.kinds.library import LibraryGroup
 
 MAX_GROUP_MEMBERS = 48
+#: Groups the parent of CostModel's worker processes memoises before it forks them again.
+REFORK_AFTER = 32
 T = TypeVar("T")
 MAX_GROUP_STAGES = 8
 
@@ -68,6 +70,7 @@ class CostModel:
         self.forked = 0  # of which in a worker process
         self.workers = usable_cores() if workers is None else workers
         self._pool: multiprocessing.pool.Pool | None = None
+        self._forked_with = 0  # memoised groups when the workers were forked
 
     @contextlib.contextmanager
     def parallel(self) -> Iterator[None]:
@@ -80,14 +83,38 @@ class CostModel:
             yield
             return
         _FORKED_MODEL = self  # what the forked processes read the graph and options from
-        self._pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_forked_start)
+        self._fork()
         try:
             yield
         finally:
-            pool, self._pool = self._pool, None
+            self._stop()
+            _FORKED_MODEL = None
+
+    def _fork(self) -> None:
+        self._pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_forked_start)
+        self._forked_with = len(self._cache)
+
+    def _stop(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
             pool.terminate()
             pool.join()
-            _FORKED_MODEL = None
+
+    def _workers(self) -> multiprocessing.pool.Pool:
+        """The pool, forked again once this process has memoised REFORK_AFTER groups more
+        than its workers know: a worker proposes again what it does not have (the nodes
+        alone a span's greedy cost weighs, say), and forking is cheap beside that."""
+        assert self._pool is not None
+        if len(self._cache) >= self._forked_with + REFORK_AFTER:
+            self._stop()
+            self._fork()
+        assert self._pool is not None
+        return self._pool
+
+    @property
+    def prefetching(self) -> bool:
+        """Whether :meth:`prefetch` proposes (inside :meth:`parallel`, with workers)."""
+        return self._pool is not None
 
     def prefetch(self, groups: Iterable[Group]) -> None:
         """Propose the configs of ``groups`` not memoised yet, in the worker processes of
@@ -102,7 +129,7 @@ class CostModel:
                 todo[key] = sorted(group.members)
         if len(todo) < 2:
             return
-        for key, found in zip(todo, self._pool.map(_propose_forked, list(todo.values()), chunksize=1)):
+        for key, found in zip(todo, self._workers().map(_propose_forked, list(todo.values()), chunksize=1)):
             if found is not None:
                 self.calls += 1
                 self.forked += 1
@@ -116,9 +143,8 @@ class CostModel:
         if self._pool is None or len(calls) < 2:
             return [fn(self, *args) for args in calls]
         results = []
-        for args, (ok, value, learned) in zip(
-            calls, self._pool.map(_call_forked, [(fn, a) for a in calls], 1)
-        ):
+        done = self._workers().map(_call_forked, [(fn, args) for args in calls], chunksize=1)
+        for args, (ok, value, learned) in zip(calls, done):
             for key, configs in learned.items():
                 if key not in self._cache:
                     self.calls += 1
@@ -289,7 +315,8 @@ def _fuse(
     if nofusion:
         part_of = {m: part for part in nofusion_partition(graph, measure, scheduled, log) for m in part}
     search = product_spans and not nofusion
-    if not nofusion:  # every node alone: the seeds of the growth and the parts it weighs
+    if not nofusion and getattr(measure, "prefetching", False):
+        # every node alone: the seeds of the growth and the parts it weighs
         _prefetch(measure, (make_group(graph, [n]) for n in order if n not in scheduled))
     spans = _product_spans(graph, order, scheduled, measure, rank, log, max_stages) if search else {}
     span_of = {m: span for span in spans.values() for m in span}
@@ -416,20 +443,12 @@ def _grow(
     grown = True
     while grown:
         grown = False
-        trials = []
-        for cand in _candidates(graph, members, scheduled, rank):
-            extra = _with_spans(graph, cand, members, scheduled, span_of)
-            if extra is None:
-                continue
-            trial = members | extra
-            try:
-                group = make_group(graph, trial)
-            except InvalidGroup:
-                continue
-            if len(group.members) > MAX_GROUP_MEMBERS or len(group.stages) > max_stages:
-                continue
-            trials.append((extra, trial, group))
-        _prefetch(measure, (group for _, _, group in trials))
+        trials: Iterable[tuple[set[str], set[str], Group]] = _trials(
+            graph, members, scheduled, rank, max_stages, span_of
+        )
+        if getattr(measure, "prefetching", False):  # all of them at once, in parallel
+            trials = list(trials)
+            _prefetch(measure, (group for _, _, group in trials))
         for extra, trial, group in trials:
             fused = measure(group)
             parts = _separate_cost(graph, extra, measure)
@@ -440,6 +459,30 @@ def _grow(
                 members, current, grown = trial, fused, True
                 break
     return members
+
+
+def _trials(
+    graph: Graph,
+    members: set[str],
+    scheduled: set[str],
+    rank: dict[str, int],
+    max_stages: int,
+    span_of: dict[str, set[str]],
+) -> Iterator[tuple[set[str], set[str], Group]]:
+    """The groups one growth step of ``members`` may become, in the order it tries them:
+    (the nodes added, the members then, the group); made as they are asked for, since the
+    step usually stops at the first."""
+    for cand in _candidates(graph, members, scheduled, rank):
+        extra = _with_spans(graph, cand, members, scheduled, span_of)
+        if extra is None:
+            continue
+        trial = members | extra
+        try:
+            group = make_group(graph, trial)
+        except InvalidGroup:
+            continue
+        if len(group.members) <= MAX_GROUP_MEMBERS and len(group.stages) <= max_stages:
+            yield extra, trial, group
 
 
 def _product_spans(
