@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from mma_bench import describe as bench_label  # noqa: E402
 from mma_bench import error_of_one_launch, profiled_once, time_us  # noqa: E402
 
 from welder.arch import match_gpu_name  # noqa: E402
@@ -95,15 +96,9 @@ class Row:
 
 
 def describe(cfg) -> str:
-    """A config in one line: a tensor-core stage's tiles, warps, ring depth and split, or
-    the SIMT block tile."""
+    """mma_bench's one-line config, after its kind for a tensor-core stage."""
     st = cfg.stages[0]
-    if isinstance(st, mma.MmaConfig):
-        return (
-            f"{st.kind} {st.block_m}x{st.block_n}x{st.block_k} "
-            f"w{st.warps[0]}x{st.warps[1]} p{st.pipeline} s{st.splits}"
-        )
-    return f"simt tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads}"
+    return f"{st.kind} {bench_label(cfg)}" if isinstance(st, mma.MmaConfig) else bench_label(cfg)
 
 
 def conv_model(batch: int, cin: int, size: int, cout: int, k: int, s: int, p: int, seed: int = 0):
@@ -130,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--match",
         help="also time every proposed tensor-core config whose description (as printed, e.g. "
-        "'mma 64x32x128 w2x1 p4 s6') matches this regular expression",
+        "'mma 64x32x128 w2x1 p4 s6 cp16') matches this regular expression",
     )
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument(

@@ -138,6 +138,22 @@ def tile_of(cfg) -> tuple:
     return (st.block_m, st.block_n, tuple(st.warps), st.splits)
 
 
+def describe(cfg) -> str:
+    """A config in one line: a tensor-core stage's tiles, warps, ring depth, split, copy
+    width and Hopper options, or the SIMT block tile."""
+    st = cfg.stages[0]
+    if not isinstance(st, mma.MmaConfig):
+        return f"simt tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads}"
+    return (
+        f"{st.block_m}x{st.block_n}x{st.block_k} w{st.warps[0]}x{st.warps[1]} "
+        f"p{st.pipeline} s{st.splits} cp{st.copy_bytes}"
+        + (" tma" if getattr(st, "producer", False) else "")
+        + (f" persistent {st.persistent}" if st.persistent else "")
+        + (f" cluster {st.cluster} shares {st.multicast.upper()}" if st.cluster > 1 else "")
+        + (" tma-store" if getattr(st, "tma_store", False) else "")
+    )
+
+
 def max_error(value, reference) -> float:
     """The design's metric: max |a - b| / max(|b|, 1)."""
     return ((value.float() - reference.float()).abs() / reference.float().abs().clamp(min=1)).max().item()
@@ -423,18 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             if not math.isfinite(again) or again > limit:
                 print(f"  {kernel.name}: WRONG after timing ({again:.3e}), {cfg.stages[0]}", flush=True)
                 continue
-            st = cfg.stages[0]
-            if isinstance(st, mma.MmaConfig):
-                label = (
-                    f"{st.block_m}x{st.block_n}x{st.block_k} w{st.warps[0]}x{st.warps[1]} "
-                    f"p{st.pipeline} s{st.splits} cp{st.copy_bytes}"
-                    + (" tma" if getattr(st, "producer", False) else "")
-                    + (f" persistent {st.persistent}" if st.persistent else "")
-                    + (f" cluster {st.cluster} shares {st.multicast.upper()}" if st.cluster > 1 else "")
-                    + (" tma-store" if getattr(st, "tma_store", False) else "")
-                )
-            else:
-                label = f"simt tile {'x'.join(map(str, cfg.block_tile))} threads {cfg.threads}"
+            st, label = cfg.stages[0], describe(cfg)
             predicted = cfg.estimate.latency_us
             timings.append(
                 {"kind": st.kind, "config": label, "measured_us": round(us, 2), "predicted_us": predicted}

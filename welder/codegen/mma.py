@@ -305,10 +305,11 @@ def pair_rows(threads: int, cols: int) -> int:
 @dataclass(frozen=True)
 class GatherAccess:
     """C for element ``(gk, gf)`` of a gathered operand: ``param[index]`` where ``valid``
-    holds, zero elsewhere.  The template reads ``param[valid ? index : 0]`` unconditionally
-    and selects zero afterwards: a guard around the load would make it a branch, and nvcc
-    then waits for each element before the next one's guard, one memory latency per
-    element, where a branch-free slice issues all its loads back to back."""
+    holds, zero elsewhere.  The template reads ``param[index & -ok]`` (``ok``: ``valid`` and
+    the edge guards) unconditionally and selects zero afterwards: a guard around the load
+    would make it a branch, and nvcc then waits for each element before the next one's
+    guard, one memory latency per element, where a branch-free slice issues all its loads
+    back to back."""
 
     param: str
     index: str

@@ -35,6 +35,7 @@ from welder.schedule.kinds.wgmma import (
 
 from .mma import (
     ContractionStageCtx,
+    GatherAccess,
     contraction_fields,
     gather_access,
     operand_offset,
@@ -92,7 +93,7 @@ class _Operand:
     cols: int  # elements per slice along the row axis
     # A gathered operand (always MN-major): as the mma stage's (codegen/mma.py), with
     # ``gather_dst`` placing a pair in the swizzled slot.
-    gather: str | None = None
+    gather: GatherAccess | None = None
     pairs: int = 0
     pair_rows: int = 0
     gather_dst: str = ""

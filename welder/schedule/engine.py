@@ -34,10 +34,10 @@ from welder.schedule.kinds import Options, ScheduleContext, propose
 from welder.schedule.kinds.library import LibraryGroup
 
 MAX_GROUP_MEMBERS = 48
+MAX_GROUP_STAGES = 8
 #: Groups the parent of CostModel's worker processes memoises before it forks them again.
 REFORK_AFTER = 32
 T = TypeVar("T")
-MAX_GROUP_STAGES = 8
 
 
 class LatencyMeasure(Protocol):
@@ -127,13 +127,8 @@ class CostModel:
             key = group_signature(self.graph, group)
             if key not in self._cache and key not in todo:
                 todo[key] = sorted(group.members)
-        if len(todo) < 2:
-            return
-        for key, found in zip(todo, self._workers().map(_propose_forked, list(todo.values()), chunksize=1)):
-            if found is not None:
-                self.calls += 1
-                self.forked += 1
-                self._cache[key] = found
+        if len(todo) >= 2:
+            self.map_forked(_rate_forked, [(members,) for members in todo.values()])
 
     def map_forked(self, fn: Callable[..., T], calls: Sequence[tuple]) -> list[T]:
         """``[fn(self, *args) for args in calls]``, in the worker processes of :meth:`parallel`
@@ -178,16 +173,12 @@ class CostModel:
 _FORKED_MODEL: CostModel | None = None
 
 
-def _propose_forked(members: list[str]) -> list[GroupConfig] | None:
-    """In a forked process: the configs of the group of ``members``, in canonical names."""
-    model = _FORKED_MODEL
-    assert model is not None
-    try:
-        group = make_group(model.graph, members)
-        names = canonical_names(group)
-        return [c.renamed(names) for c in propose(group, model.context)]
-    except Exception:  # the parent's configs() meets it again and raises
-        return None
+def _rate_forked(model: CostModel, members: list[str]) -> None:
+    """For :meth:`CostModel.prefetch` in a worker: memoise the group of ``members``.  A group
+    that fails here is left to the parent's configs(), which raises only if the search
+    rates it."""
+    with contextlib.suppress(Exception):
+        model.configs(make_group(model.graph, members))
 
 
 def _forked_start() -> None:
