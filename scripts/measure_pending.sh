@@ -13,7 +13,8 @@
 # goes on with the configs not yet measured (--skip-done), and a tune cut short resumes
 # from its cache.  On a fresh machine, unpack the archive's state/ into .table-state/ here
 # (`mkdir .table-state && tar xzf FILES.tgz -C /tmp/x && cp -r /tmp/x/state/. .table-state/`)
-# and carry it.
+# and carry it.  DEADLINE=S starts no config after S seconds, so that a call's last rows are
+# not cut off mid-tune (their cold tune time would be lost).
 #
 #   ../shared/device/stage.sh                                  # on the development machine
 #   source .device/setup.sh; bash scripts/measure_pending.sh   # on the GPU machine
@@ -40,7 +41,7 @@ fi
 mkdir -p "$state/cache"
 timeout "${LIMIT:-540}" python scripts/benchmark.py --configs "$configs" --systems "$systems" --topk "${TOPK:-20}" \
   --runs "$runs" --json "$state/$name.json" --out "$state/$name.md" --gpus "${GPUS:-1}" --skip-done \
-  --cache-dir "$state/cache" 2>&1 | grep -v "^\[.*\] started on GPU" | tail -n "${TAIL:-4}"
+  --cache-dir "$state/cache" ${DEADLINE:+--deadline-s "$DEADLINE"} 2>&1 | grep -v "^\[.*\] started on GPU" | tail -n "${TAIL:-4}"
 cp "$state/$name.json" "$state/$name.md" "$out/" 2>/dev/null
 # Everything else goes back in one archive: the workers' logs, each row's tuned.json, and
 # the state a fresh machine goes on from (.table-state/).
