@@ -515,22 +515,38 @@ def test_mma_split_k_on_bf16() -> None:
     assert _failures(graph, group, configs, feeds, launches=2) == []
 
 
+def _padded_along_k(batch: int = 2, m: int = 40, k: int = 60, pad: int = 4, n: int = 48):
+    """``pad(x, K) @ w`` in fp16: A's guard reads K, so A is gathered element by element."""
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((batch, m, k)).astype(np.float16)
+    w = (rng.standard_normal((k + pad, n)) / np.sqrt(k)).astype(np.float16)
+    nodes = [
+        helper.make_node("Pad", ["x", "pads"], ["xp"]),
+        helper.make_node("MatMul", ["xp", "w"], ["y"]),
+    ]
+    pads = np.array([0, 0, 0, 0, 0, pad], np.int64)
+    return make_model(nodes, {"x": x}, ["y"], {"w": w, "pads": pads}, opset=17), {"x": x}
+
+
 @needs_emulator
 @pytest.mark.parametrize("kind", ["mma", "wgmma"])
-def test_a_gathered_bf16_operand_is_held_in_bf16_pairs(kind: str) -> None:
-    """A rolled operand (Swin's shifted windows) is gathered into registers two elements at a
-    time: in bf16 the pairs are bfloat162 (a half2 there failed to compile), and every config
+@pytest.mark.parametrize("way", ["elements", "rows"])
+def test_a_gathered_bf16_operand_is_copied_in_bf16(kind: str, way: str) -> None:
+    """A operand padded along K is gathered into registers two elements at a time: in bf16
+    the pairs are bfloat162 (a half2 there failed to compile); a rolled one (Swin's shifted
+    windows) gathers whole rows, copied as bf16 bytes from each row's start.  Every config
     matches the interpreter."""
     from test_mma import rolled_product
 
-    model, feeds = rolled_product(np.float16)
+    model, feeds = _padded_along_k() if way == "elements" else rolled_product(np.float16)
     feeds = {k: v.astype(np.float32).astype(BF16) for k, v in feeds.items()}
     graph = import_onnx(to_bfloat16(model))
     group = _whole_group(graph)
     configs = {"mma": mma.KIND, "wgmma": wgmma.KIND}[kind].propose(group, _context(graph, topk=4))
     assert configs and all(c.stages[0].kind == kind for c in configs)
     source = generate_kernel(graph, group, configs[0], "bf16_gather_probe").source
-    assert "__nv_bfloat162 a_pairs" in source and "__half" not in source
+    assert ("__nv_bfloat162 a_pairs" if way == "elements" else "a_starts[j]") in source
+    assert "__half" not in source
     assert _failures(graph, group, configs[:2], feeds) == []
 
 

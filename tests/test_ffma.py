@@ -113,32 +113,46 @@ def test_sixteen_warp_tiles_are_exact() -> None:
             assert error_metric(got, exact[name]) <= EXACT, cfg.stages[0]
 
 
-def _padded_product(m: int, pad: int, k: int, n: int):
-    """A product whose A is a zero-padded copy of x along M (a guarded load: not affine),
-    as a window partition pads an image: A is gathered, element by element."""
+def _padded_product(m: int, pad: int, k: int, n: int, axis: int = 0):
+    """A product whose A is a zero-padded copy of x (a guarded load: not affine), as a window
+    partition pads an image: along M (``axis`` 0) the guard reads the row only, and A's rows
+    are gathered whole; along K (``axis`` 1) it reads K too, and A is gathered element by
+    element."""
     x = RNG_PAD.standard_normal((m, k)).astype(np.float32)
-    w = (RNG_PAD.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    depth = k + pad if axis == 1 else k
+    w = (RNG_PAD.standard_normal((depth, n)) / np.sqrt(depth)).astype(np.float32)
     nodes = [
         helper.make_node("Pad", ["x", "pads"], ["xp"]),
         helper.make_node("MatMul", ["xp", "w"], ["y"]),
     ]
-    pads = np.array([0, 0, pad, 0], np.int64)
+    pads = np.array([0, 0, pad, 0] if axis == 0 else [0, 0, 0, pad], np.int64)
     return make_model(nodes, {"x": x}, ["y"], {"w": w, "pads": pads}, opset=17), {"x": x}
 
 
 @needs_emulator
-@pytest.mark.parametrize("shape", [(40, 8, 48, 40), (61, 3, 100, 24)])
-def test_a_gathered_fp32_operand_is_copied_in_pairs_and_exact(shape: tuple[int, int, int, int]) -> None:
+@pytest.mark.parametrize(
+    "shape", [(40, 8, 48, 40, 0), (61, 3, 100, 24, 0), (40, 4, 45, 40, 1), (61, 3, 97, 24, 1)]
+)
+def test_a_gathered_fp32_operand_is_copied_by_rows_or_in_pairs_and_exact(shape: tuple[int, ...]) -> None:
+    """Padded along M, A's rows are copied with cp.async from starts worked out once (for
+    the tensor-core kinds too: nothing is gathered element by element); padded along K, A
+    is gathered in float pairs, which the tensor-core kinds leave to 16-bit types.  Both
+    exact under each config."""
     model, feeds = _padded_product(*shape)
+    by_rows = shape[-1] == 0
     graph = import_onnx(model)
     group = _whole_group(graph)
     con = contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape, gather_32bit=True)
-    assert con is not None and con.gathered is not None  # the padded A
-    assert contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape) is None
+    assert con is not None and (con.gathered_rows if by_rows else con.gathered) is con.a  # the padded A
+    plain = contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape)
+    assert (plain is not None and plain.gathered_rows is plain.a) if by_rows else plain is None
     configs = ffma.KIND.propose(group, _context(graph, topk=4, kinds=FFMA_KINDS))
     assert configs
     source = generate_kernel(graph, group, configs[0], "k").source
-    assert "float2 a_pairs[" in source and "make_float2(a_element(" in source
+    if by_rows:
+        assert "a_starts[" in source and "a_element(" not in source
+    else:
+        assert "float2 a_pairs[" in source and "make_float2(a_element(" in source
     exact = _evaluate64(graph, {k: v.astype(np.float64) for k, v in {**graph.constants, **feeds}.items()})
     for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
         assert error_metric(outputs["y"], exact["y"]) <= EXACT, cfg.stages[0]
@@ -227,12 +241,12 @@ def test_an_fp32_patch_embedding_is_an_exact_product() -> None:
 
 @needs_emulator
 def test_a_rolled_fp32_operand_is_gathered_and_exact() -> None:
-    """Swin's shifted windows in fp32: A read through a roll is gathered in float pairs."""
+    """Swin's shifted windows in fp32: A read through a roll gathers whole rows."""
     model, feeds = rolled_product(np.float32)
     graph = import_onnx(model)
     group = _whole_group(graph)
     con = contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape, gather_32bit=True)
-    assert con is not None and con.gathered is con.a
+    assert con is not None and con.gathered_rows is con.a
     configs = ffma.KIND.propose(group, _context(graph, topk=4, kinds=FFMA_KINDS))
     assert configs
     exact = _evaluate64(graph, {k: v.astype(np.float64) for k, v in {**graph.constants, **feeds}.items()})

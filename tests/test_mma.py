@@ -463,20 +463,47 @@ def rolled_product(dtype: type, batch: int = 2, m: int = 40, k: int = 64, n: int
     return make_model(nodes, {"x": x}, ["y"], {"w": w, **ints}, opset=17), {"x": x}
 
 
+def window_product(dtype: type, side: int = 8, window: int = 4, k: int = 32, n: int = 48):
+    """Swin's window partition then its QKV product: ``x`` of ``[1, side, side, k]`` cut into
+    windows of ``window x window`` tokens (Reshape, Transpose, Reshape), times ``w``; A reads
+    token ``(i0 // w^2, i0 % w^2)`` of the windows through ``//`` and ``%``, K its last axis."""
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((1, side, side, k)).astype(dtype)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(dtype)
+    tiles = side // window
+    shapes = {
+        "s1": np.array([1, tiles, window, tiles, window, k], np.int64),
+        "s2": np.array([-1, k], np.int64),
+    }
+    nodes = [
+        helper.make_node("Reshape", ["x", "s1"], ["cut"]),
+        helper.make_node("Transpose", ["cut"], ["win"], perm=[0, 1, 3, 2, 4, 5]),
+        helper.make_node("Reshape", ["win", "s2"], ["tokens"]),
+        helper.make_node("MatMul", ["tokens", "w"], ["y"]),
+    ]
+    return make_model(nodes, {"x": x}, ["y"], {"w": w, **shapes}, opset=17), {"x": x}
+
+
 @needs_emulator
 @pytest.mark.parametrize("kind", ["mma", "wgmma"])
-def test_a_rolled_operand_is_gathered_and_matches(kind: str) -> None:
-    """A read through a roll (two loads of one tensor under a select) is gathered, and the
-    product with the roll fused in front matches the interpreter under each config."""
+@pytest.mark.parametrize("product", [rolled_product, window_product])
+def test_a_rolled_operand_is_gathered_and_matches(kind: str, product) -> None:
+    """A read through a roll (two loads of one tensor under a select) or a window partition
+    (``//`` and ``%`` of the token), K the last axis, gathers whole rows: each row's slices
+    are copied with cp.async from a start worked out once per block, not element by
+    element, and the product with the gather fused in front matches the interpreter under
+    each config."""
     from welder.schedule.kinds import wgmma
 
-    model, feeds = rolled_product(np.float16)
+    model, feeds = product(np.float16)
     graph = import_onnx(model)
     group = _whole_group(graph)
     con = contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape)
-    assert con is not None and con.gathered is con.a and con.a.tensor == "x"
+    assert con is not None and con.gathered is None and con.gathered_rows is con.a and con.a.tensor == "x"
     configs = {"mma": mma.KIND, "wgmma": wgmma.KIND}[kind].propose(group, _context(graph, topk=4))
     assert configs and all(cfg.stages[0].kind == kind for cfg in configs)
+    source = generate_kernel(graph, group, configs[0], "k").source
+    assert "a_starts[j]" in source and "a_gather" not in source
     assert _run(graph, group, configs, feeds) == []
 
 

@@ -12,11 +12,13 @@ starts, which axis its shared-memory rows run along, and the per-lane ``ldmatrix
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from welder.ir.compute import Compute
 from welder.ir.expr import Const, Expr, Load, Select
-from welder.ir.layout import row_major_strides
+from welder.ir.layout import row_major_strides, split_axes
 from welder.schedule.config import StageConfig
 from welder.schedule.kinds.mma import (
     Contraction,
@@ -84,6 +86,8 @@ class _Operand:
     # N index ``gf`` (in range: the template guards the edges), and the element pairs each
     # thread copies per slice.  None / 0 for an affine operand.
     gather: GatherAccess | None = None
+    # Gathered rows: where row gf starts (the element at K = 0) and whether it is read.
+    row_gather: GatherAccess | None = None
     pairs: int = 0
     # Rows of a slice between a thread's pairs where the threads are a whole number of a
     # row's pairs (each thread then keeps one column); 0 where they are not.
@@ -226,8 +230,7 @@ def _epilogue(kb: KernelBuilder, st: MmaConfig, con: Contraction, origins: list[
     if not st.epilogue:
         return {}
     c = con.compute
-    names = {f"i{d}": origins[d] for d in range(len(c.axes))}
-    names |= {f"i{con.m_axis}": "gm", f"i{con.n_axis}": "gne"}
+    index = {d: origins[d] for d in range(len(c.axes))} | {con.m_axis: "gm", con.n_axis: "gne"}
     stored = {st.node: _rounded("pv", c.dtype)}
     values, outputs = [], []
     if st.node in kb.group.outputs:
@@ -238,11 +241,32 @@ def _epilogue(kb: KernelBuilder, st: MmaConfig, con: Contraction, origins: list[
             return stored[ld.tensor] if ld.tensor in stored else kb.global_load(ld, p)
 
         var = f"ev{j}"
-        values.append(EpilogueValue(var, CPrinter(load, var=names)(kb.group.computes[node].body)))
+        compute = kb.group.computes[node]
+        names = view_indices(compute, c.shape, index)
+        values.append(EpilogueValue(var, CPrinter(load, var=names)(compute.body)))
         stored[node] = _rounded(var, kb.group.computes[node].dtype)
         if node in kb.group.outputs:
             outputs.append(_output(kb, node, var))
     return {"epilogue": values, "outputs": outputs}
+
+
+def view_indices(compute: Compute, shape: Sequence[int], index: Mapping[int, str]) -> dict[str, str]:
+    """C for each axis of ``compute``, a view of a tensor of ``shape`` that splits its axes
+    (:func:`~welder.ir.layout.split_axes`), from the tensor's indices ``index`` (C, by axis)."""
+    split = split_axes(shape, compute.shape)
+    assert split is not None, "on_accumulators admits only views that split the product's axes"
+    names = {}
+    for axis, part in zip(compute.axes, split):
+        if part.source is None:
+            names[axis.name] = "0"
+            continue
+        at = index[part.source]
+        if part.inner > 1:
+            at = f"{at} / {part.inner}"
+        if not part.outermost:
+            at = f"{at} % {part.extent}"
+        names[axis.name] = at if at == index[part.source] else f"({at})"
+    return names
 
 
 def _pieces_inside(kb: KernelBuilder, st: MmaConfig, con: Contraction) -> bool:
@@ -316,15 +340,20 @@ class GatherAccess:
     valid: str  # "true" where every element in range is read
 
 
-def gather_access(kb: KernelBuilder, con: Contraction, op: Operand, origins: list[str]) -> GatherAccess:
+def gather_access(
+    kb: KernelBuilder, con: Contraction, op: Operand, origins: list[str], at_k: str = "gk"
+) -> GatherAccess:
     """How to read element ``(gk, gf)`` of gathered operand ``op``'s matrix (``gk`` along
     K, ``gf`` along its own axis, the batch axes at this block's origins), as the storage
     type: the load its conditions pick (a rolled axis reads one of two), or zero where a
-    padding guard fails.  The value is copied, not computed: a load, no conversion."""
-    assert op.gather is not None
+    padding guard fails.  The value is copied, not computed: a load, no conversion.  For
+    gathered rows (:attr:`~welder.schedule.kinds.mma.Operand.rows`) ``at_k`` is ``"0"``:
+    where row ``gf`` starts."""
+    expr = op.gather if op.gather is not None else op.rows
+    assert expr is not None
     c = con.compute
-    own = con.axis_name(op.contiguous)
-    names = {c.axes[d].name: origins[d] for d in con.batch_axes} | {own: "gf", con.k: "gk"}
+    own = con.axis_name("m" if op is con.a else "n")
+    names = {c.axes[d].name: origins[d] for d in con.batch_axes} | {own: "gf", con.k: at_k}
     param = kb.params[op.tensor]
 
     def no_load(ld: Load, p: CPrinter) -> str:
@@ -354,7 +383,7 @@ def gather_access(kb: KernelBuilder, con: Contraction, op: Operand, origins: lis
             return f"(!{cond})", index
         return f"({cond} ? {valid_a} : {valid_b})", index
 
-    valid, index = access(op.gather)
+    valid, index = access(expr)
     return GatherAccess(param.name, index or "0", valid)
 
 
@@ -487,6 +516,7 @@ def _operand(
         fixed_origin=origin,
         fixed_limit=extent,
         gather=gather_access(kb, con, op, origins) if gathered else None,
+        row_gather=gather_access(kb, con, op, origins, "0") if op.rows is not None else None,
         pairs=rows * cols // 2 // threads if gathered else 0,
         pair_rows=pair_rows(threads, cols) if gathered else 0,
         gather_dst=f"row * {ld} + col",

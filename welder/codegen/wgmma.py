@@ -94,6 +94,7 @@ class _Operand:
     # A gathered operand (always MN-major): as the mma stage's (codegen/mma.py), with
     # ``gather_dst`` placing a pair in the swizzled slot.
     gather: GatherAccess | None = None
+    row_gather: GatherAccess | None = None  # gathered rows: as the mma stage's
     pairs: int = 0
     pair_rows: int = 0
     gather_dst: str = ""
@@ -288,6 +289,7 @@ def _operand(
         fixed_limit=extent,
         cols=cols,
         gather=gather_access(kb, con, op, origins) if gathered else None,
+        row_gather=gather_access(kb, con, op, origins, "0") if op.rows is not None else None,
         pairs=rows * cols // 2 // threads if gathered else 0,
         pair_rows=pair_rows(threads, cols) if gathered else 0,
         # Panel col / 64 of 64-element rows, 16-byte unit (col % 64 / 8) ^ (row % 8) of its row.

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from welder.ir.compute import Axis, Compute
-from welder.ir.expr import INDEX, Expr, Load, free_vars, walk
+from welder.ir.expr import INDEX, Binary, Const, Expr, Load, Var, free_vars, walk
 from welder.ir.interpret import evaluate
 
 #: Largest box of axes evaluated to prove an operand's addressing affine; beyond it the
@@ -101,3 +102,92 @@ def row_major_strides(shape: Sequence[int]) -> list[int]:
         strides.append(step)
         step *= extent
     return strides[::-1]
+
+
+@dataclass(frozen=True)
+class SplitAxis:
+    """Where axis ``j`` of a view of a tensor (:func:`split_axes`) reads the tensor: index
+    ``i // inner % extent`` of the tensor's axis ``source`` (``i``: the tensor's index along
+    it), or index 0 where ``source`` is None (an axis of one element)."""
+
+    source: int | None
+    inner: int
+    extent: int
+    outermost: bool  # the source axis' highest digit: no ``% extent`` needed
+
+
+def split_axes(shape: Sequence[int], view: Sequence[int]) -> list[SplitAxis] | None:
+    """How ``view``, a row-major reshape of ``shape`` that splits axes of it into several
+    (``[N, C, H * W]`` as ``[N, C, H, W]``) and merges none, indexes ``shape``: one
+    :class:`SplitAxis` per axis of ``view``.  None where ``view`` is not such a reshape (it
+    merges axes or holds another number of elements).  Axes of one element may appear or
+    vanish anywhere."""
+    found: list[SplitAxis] = []
+    j = 0
+    for d, extent in enumerate(shape):
+        if extent == 1:
+            continue
+        run: list[int] = []
+        size = 1
+        while size < extent:
+            while j < len(view) and view[j] == 1:
+                found.append(SplitAxis(None, 1, 1, True))
+                j += 1
+            if j == len(view):
+                return None
+            run.append(j)
+            size *= view[j]
+            j += 1
+        if size != extent:
+            return None
+        inner = extent
+        for pos, k in enumerate(run):
+            inner //= view[k]
+            found.append(SplitAxis(d, inner, view[k], pos == 0))
+    if any(e != 1 for e in view[j:]):
+        return None
+    found += [SplitAxis(None, 1, 1, True) for _ in view[j:]]
+    return found
+
+
+def linear_form(e: Expr) -> tuple[dict[str, int], int] | None:
+    """``e`` as ``sum(coef * var) + const`` over its variables, or None where it is not
+    (a ``//``, ``%``, a product of variables, a load)."""
+    if isinstance(e, Var):
+        return {e.name: 1}, 0
+    if isinstance(e, Const):
+        return ({}, int(e.value)) if isinstance(e.value, int) and not isinstance(e.value, bool) else None
+    if not isinstance(e, Binary) or e.op not in ("add", "sub", "mul"):
+        return None
+    a, b = linear_form(e.a), linear_form(e.b)
+    if a is None or b is None:
+        return None
+    if e.op == "mul":
+        if a[0] and b[0]:
+            return None
+        (terms, const), factor = (a, b[1]) if a[0] else (b, a[1])
+        return {v: c * factor for v, c in terms.items()}, const * factor
+    sign = 1 if e.op == "add" else -1
+    terms = dict(a[0])
+    for v, c in b[0].items():
+        terms[v] = terms.get(v, 0) + sign * c
+    return terms, a[1] + sign * b[1]
+
+
+def reads_own_flat_point(load: Load, shape: Sequence[int], axes: Sequence[tuple[str, int]]) -> bool:
+    """Whether ``load`` reads its tensor (row-major, of ``shape``) at the flat position that
+    the point ``axes`` (name and extent, row-major) has in its own space: the same element
+    where one tensor is a reshape of the other."""
+    flat: dict[str, int] = {}
+    const = 0
+    for index, stride in zip(load.indices, row_major_strides(shape)):
+        form = linear_form(index)
+        if form is None:
+            return False
+        for v, c in form[0].items():
+            flat[v] = flat.get(v, 0) + c * stride
+        const += form[1] * stride
+    extents = dict(axes)
+    own = dict(zip((name for name, _ in axes), row_major_strides([e for _, e in axes])))
+    live = {v: c for v, c in flat.items() if c and extents.get(v, 0) != 1}
+    return const == 0 and live == {v: s for v, s in own.items() if extents[v] > 1}

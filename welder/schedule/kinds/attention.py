@@ -231,7 +231,7 @@ def attention(group: Group, shape_of: ShapeOf, fp32: bool = False) -> Attention 
     scores = mma.contraction(group.computes[group.stages[0]], shape_of)
     if scores is not None and fp32:
         scores = ffma.as_ffma(scores)
-    if scores is None or (scores.fmt.elem_bytes != 2 and not fp32) or scores.gathered is not None:
+    if scores is None or (scores.fmt.elem_bytes != 2 and not fp32) or scores.gathered or scores.gathered_rows:
         return None
     s_name = scores.compute.name
     if scores.n_axis != len(scores.compute.axes) - 1 or s_name in group.outputs:

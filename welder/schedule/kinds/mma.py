@@ -53,7 +53,7 @@ from typing import ClassVar
 
 from welder.ir.compute import Compute
 from welder.ir.expr import Binary, Const, Expr, Load, Select, Var, free_vars, walk
-from welder.ir.layout import affine_layout
+from welder.ir.layout import affine_layout, reads_own_flat_point, split_axes
 from welder.schedule.config import Estimate, GroupConfig, StageConfig
 from welder.schedule.group import Group
 from welder.schedule.kinds import simt
@@ -164,7 +164,7 @@ BASE_REGISTERS = 48
 #: Thread instructions per element of a gathered operand: its index arithmetic (divisions by
 #: constants are multiply-shifts), the padding guard, the 2-byte load, half a 4-byte shared
 #: store (elements go in pairs).  Counted against the SM's 4 x 32 lanes issued per clock.
-GATHER_ISSUE = 12
+GATHER_ISSUE = 26
 #: Registers a thread holds per gathered element pair (one ``__half2``) of the slice it
 #: keeps in registers while the current one is multiplied.
 GATHER_PAIR_REGISTERS = 1
@@ -261,6 +261,14 @@ class Operand:
     strides: Mapping[str, int]
     contiguous: str
     gather: Expr | None = None  # the operand's expression: a Load, or select(cond, Load, 0)
+    # Gathered rows: the operand's expression where only whole rows are gathered -- each
+    # row (an index along its own axis) is contiguous along K from an address the
+    # expression gives at K = 0 (Swin's window partition, a rolled one a select between two
+    # such loads).  The slice is copied as an affine operand's is, with ``cp.async`` along K
+    # from each row's address, worked out once per row; ``strides`` holds K's stride (1)
+    # alone and ``row_unit`` the elements every row's address is a multiple of.
+    rows: Expr | None = None
+    row_unit: int = 1
 
     @property
     def gathered(self) -> bool:
@@ -302,8 +310,13 @@ class Contraction:
         return next((o for o in (self.a, self.b) if o.gathered), None)
 
     @property
+    def gathered_rows(self) -> Operand | None:
+        """The operand whose rows are gathered (:attr:`Operand.rows`), if one is."""
+        return next((o for o in (self.a, self.b) if o.rows is not None), None)
+
+    @property
     def copied(self) -> tuple[Operand, ...]:
-        """The operands copied with ``cp.async`` (the affine ones)."""
+        """The operands copied with ``cp.async`` (the affine ones and gathered rows)."""
         return tuple(o for o in (self.a, self.b) if not o.gathered)
 
     def stride(self, operand: Operand, role: str) -> int:
@@ -323,6 +336,7 @@ class Contraction:
         for width in (16 // item, 4 // item):
             if all(
                 o.offset % width == 0
+                and (o.rows is None or o.row_unit % width == 0)
                 and all(
                     s % width == 0 for name, s in o.strides.items() if name != self.axis_name(o.contiguous)
                 )
@@ -384,7 +398,7 @@ def contraction(c: Compute, shape_of: ShapeOf, gather_32bit: bool = False) -> Co
     if layouts[0] is None and layouts[1] is None:
         return None
     if layouts[0] is None or layouts[1] is None:
-        return _gathered_contraction(c, exprs, layouts, m_axis, n_axis, k, gather_32bit)
+        return _gathered_contraction(c, exprs, layouts, m_axis, n_axis, k, shape_of, gather_32bit)
     ops = list(zip((body.a, body.b), layouts))
     # A does not move along N, B not along M; the product commutes, so either load may be A.
     if ops[0][1][1][n_name] != 0 or ops[1][1][1][m_name] != 0:
@@ -412,7 +426,7 @@ def contraction(c: Compute, shape_of: ShapeOf, gather_32bit: bool = False) -> Co
     # convolution over a 7x7 image: rows of 49 halves) is still a gathered one.
     for j in (1, 0):
         lays = [None if i == j else lay for i, lay in enumerate(layouts)]
-        gathered = _gathered_contraction(c, exprs, lays, m_axis, n_axis, k, gather_32bit)
+        gathered = _gathered_contraction(c, exprs, lays, m_axis, n_axis, k, shape_of, gather_32bit)
         if gathered is not None:
             return gathered
     return None
@@ -425,15 +439,18 @@ def _gathered_contraction(
     m_axis: int,
     n_axis: int,
     k: str,
+    shape_of: ShapeOf,
     gather_32bit: bool = False,
 ) -> Contraction | None:
     """``contraction`` where one operand is not affine: that one is gathered if it is a
-    (guarded) load free of the other output axis, and the affine one is A's or B's."""
+    (guarded) load free of the other output axis, and the affine one is A's or B's -- by
+    rows where it gathers whole rows along K that copies can start on, else element by
+    element (16-bit elements, or ``gather_32bit``)."""
     j = 0 if layouts[0] is None else 1
     gather, (affine, layout) = exprs[j], (exprs[1 - j], layouts[1 - j])
     assert layout is not None and isinstance(affine, Load)
     load = _gathered_load(gather)
-    if load is None or (FORMATS[c.dtype].elem_bytes != 2 and not gather_32bit):
+    if load is None:
         return None
     m_name, n_name = c.axes[m_axis].name, c.axes[n_axis].name
     used = free_vars(gather)
@@ -453,10 +470,32 @@ def _gathered_contraction(
     if contig is None:
         return None
     fixed = Operand(affine, affine.tensor, offset, strides, contig)
-    gathered = Operand(load, load.tensor, 0, {}, role, gather)
-    a, b = (fixed, gathered) if role == "n" else (gathered, fixed)
-    found = Contraction(c, FORMATS[c.dtype], a, b, m_axis, n_axis, k, tuple(range(len(c.axes) - 2)))
-    return found if found.copy_bytes() is not None else None
+    unit = _row_unit(gather, k, load, shape_of)
+    ways = [Operand(load, load.tensor, 0, {k: 1}, "k", rows=gather, row_unit=unit)] if unit else []
+    if FORMATS[c.dtype].elem_bytes == 2 or gather_32bit:
+        ways.append(Operand(load, load.tensor, 0, {}, role, gather))
+    for gathered in ways:
+        a, b = (fixed, gathered) if role == "n" else (gathered, fixed)
+        found = Contraction(c, FORMATS[c.dtype], a, b, m_axis, n_axis, k, tuple(range(len(c.axes) - 2)))
+        if found.copy_bytes() is not None:
+            return found
+    return None
+
+
+def _row_unit(gather: Expr, k: str, load: Load, shape_of: ShapeOf) -> int | None:
+    """Where ``gather`` (an operand's expression, of ``load``'s tensor) gathers whole rows
+    contiguous along ``k`` (:attr:`Operand.rows`): the extent of the tensor's last axis, a
+    factor of every row's address; else None.  Every load indexes the last axis with ``k``
+    alone and no other index, and no condition, uses ``k``."""
+    found = _copied_loads(gather)
+    assert found
+    for ld in found:
+        last = ld.indices[-1]
+        if not (isinstance(last, Var) and last.name == k) or any(k in free_vars(i) for i in ld.indices[:-1]):
+            return None
+    if any(isinstance(e, Select) and k in free_vars(e.cond) for e in walk(gather)):
+        return None
+    return shape_of(load.tensor)[-1]
 
 
 # -- the policy --------------------------------------------------------------------------------
@@ -956,31 +995,29 @@ def on_accumulators(group: Group) -> tuple[str, ...] | None:
     """The stages after the contraction where every one of them is an elementwise function of
     the product, and of the stages before it, at the same point (bias, activation, residual
     add, cast to a float type): the epilogue computes them on the accumulators, with no tile
-    in shared memory and no pass over it.  None where any is not (a reduction, another shape,
-    a read of the tile at another point: those run as SIMT stages)."""
+    in shared memory and no pass over it.  A stage may have the product's shape with axes
+    split (a convolution's ``[N, C, H * W]`` product read as ``[N, C, H, W]``): the same
+    point is then the same flat position, and each output is stored where the product's
+    element would be.  None where any stage is not such a function (a reduction, a shape
+    that merges or reorders axes, a read of the product at another point: those run as
+    SIMT stages)."""
     first = group.stages[0]
     shape = group.computes[first].shape
     done = {first}
     for s in group.stages[1:]:
         c = group.computes[s]
-        if c.reduce_op is not None or c.shape != shape or c.dtype not in FLOAT_OUTPUTS:
+        if c.reduce_op is not None or c.dtype not in FLOAT_OUTPUTS or split_axes(shape, c.shape) is None:
             return None
-        if any(ld.tensor in done and not _same_point(ld, shape) for ld in c.loads()):
-            return None
+        point = [(a.name, a.extent) for a in c.axes]
+        for ld in c.loads():
+            if ld.tensor in done and not reads_own_flat_point(ld, group.computes[ld.tensor].shape, point):
+                return None
         done.add(s)
     return tuple(group.stages[1:])
 
 
 #: Output types an epilogue stores (its values are computed in float).
 FLOAT_OUTPUTS = ("float16", "bfloat16", "float32")
-
-
-def _same_point(ld: Load, shape: Sequence[int]) -> bool:
-    """Whether ``ld`` reads its tensor (of ``shape``) at the point being computed: index ``d``
-    is axis ``i<d>``, or 0 where the axis has one element."""
-    own = (isinstance(i, Var) and i.name == f"i{d}" for d, i in enumerate(ld.indices))
-    fixed = (shape[d] == 1 and isinstance(i, Const) and i.value == 0 for d, i in enumerate(ld.indices))
-    return all(a or b for a, b in zip(own, fixed))
 
 
 def _later_stages(group: Group, regions: GroupRegions, threads: int) -> list[simt.SimtConfig] | str:
@@ -1036,7 +1073,9 @@ def _estimate(
     core_us = max(tc_us, gather_us) if rule.gather_overlaps else tc_us + gather_us
     # The ring fills once per block; a persistent block carries it on across its tiles.
     fills = 1 if stage.persistent else waves
-    chain_us = (waves * split_tiles / rule.in_flight(stage) + fills) * slice_latency_us
+    # A gathered operand is loaded into registers one slice ahead: one slice in flight.
+    in_flight = 1 if con.gathered is not None else rule.in_flight(stage)
+    chain_us = (waves * split_tiles / in_flight + fills) * slice_latency_us
     simt_flops = sum(
         math.prod(regions.members[st.node].extents) * group.computes[st.node].point_flops for st in later
     )
