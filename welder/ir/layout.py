@@ -9,6 +9,7 @@ proof costs the boxes of those groups, not of all axes together), and gives the 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from welder.ir.compute import Axis, Compute
-from welder.ir.expr import INDEX, Binary, Const, Expr, Load, Var, free_vars, walk
+from welder.ir.expr import INDEX, Expr, Load, free_vars, walk
 from welder.ir.interpret import evaluate
 
 #: Largest box of axes evaluated to prove an operand's addressing affine; beyond it the
@@ -150,44 +151,16 @@ def split_axes(shape: Sequence[int], view: Sequence[int]) -> list[SplitAxis] | N
     return found
 
 
-def linear_form(e: Expr) -> tuple[dict[str, int], int] | None:
-    """``e`` as ``sum(coef * var) + const`` over its variables, or None where it is not
-    (a ``//``, ``%``, a product of variables, a load)."""
-    if isinstance(e, Var):
-        return {e.name: 1}, 0
-    if isinstance(e, Const):
-        return ({}, int(e.value)) if isinstance(e.value, int) and not isinstance(e.value, bool) else None
-    if not isinstance(e, Binary) or e.op not in ("add", "sub", "mul"):
-        return None
-    a, b = linear_form(e.a), linear_form(e.b)
-    if a is None or b is None:
-        return None
-    if e.op == "mul":
-        if a[0] and b[0]:
-            return None
-        (terms, const), factor = (a, b[1]) if a[0] else (b, a[1])
-        return {v: c * factor for v, c in terms.items()}, const * factor
-    sign = 1 if e.op == "add" else -1
-    terms = dict(a[0])
-    for v, c in b[0].items():
-        terms[v] = terms.get(v, 0) + sign * c
-    return terms, a[1] + sign * b[1]
-
-
-def reads_own_flat_point(load: Load, shape: Sequence[int], axes: Sequence[tuple[str, int]]) -> bool:
+@functools.lru_cache(maxsize=4096)
+def reads_own_flat_point(load: Load, shape: tuple[int, ...], axes: tuple[Axis, ...]) -> bool:
     """Whether ``load`` reads its tensor (row-major, of ``shape``) at the flat position that
-    the point ``axes`` (name and extent, row-major) has in its own space: the same element
-    where one tensor is a reshape of the other."""
-    flat: dict[str, int] = {}
-    const = 0
-    for index, stride in zip(load.indices, row_major_strides(shape)):
-        form = linear_form(index)
-        if form is None:
-            return False
-        for v, c in form[0].items():
-            flat[v] = flat.get(v, 0) + c * stride
-        const += form[1] * stride
-    extents = dict(axes)
-    own = dict(zip((name for name, _ in axes), row_major_strides([e for _, e in axes])))
-    live = {v: c for v, c in flat.items() if c and extents.get(v, 0) != 1}
-    return const == 0 and live == {v: s for v, s in own.items() if extents[v] > 1}
+    the point of ``axes`` (row-major) has in its own space: the same element where one
+    tensor is a reshape of the other.  Proved by :func:`affine_layout` (offset 0, each axis
+    of more than one element at its row-major stride); cached, as the tensor-core policy
+    asks once per config."""
+    found = affine_layout(load, shape, axes)
+    if found is None:
+        return False
+    offset, strides = found
+    own = row_major_strides([a.extent for a in axes])
+    return offset == 0 and all(strides[a.name] == s for a, s in zip(axes, own) if a.extent > 1)

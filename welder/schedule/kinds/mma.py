@@ -1008,9 +1008,8 @@ def on_accumulators(group: Group) -> tuple[str, ...] | None:
         c = group.computes[s]
         if c.reduce_op is not None or c.dtype not in FLOAT_OUTPUTS or split_axes(shape, c.shape) is None:
             return None
-        point = [(a.name, a.extent) for a in c.axes]
         for ld in c.loads():
-            if ld.tensor in done and not reads_own_flat_point(ld, group.computes[ld.tensor].shape, point):
+            if ld.tensor in done and not reads_own_flat_point(ld, group.computes[ld.tensor].shape, c.axes):
                 return None
         done.add(s)
     return tuple(group.stages[1:])
