@@ -3,7 +3,7 @@
 Every graph here is half precision; each group is scheduled by the tensor-core rule under
 several of its configs (block tiles, copy widths), rendered, emulated and compared with the
 interpreter.  The shapes are chosen to reach every path of the template: ragged M, N and K,
-16-byte and 4-byte copies, both contiguity cases of each operand (A row- or column-major,
+16-, 8- and 4-byte copies, both contiguity cases of each operand (A row- or column-major,
 B row-major or transposed), batches with broadcast operands, later SIMT stages (a bias and
 activation, a row softmax) reading the tile from shared memory, and the tile written both
 to shared memory and to global memory.
@@ -162,7 +162,7 @@ def _tokens_to_nchw(h: int, w: int, k: int, c: int) -> tuple[onnx.ModelProto, di
 
 def _qkv_heads(tokens: int, k: int, heads: int, dim: int) -> tuple[onnx.ModelProto, dict]:
     """A QKV projection split into heads: [1, T, 3*H*D] -> [3, 1, H, T, D].  With ``dim`` 12
-    a head's columns start 12 halves apart: a one-head tile needs 4-byte copies."""
+    a head's columns start 12 halves apart: a one-head tile needs 8-byte copies."""
     x = _h(1, tokens, k)
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["mm"]),
@@ -214,6 +214,7 @@ CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict]]] = {
     "square 64": lambda: _matmul(64, 64, 64),
     "ragged 40x72x48": lambda: _matmul(40, 72, 48),
     "ragged K and N, 4-byte copies": lambda: _matmul(37, 18, 34),
+    "rows of 40 and 88 bytes, 8-byte copies": lambda: _matmul(36, 20, 44),
     "large K, several slices": lambda: _matmul(48, 200, 40),
     "A transposed (Gemm)": lambda: _matmul(32, 48, 40, trans_a=True),
     "B transposed (Gemm)": lambda: _matmul(24, 40, 56, trans_b=True),
@@ -295,6 +296,9 @@ def test_tensor_core_stage_matches_the_interpreter(label: str) -> None:
     configs = mma.KIND.propose(group, _context(graph))
     assert configs, f"{label}: the tensor-core rule proposed nothing"
     assert all(isinstance(c.stages[0], MmaConfig) for c in configs)
+    width = re.search(r"(\d+)-byte copies", label)
+    if width:
+        assert {c.stages[0].copy_bytes for c in configs} == {int(width[1])}
     assert _run(graph, group, configs, feeds) == []
 
 
@@ -310,7 +314,7 @@ RESHAPED_ROOTS = (
 def test_reshaped_roots_under_every_block_tile(label: str) -> None:
     """Products whose root reshapes and transposes the tile: each block tile places the root
     differently (whole rows of pixels, one head or two), so the best unsplit config of every
-    block tile and copy width is emulated; a one-head tile of 12 columns needs 4-byte copies."""
+    block tile and copy width is emulated; a one-head tile of 12 columns needs 8-byte copies."""
     model, feeds = CASES[label]()
     graph = import_onnx(model)
     group = _whole_group(graph)
@@ -323,7 +327,7 @@ def test_reshaped_roots_under_every_block_tile(label: str) -> None:
     configs = list(best.values())
     assert len({c.block_tile for c in configs}) >= 2
     if label.startswith("QKV"):
-        assert {c.stages[0].copy_bytes for c in configs} == {4, 16}
+        assert {c.stages[0].copy_bytes for c in configs} == {8, 16}
     assert _run(graph, group, configs, feeds) == []
 
 
@@ -367,7 +371,7 @@ def test_both_copy_loops_match_the_interpreter() -> None:
     """Operand copies with addresses set up once per thread (a thread's rows one step
     apart) and copies dealt out one by one (a 1-warp block whose 4-byte copies make a
     128-deep row longer than the warp) -- for A and for B."""
-    model, feeds = _matmul(37, 300, 34, trans_b=True)
+    model, feeds = _matmul(37, 302, 34, trans_b=True)  # rows of 604 bytes: 4-byte copies
     graph = import_onnx(model)
     group = _whole_group(graph)
     configs, seen = [], set()

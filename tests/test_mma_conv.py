@@ -9,6 +9,9 @@ tests/test_ffma.py), keep the image form and the CUDA cores.  Results are compar
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +24,9 @@ from test_mma import emulate_configs
 
 from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
+from welder.codegen import generate_kernel, model_source
 from welder.frontend.onnx import import_onnx
+from welder.resources import TEMPLATE_DIR
 from welder.runtime.emu import available
 from welder.schedule.group import make_group
 from welder.schedule.kinds import Options, ScheduleContext, mma, wgmma
@@ -83,6 +88,8 @@ POINTWISE = {
     "1x32x28x28 -> 64, bias + ReLU6": lambda: _conv_model((1, 32, 28, 28), 64, "relu6"),
     "2x48x10x10 -> 40 (ragged M and N), bias + ReLU6": lambda: _conv_model((2, 48, 10, 10), 40, "relu6"),
     "1x64x14x14 -> 64, bias + residual Add": lambda: _conv_model((1, 64, 14, 14), 64, "add"),
+    # An image row of 196 halves is 392 bytes: 8-byte copies, the widest aligned one.
+    "2x32x14x14 -> 64, bias + ReLU6, 8-byte copies": lambda: _conv_model((2, 32, 14, 14), 64, "relu6"),
 }
 
 
@@ -103,10 +110,39 @@ def test_pointwise_conv_runs_on_tensor_cores_and_matches_onnxruntime(label: str)
     assert configs, f"{label}: the tensor-core rule proposed nothing"
     assert all(cfg.stages[0].kind == "mma" for cfg in configs)
     assert all(len(cfg.stages) == 1 and cfg.stages[0].epilogue == group.stages[1:] for cfg in configs)
+    if label.endswith("8-byte copies"):
+        assert {cfg.stages[0].copy_bytes for cfg in configs} == {8}
     reference = _onnxruntime(model, feeds)
     for cfg, runs in zip(configs, emulate_configs(graph, group, configs, feeds)):
         err = error_metric(runs[0]["y"], reference)
         assert err <= threshold_for("float16"), f"{label}: {cfg.stages[0]} error {err:.3e}"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_a_ragged_epilogue_loads_its_bias_and_bounds_once_a_row(tmp_path: Path) -> None:
+    """Over a 14 x 14 image every N tile but 196's divisors reaches past the product, so the
+    epilogue is guarded; its bias and Clip's bounds must still be loaded once per row a thread
+    holds, not once per element (nvcc keeps a load behind each element's own branch: three
+    an element, 96 a thread here, before the rows and columns were clamped instead), and the
+    image rows of 392 bytes are copied 8 bytes at a time."""
+    model, _ = POINTWISE["2x32x14x14 -> 64, bias + ReLU6, 8-byte copies"]()
+    graph = import_onnx(model)
+    group = make_group(graph, list(graph.nodes))
+    ctx = ScheduleContext(
+        lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, ARCH, Options(topk=3)
+    )
+    for j, cfg in enumerate(mma.KIND.propose(group, ctx)):
+        st = cfg.stages[0]
+        assert 196 % st.block_n != 0, "a tile of N that divides 196 leaves the epilogue unguarded"
+        source = tmp_path / f"k{j}.cu"
+        source.write_text(model_source([generate_kernel(graph, group, cfg, "k")]))
+        ptx = tmp_path / f"k{j}.ptx"
+        flags = ["-std=c++17", "-arch=sm_80", "-I", str(TEMPLATE_DIR), "-ptx"]
+        subprocess.run(["nvcc", *flags, str(source), "-o", str(ptx)], check=True, capture_output=True)
+        text = ptx.read_text()
+        elements = st.block_m * st.block_n // cfg.threads
+        assert len(re.findall(r"\bld\.global", text)) < elements // 4, st
+        assert re.search(r"cp\.async\.ca\.shared\.global \[[^]]*\], \[[^]]*\], 8,", text), st
 
 
 @needs_emulator

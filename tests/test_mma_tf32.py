@@ -246,9 +246,9 @@ def test_both_contiguity_cases_use_their_own_fragment_loads() -> None:
     odd = import_onnx(_matmul(37, 19, 34)[0])  # A's rows are 19 floats apart: 4-byte copies
     con = contraction(_whole_group(odd).computes["y"], lambda t: odd.tensor(t).shape)
     assert con is not None and con.copy_bytes() == 4
-    six = import_onnx(_matmul(37, 18, 34)[0])  # 18 halves would allow 4-byte copies; 18 floats too
+    six = import_onnx(_matmul(37, 18, 34)[0])  # rows of 18 and 34 floats: 8-byte copies, two floats
     con = contraction(_whole_group(six).computes["y"], lambda t: six.tensor(t).shape)
-    assert con is not None and con.copy_bytes() == 4
+    assert con is not None and con.copy_bytes() == 8
 
 
 def test_without_tf32_no_mma_stage_is_proposed_for_fp32() -> None:

@@ -142,7 +142,7 @@ class ContractionStageCtx(StageCtx):
 @dataclass
 class EpilogueValue:
     """A stage the epilogue computes on the accumulators: ``const float var = value;`` with
-    the element's row ``gm``, column ``gne`` and its accumulator ``pv`` in scope."""
+    the element's row ``em``, column ``en`` and its accumulator ``pv`` in scope."""
 
     var: str
     value: str
@@ -224,13 +224,13 @@ def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contractio
 
 def _epilogue(kb: KernelBuilder, st: MmaConfig, con: Contraction, origins: list[str]) -> dict:
     """The epilogue fields of a stage computing ``st.epilogue`` on its accumulators: each
-    stage's value printed over the element's indices (the root's batch origins, ``gm`` and
-    ``gne``), reads of the product or of an earlier such stage as its rounded value, other
+    stage's value printed over the element's indices (the root's batch origins, ``em`` and
+    ``en``), reads of the product or of an earlier such stage as its rounded value, other
     reads from global memory; and what is stored."""
     if not st.epilogue:
         return {}
     c = con.compute
-    index = {d: origins[d] for d in range(len(c.axes))} | {con.m_axis: "gm", con.n_axis: "gne"}
+    index = {d: origins[d] for d in range(len(c.axes))} | {con.m_axis: "em", con.n_axis: "en"}
     stored = {st.node: _rounded("pv", c.dtype)}
     values, outputs = [], []
     if st.node in kb.group.outputs:

@@ -117,7 +117,7 @@ class AttentionConfig(StageConfig):
     keys: int  # the key axis padded to 16 (to 8 with FMAs)
     head: int  # K of the first product padded to 16
     width: int  # N of the second product padded to 16
-    copy_bytes: int  # per cp.async: 16, or 4 where strides are not multiples of 16 bytes
+    copy_bytes: int  # per cp.async: 16, else 8 or 4 where strides or origins are not aligned to 16 bytes
     operands_offset: int  # byte offset of Q's rows, K and V in the shared pool
     fused: tuple[str, ...] = ()  # the first product, then the row stages, in order
     smem_offset: int | None = None  # where the second product's tile lives when read in the group

@@ -141,6 +141,9 @@ BLOCK_TILES: tuple[tuple[int, int, int, int], ...] = (
     (16, 32, 1, 1),
     (16, 16, 1, 1),
 )
+#: cp.async widths in bytes, widest first: a tile whose origins are not aligned to the widest
+#: width its rows allow is copied at the next one.
+COPY_WIDTHS = (16, 8, 4)
 #: Ring depths: slices in flight while one is multiplied is the depth less one.
 PIPELINES = (3, 4)
 #: The operand ring's name among the group's shared-memory buffers.
@@ -181,7 +184,7 @@ class MmaConfig(StageConfig):
     block_k: int
     warps: tuple[int, int]  # along M, along N
     pipeline: int  # cp.async stages in flight
-    copy_bytes: int  # per cp.async: 16, or 4 where strides are not multiples of 16 bytes
+    copy_bytes: int  # per cp.async: 16, else 8 or 4 where strides or origins are not aligned to 16 bytes
     pipeline_offset: int  # byte offset of the operand ring in the group's shared pool
     smem_offset: int | None = None  # where its tile lives when consumed inside the group
     splits: int = 1  # blocks per output tile, each summing a part of K (split-K)
@@ -329,11 +332,12 @@ class Contraction:
         return self.k if axis is None else self.compute.axes[axis].name
 
     def copy_bytes(self) -> int | None:
-        """Widest cp.async (16 or 4 bytes) every row of both operands allows: each copy
+        """Widest cp.async (16, 8 or 4 bytes) every row of both operands allows: each copy
         starts at a multiple of its width along the contiguous axis, so the other strides and
-        the offset must be multiples of it too (in elements: 8 or 2 halves, 4 or 1 floats)."""
+        the offset must be multiples of it too (in elements: 8, 4 or 2 halves, 4, 2 or 1
+        floats).  A 14 x 14 image's rows of 196 halves are 8-byte aligned only."""
         item = self.fmt.elem_bytes
-        for width in (16 // item, 4 // item):
+        for width in (16 // item, 8 // item, 4 // item):
             if all(
                 o.offset % width == 0
                 and (o.rows is None or o.row_unit % width == 0)
@@ -605,7 +609,7 @@ class MmaKind:
 
     def copy_widths(self, con: Contraction) -> tuple[int, ...]:
         """cp.async widths in bytes the operands may be copied at, widest first."""
-        return (con.copy_bytes(), 4) if con.copy_bytes() > 4 else (con.copy_bytes(),)
+        return tuple(w for w in COPY_WIDTHS if w <= con.copy_bytes())
 
     def ring_bytes(self, cfg: MmaConfig, con: Contraction) -> int:
         return ring_bytes(cfg, con)
