@@ -337,7 +337,7 @@ class Contraction:
         the offset must be multiples of it too (in elements: 8, 4 or 2 halves, 4, 2 or 1
         floats).  A 14 x 14 image's rows of 196 halves are 8-byte aligned only."""
         item = self.fmt.elem_bytes
-        for width in (16 // item, 8 // item, 4 // item):
+        for width in (w // item for w in COPY_WIDTHS):
             if all(
                 o.offset % width == 0
                 and (o.rows is None or o.row_unit % width == 0)
