@@ -234,6 +234,12 @@ CASES: dict[str, Callable[[], tuple[onnx.ModelProto, dict]]] = {
 }
 
 
+def copy_width_named(label: str) -> int | None:
+    """The cp.async width a case's label says its configs copy at ("..., 8-byte copies")."""
+    found = re.search(r"(\d+)-byte copies", label)
+    return int(found[1]) if found else None
+
+
 def _whole_group(graph: Graph) -> Group:
     return make_group(graph, list(graph.nodes))
 
@@ -296,9 +302,9 @@ def test_tensor_core_stage_matches_the_interpreter(label: str) -> None:
     configs = mma.KIND.propose(group, _context(graph))
     assert configs, f"{label}: the tensor-core rule proposed nothing"
     assert all(isinstance(c.stages[0], MmaConfig) for c in configs)
-    width = re.search(r"(\d+)-byte copies", label)
+    width = copy_width_named(label)
     if width:
-        assert {c.stages[0].copy_bytes for c in configs} == {int(width[1])}
+        assert {c.stages[0].copy_bytes for c in configs} == {width}
     assert _run(graph, group, configs, feeds) == []
 
 

@@ -20,7 +20,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 from onnx_util import make_model
-from test_mma import emulate_configs
+from test_mma import copy_width_named, emulate_configs
 
 from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
@@ -110,8 +110,9 @@ def test_pointwise_conv_runs_on_tensor_cores_and_matches_onnxruntime(label: str)
     assert configs, f"{label}: the tensor-core rule proposed nothing"
     assert all(cfg.stages[0].kind == "mma" for cfg in configs)
     assert all(len(cfg.stages) == 1 and cfg.stages[0].epilogue == group.stages[1:] for cfg in configs)
-    if label.endswith("8-byte copies"):
-        assert {cfg.stages[0].copy_bytes for cfg in configs} == {8}
+    width = copy_width_named(label)
+    if width:
+        assert {cfg.stages[0].copy_bytes for cfg in configs} == {width}
     reference = _onnxruntime(model, feeds)
     for cfg, runs in zip(configs, emulate_configs(graph, group, configs, feeds)):
         err = error_metric(runs[0]["y"], reference)

@@ -230,13 +230,7 @@ class CPrinter:
         if e.op in _INFIX:
             return f"({a} {_INFIX[e.op]} {b})"
         if e.op == "div":
-            # fp16 values, computed in float: the fast division (2 ulp of float, exact once
-            # rounded to fp16; it differs only for divisors over 2^126, beyond fp16's range)
-            # instead of IEEE division's check and slow-path call, which ends a basic block
-            # at every element.  bf16's range reaches 2^126: it keeps the IEEE division.
-            if dt == "float16":
-                return f"__fdividef({a}, {b})"
-            return f"({a} / {b})"
+            return _divide(a, b, dt)
         if e.op in ("floordiv", "mod"):
             if is_float(dt):
                 return f"floorf({a} / {b})" if e.op == "floordiv" else f"welder_fmod_floor({a}, {b})"
@@ -267,13 +261,20 @@ class CPrinter:
         if e.fn == "sigmoid":
             if double:
                 return f"(1.0 / (1.0 + exp(-{x})))"
-            if dtype == "float16":  # the fast division, as for div above
-                return f"__fdividef(1.0f, 1.0f + {_exp(dtype)}(-{x}))"
-            return f"(1.0f / (1.0f + {_exp(dtype)}(-{x})))"
+            return _divide("1.0f", f"(1.0f + {_exp(dtype)}(-{x}))", dtype)
         fn = _exp(dtype) if e.fn == "exp" else _FLOAT_FN[e.fn]
         if double:
             fn = fn[:-1]
         return f"{fn}({', '.join(args)})"
+
+
+def _divide(a: str, b: str, dtype: str) -> str:
+    """C for ``a / b`` of ``dtype`` values.  fp16 values, computed in float, take the fast
+    division (2 ulp of float, exact once rounded to fp16; it differs only for divisors over
+    2^126, beyond fp16's range) instead of IEEE division's check and slow-path call, which
+    ends a basic block at every element.  bf16's range reaches 2^126: it keeps the IEEE
+    division, as float and double do."""
+    return f"__fdividef({a}, {b})" if dtype == "float16" else f"({a} / {b})"
 
 
 def _exp(dtype: str) -> str:
