@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from onnx import helper
 from onnx_util import make_model
+from test_fast_math import FORMATS, FUNCTIONS, assert_rounded_once, unary_model
 
 from welder.arch import match_gpu_name
 from welder.check import error_metric, threshold_for
@@ -186,6 +187,18 @@ def test_generated_kernels_match_the_interpreter_and_the_emulator(context, sm):
                     failures.append(f"{case.kernels[0].name} ({case.label}) {o}: native vs {what} {err:.2e}")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
     assert len(cases) > 900
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("op", list(FUNCTIONS))
+def test_16_bit_math_is_within_an_ulp_of_the_exact_value_for_every_input(context, sm, op, fmt):
+    """tests/test_fast_math.py's check with the hardware's __expf and __fdividef."""
+    dtype = FORMATS[fmt]
+    model, feeds = unary_model(op, dtype)
+    graph = import_onnx(model)
+    kernels = _kernels(graph, f"fast_{op}_{fmt}", topk=1)
+    got = run_native(graph, kernels, GpuModule(compile_cubin([k.source for k in kernels], sm)), feeds)
+    assert_rounded_once(op, dtype, got["y"], feeds["x"])
 
 
 def test_time_kernel_median_is_positive_and_scales_with_work(context, sm):

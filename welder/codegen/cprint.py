@@ -103,6 +103,13 @@ _FLOAT_FN = {
     "fmod": "fmodf",
 }
 
+# Functions of 16-bit floats (computed in float, then rounded to 11 or 8 significant bits) by
+# cheaper forms whose error stays far under the rounding: __expf is one ex2.approx, within
+# 2 + 1.173 |x| float ulp, under 2^-6 of an fp16 ulp for every |x| < 88, where float's
+# exponential is finite; welder_erf16 is a rational fit within 5e-6 (welder_math.cuh).  Float
+# keeps the exact forms (within 2 ulp): exact fp32 is what fp32 promises.
+_FAST_16 = {"exp": "__expf", "erf": "welder_erf16"}
+
 
 # Longest node name a kernel carries into its error messages.
 _ORIGIN_CHARS = 200
@@ -261,8 +268,8 @@ class CPrinter:
         if e.fn == "sigmoid":
             if double:
                 return f"(1.0 / (1.0 + exp(-{x})))"
-            return _divide("1.0f", f"(1.0f + {_exp(dtype)}(-{x}))", dtype)
-        fn = _exp(dtype) if e.fn == "exp" else _FLOAT_FN[e.fn]
+            return _divide("1.0f", f"(1.0f + {_float_fn('exp', dtype)}(-{x}))", dtype)
+        fn = _float_fn(e.fn, dtype)
         if double:
             fn = fn[:-1]
         return f"{fn}({', '.join(args)})"
@@ -277,9 +284,6 @@ def _divide(a: str, b: str, dtype: str) -> str:
     return f"__fdividef({a}, {b})" if dtype == "float16" else f"({a} / {b})"
 
 
-def _exp(dtype: str) -> str:
-    """The exponential of a ``dtype`` value computed in float: for 16-bit floats the fast
-    ``__expf`` (one ``ex2.approx``): its error, at most 2 + 1.173 |x| ulp of float, stays
-    under 2^-6 of an fp16 ulp (and of a bf16 one) for every |x| < 88, where float's exponential
-    is finite; float keeps ``expf`` (within 2 ulp, and exact fp32 is what fp32 promises)."""
-    return "__expf" if dtype in HALF_FORMATS else "expf"
+def _float_fn(fn: str, dtype: str) -> str:
+    """The C function computing ``fn`` of a ``dtype`` value in float (see ``_FAST_16``)."""
+    return _FAST_16.get(fn, _FLOAT_FN[fn]) if dtype in HALF_FORMATS else _FLOAT_FN[fn]

@@ -1,0 +1,127 @@
+"""The cheaper math that kernels use for 16-bit floats (codegen/cprint.py's ``_FAST_16``,
+welder_erf16 in welder_math.cuh, fp16's fast division) over every value of the format:
+the generated kernel's result against the float64 function rounded once to the format,
+at most one unit in the last place off, and that rarely (where the exact value sits near a
+rounding boundary).  Exact values under float's smallest normal number (2^-126, which only
+bf16 reaches) may come out as zero: the kernels compute in float, and __expf flushes such
+results.  The emulator runs the kernels here; tests/test_gpu.py runs the same
+check on the GPU, where __expf and __fdividef are the hardware's approximations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from onnx_util import make_model
+
+from welder.arch import get_arch
+from welder.codegen import generate_model
+from welder.frontend.onnx import import_onnx
+from welder.runtime.emu import available
+from welder.runtime.emulate import EmulatedModel
+from welder.schedule.plan import plan_model
+
+FORMATS = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+# ONNX op -> its float64 reference.
+FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "Exp": lambda x: np.exp(x),
+    "Erf": np.vectorize(math.erf),
+    "Sigmoid": _sigmoid,
+    "Gelu": _gelu,
+}
+
+FLOAT_TINY = 2.0**-126
+# welder_erf16's absolute error bound (scripts/fit_erf16.py), rounded up.
+ERF_ERROR = 5e-6
+
+# The share of values allowed one unit in the last place off.
+OFF_BY_ONE = 0.005
+
+
+def every_value(dtype: type) -> np.ndarray:
+    """Every finite value of a 16-bit float format, then NaN and both infinities, as a
+    matrix of 256 columns."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    values = bits.view(dtype)
+    finite = values[np.isfinite(values.astype(np.float32))]
+    tail = np.array([np.nan, np.inf, -np.inf], np.float32).astype(dtype)
+    flat = np.concatenate([finite, tail])
+    rows = -(-flat.size // 256)
+    return np.concatenate([flat, np.full(rows * 256 - flat.size, np.nan, np.float32).astype(dtype)]).reshape(
+        rows, 256
+    )
+
+
+def unary_model(op: str, dtype: type) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A one-node model of ``op`` fed every value of ``dtype``."""
+    x = every_value(dtype)
+    model = make_model([helper.make_node(op, ["x"], ["y"])], {"x": x}, ["y"], opset=20)
+    return model, {"x": x}
+
+
+def ordered(values: np.ndarray) -> np.ndarray:
+    """16-bit floats as integers in the order of their values (both zeros at 0), so that
+    neighbouring values differ by one."""
+    bits = values.view(np.uint16).astype(np.int64)
+    return np.where(bits & 0x8000, -(bits & 0x7FFF), bits)
+
+
+def assert_rounded_once(op: str, dtype: type, got: np.ndarray, x: np.ndarray) -> None:
+    """``got`` within one unit in the last place of the float64 ``op`` of ``x`` rounded to
+        ``dtype`` (or zero, under float's normal range), for all but ``OFF_BY_ONE`` of the values
+        one ulp off; NaN exactly where the exact value is.  Where GELU's 1 + erf(x / sqrt 2)
+        cancels (x < -2), its error is erf's absolute error times |x| / 2 however erf is computed
+        in float (erff's is float's spacing at 1, 6e-8): there the bound is that, for ours, and the
+    rounding to ``dtype``."""
+    wide = x.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact64 = FUNCTIONS[op](wide)
+        exact = exact64.astype(dtype)
+    nan = np.isnan(exact.astype(np.float32))
+    assert np.array_equal(nan, np.isnan(got.astype(np.float32))), f"{op}: NaN where the exact value is not"
+    cancels = ~nan & (wide < -2) if op == "Gelu" else np.zeros_like(nan)
+    error = np.abs(got[cancels].astype(np.float64) - exact64[cancels])
+    info = ml_dtypes.finfo(dtype)
+    rounding = float(info.eps) * np.abs(exact64[cancels]) + float(info.smallest_subnormal)
+    bound = ERF_ERROR * np.abs(wide[cancels]) / 2 + rounding
+    assert np.all(error <= bound), f"{op}: {np.max(error - bound):.2e} over the bound where 1 + erf cancels"
+    kept = ~nan & ~cancels
+    off = np.abs(ordered(got[kept]) - ordered(exact[kept]))
+    flushed = (got[kept].astype(np.float32) == 0) & (np.abs(exact64[kept]) < FLOAT_TINY)
+    off[flushed] = 0
+    worst = int(np.argmax(off))
+    assert off.max() <= 1, (
+        f"{op} {dtype.__name__}: {off.max()} ulp off at x = {x[kept][worst]!r}: "
+        f"{got[kept][worst]!r}, exactly {exact[kept][worst]!r}"
+    )
+    assert np.mean(off) <= OFF_BY_ONE, f"{op} {dtype.__name__}: {np.mean(off):.2%} of values one ulp off"
+
+
+@pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("op", list(FUNCTIONS))
+def test_16_bit_math_is_within_an_ulp_of_the_exact_value_for_every_input(op: str, fmt: str) -> None:
+    dtype = FORMATS[fmt]
+    model, feeds = unary_model(op, dtype)
+    graph = import_onnx(model)
+    plan = plan_model(graph, get_arch("H100"), topk=1)
+    kernels = generate_model(graph, [(p.group, p.configs[0]) for p in plan.groups])
+    got = EmulatedModel(graph, kernels).run(feeds)
+    assert_rounded_once(op, dtype, got["y"], feeds["x"])
