@@ -382,6 +382,26 @@ def test_gather_is_whole_dimension():
     assert regions["T"].extents == (50, 4) and regions["I"].extents == (2,)
 
 
+def test_remembered_regions_follow_the_shapes_read_and_not_the_compute_object():
+    """read_regions remembers its answers by a compute's axes and loads and the shapes it
+    reads: the same compute over a longer table reads the longer dimension, and an equal
+    compute built again is answered alike."""
+    table, ids = Tensor("T", (50, 8), "float32"), Tensor("I", (4,), "int64")
+
+    def gather() -> Compute:
+        return compute("G", (4, 8), lambda i, d: table[cast(ids[i], "index"), d])
+
+    out = root_region((2, 4)).dims
+    short, long = {"T": (50, 8), "I": (4,)}, {"T": (70, 8), "I": (4,)}
+    c = gather()
+    assert read_regions(c, out, short.__getitem__)["T"].extents == (50, 4)
+    assert read_regions(c, out, long.__getitem__)["T"].extents == (70, 4)
+    again = gather()
+    assert again is not c
+    assert read_regions(again, out, short.__getitem__) == read_regions(c, out, short.__getitem__)
+    assert read_regions(again, out, short.__getitem__) is not read_regions(c, out, short.__getitem__)
+
+
 def test_tightness_rules():
     """The classification and the relaxed indices it leans on."""
     i, j, k = Var("i0"), Var("i1"), Var("r0")

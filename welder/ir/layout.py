@@ -33,13 +33,23 @@ def affine_layout(
 
     Each index expression uses the axes of one component (axes that appear together); the
     flat offset is then a sum of one function per component, affine exactly when each is,
-    so evaluating every component over its own box proves it."""
-    if any(isinstance(e, Load) for i in load.indices for e in walk(i)):
+    so evaluating every component over its own box proves it.  Memoised by the index
+    expressions, shape and axes alone: the tile search asks again for every candidate of a
+    product, and the repeated layers of a model ask the same question of other tensors."""
+    found = _affine_layout(tuple(load.indices), tuple(shape), tuple(axes))
+    return None if found is None else (found[0], dict(found[1]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _affine_layout(
+    indices: tuple[Expr, ...], shape: tuple[int, ...], axes: tuple[Axis, ...]
+) -> tuple[int, dict[str, int]] | None:
+    if any(isinstance(e, Load) for i in indices for e in walk(i)):
         return None
-    components = _components(axes, load.indices)
+    components = _components(axes, indices)
     if any(math.prod(a.extent for a in comp) > MAX_PROOF_POINTS for comp in components):
         return None
-    values = [_index_values(index, components) for index in load.indices]
+    values = [_index_values(index, components) for index in indices]
     if any(np.any(v < 0) or np.any(v >= extent) for v, extent in zip(values, shape)):
         return None
     strides = row_major_strides(shape)
@@ -50,7 +60,7 @@ def affine_layout(
         names = {a.name for a in comp}
         flat = offset + sum(
             s * (v - o)
-            for s, v, o, index in zip(strides, values, at_origin, load.indices)
+            for s, v, o, index in zip(strides, values, at_origin, indices)
             if free_vars(index) & names
         )
         found = affine_strides(np.asarray(flat), comp, offset)

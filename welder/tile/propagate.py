@@ -10,6 +10,7 @@ is given, which is how per-step staging buffers are sized.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -81,9 +82,57 @@ def read_regions(
     c: Compute, out: Sequence[Interval], shape_of: ShapeOf, rstep: Sequence[int] | None = None
 ) -> dict[str, Region]:
     """Region of every tensor ``c`` reads while computing the output box ``out``
-    (with reduce axes whole, or one step of ``rstep``)."""
+    (with reduce axes whole, or one step of ``rstep``).
+
+    Memoised per compute: the tile search asks again for the same boxes of the same node
+    (every candidate of every group holding it, the repeated layers' one signature), and
+    bounding each index expression is most of a cold plan's own time."""
     if len(out) != len(c.axes):
         raise ValueError(f"{c.name}: {len(out)} intervals for {len(c.axes)} axes")
+    shapes = tuple(shape_of(t) for t in c.inputs)
+    key = (_structure(c), shapes, tuple(out), None if rstep is None else tuple(rstep))
+    found = _READS.get(key)
+    if found is None:
+        if len(_READS) >= MEMO_LIMIT:
+            _forget()
+            key = (_structure(c), *key[1:])
+        found = _READS[key] = _read_regions(c, out, shape_of, rstep)
+    return dict(found)
+
+
+#: read_regions answers kept before the memo starts again (a model's cold plan asks for
+#: some 40,000 distinct ones).
+MEMO_LIMIT = 200_000
+
+# What read_regions answers depend on, besides the shapes read: the axes' names, the reduce
+# axes and the loads of a compute (not its arithmetic).  Groups build new computes for the
+# same nodes (renamed to canonical names, say), so the memo goes by that structure, numbered
+# once per compute object.
+_STRUCTURES: dict[tuple, int] = {}
+_STRUCTURE_OF: dict[int, tuple[weakref.ref, int]] = {}
+_READS: dict[tuple, dict[str, Region]] = {}
+
+
+def _structure(c: Compute) -> int:
+    entry = _STRUCTURE_OF.get(id(c))
+    if entry is not None and entry[0]() is c:
+        return entry[1]
+    loads = tuple((ld.tensor, ld.indices) for ld in c.loads())
+    number = _STRUCTURES.setdefault((tuple(a.name for a in c.axes), c.reduce_axes, loads), len(_STRUCTURES))
+    key = id(c)
+    _STRUCTURE_OF[key] = (weakref.ref(c, lambda _: _STRUCTURE_OF.pop(key, None)), number)
+    return number
+
+
+def _forget() -> None:
+    _READS.clear()
+    _STRUCTURES.clear()
+    _STRUCTURE_OF.clear()
+
+
+def _read_regions(
+    c: Compute, out: Sequence[Interval], shape_of: ShapeOf, rstep: Sequence[int] | None
+) -> dict[str, Region]:
     env = {a.name: iv for a, iv in zip(c.axes, out)}
     env.update({a.name: iv for a, iv in zip(c.reduce_axes, reduce_intervals(c, rstep))})
     regions: dict[str, Region] = {}
