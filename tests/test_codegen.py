@@ -124,8 +124,14 @@ def run_emulated(case: Case, module) -> dict[str, np.ndarray]:
 
 
 def _plan_groups(graph: Graph, config_index: int = 0, topk: int = 2) -> list[tuple[Group, GroupConfig]]:
+    return _plan_choices(graph, topk)[config_index]
+
+
+def _plan_choices(graph: Graph, topk: int = 2) -> list[list[tuple[Group, GroupConfig]]]:
+    """The groups of one plan with each group's best, second-best, ... config (the last it
+    has where it has fewer): ``topk`` lists from one search."""
     plan = plan_model(graph, ARCH, topk=topk)
-    return [(p.group, p.configs[min(config_index, len(p.configs) - 1)]) for p in plan.groups]
+    return [[(p.group, p.configs[min(k, len(p.configs) - 1)]) for p in plan.groups] for k in range(topk)]
 
 
 def _whole(graph: Graph) -> Group:
@@ -262,8 +268,8 @@ def node_model_batch(part: int) -> Batch:
         inputs = case.data_sets[0][0]
         by_name = {vi.name: np.asarray(v) for vi, v in zip(case.model.graph.input, inputs)}
         feeds = {t.name: by_name[t.name] for t in graph.inputs}
-        for choice in (0, 1):
-            batch.add(f"{case.name}_{choice}", graph, _plan_groups(graph, choice), feeds)
+        for choice, groups in enumerate(_plan_choices(graph)):
+            batch.add(f"{case.name}_{choice}", graph, groups, feeds)
     return batch
 
 
@@ -676,8 +682,8 @@ def fp16_batch() -> Batch:
     for name, model in models.items():
         graph = import_onnx(model)
         feeds = _feeds(graph, rng)
-        for choice in range(2):
-            batch.add(f"fp16_{name}_{choice}", graph, _plan_groups(graph, choice), feeds)
+        for choice, groups in enumerate(_plan_choices(graph)):
+            batch.add(f"fp16_{name}_{choice}", graph, groups, feeds)
     return batch
 
 
