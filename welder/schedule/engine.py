@@ -439,7 +439,8 @@ def _grow(
         )
         if getattr(measure, "prefetching", False):  # all of them at once, in parallel
             trials = list(trials)
-            _prefetch(measure, (group for _, _, group in trials))
+            ahead = _ahead(trials, graph, scheduled, rank, max_stages, span_of)
+            _prefetch(measure, [*(group for _, _, group in trials), *ahead])
         for extra, trial, group in trials:
             fused = measure(group)
             parts = _separate_cost(graph, extra, measure)
@@ -450,6 +451,23 @@ def _grow(
                 members, current, grown = trial, fused, True
                 break
     return members
+
+
+def _ahead(
+    trials: Sequence[tuple[set[str], set[str], Group]],
+    graph: Graph,
+    scheduled: set[str],
+    rank: dict[str, int],
+    max_stages: int,
+    span_of: dict[str, set[str]],
+) -> list[Group]:
+    """The trials of the next growth step if the first of ``trials`` is taken (it mostly is):
+    rated with them, the step after needs no wait either where a step has one trial, which
+    alone would leave the workers idle."""
+    if not trials:
+        return []
+    _, first, _ = trials[0]
+    return [group for _, _, group in _trials(graph, first, scheduled, rank, max_stages, span_of)]
 
 
 def _trials(
