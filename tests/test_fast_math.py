@@ -85,11 +85,11 @@ def ordered(values: np.ndarray) -> np.ndarray:
 
 def assert_rounded_once(op: str, dtype: type, got: np.ndarray, x: np.ndarray) -> None:
     """``got`` within one unit in the last place of the float64 ``op`` of ``x`` rounded to
-        ``dtype`` (or zero, under float's normal range), for all but ``OFF_BY_ONE`` of the values
-        one ulp off; NaN exactly where the exact value is.  Where GELU's 1 + erf(x / sqrt 2)
-        cancels (x < -2), its error is erf's absolute error times |x| / 2 however erf is computed
-        in float (erff's is float's spacing at 1, 6e-8): there the bound is that, for ours, and the
-    rounding to ``dtype``."""
+    ``dtype`` (or zero, under float's normal range), for all but ``OFF_BY_ONE`` of the values;
+    NaN exactly where the exact value is.  Where GELU's 1 + erf(x / sqrt 2) cancels (x < -2),
+    its error is erf's absolute error times |x| / 2 however erf is computed in float (erff's
+    is float's spacing at 1, 6e-8): there the bound is that, for ours, plus the rounding to
+    ``dtype``."""
     wide = x.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         exact64 = FUNCTIONS[op](wide)

@@ -395,8 +395,8 @@ def test_worker_processes_search_as_one_process_would() -> None:
     """A whole graph's search proposes groups in forked worker processes (CostModel.parallel:
     the nodes alone, each growth step's trials, the spans and their greedy costs): on a BERT
     layer the groups, latencies and log equal one process's, and the workers proposed all
-    but a couple of the groups.  In a process of its own, since a pytest worker runs threads and no fork
-    is taken among threads."""
+    but a couple of the groups.  In a process of its own, since a pytest worker runs threads
+    and no fork is taken among threads."""
     import json
     import subprocess
     import sys

@@ -382,10 +382,14 @@ def test_gather_is_whole_dimension():
     assert regions["T"].extents == (50, 4) and regions["I"].extents == (2,)
 
 
-def test_remembered_regions_follow_the_shapes_read_and_not_the_compute_object():
+@pytest.mark.parametrize("limit", [200_000, 1])
+def test_remembered_regions_follow_the_shapes_read_and_not_the_compute_object(limit, monkeypatch):
     """read_regions remembers its answers by a compute's axes and loads and the shapes it
     reads: the same compute over a longer table reads the longer dimension, and an equal
-    compute built again is answered alike."""
+    compute built again is answered alike -- also where the memo starts again at every call."""
+    import welder.tile.propagate as propagate
+
+    monkeypatch.setattr(propagate, "MEMO_LIMIT", limit)
     table, ids = Tensor("T", (50, 8), "float32"), Tensor("I", (4,), "int64")
 
     def gather() -> Compute:

@@ -38,8 +38,9 @@ __device__ __forceinline__ bool welder_min(bool a, bool b) { return a && b; }
 // erf of a value a 16-bit float will hold: x P(x^2) / Q(x^2) on the input clamped to +-4, the
 // result clamped to +-1, which the fit reaches before 4 (scripts/fit_erf16.py fits and checks
 // the coefficients).  Its error, under 5e-6, is a fiftieth of an fp16 ulp at 1, and it is
-// exactly +-1 far out, as erff is (GELU's 1 + erf(x) vanishes there); erff's two polynomial
-// ranges and their selects cost about twice the instructions.  The comparisons keep a NaN.
+// exactly +-1 far out, as erff is (GELU's 1 + erf(x) vanishes there).  For sm_90 it is 20
+// instructions against erff's 24 (its two ranges' coefficient selects and an ex2).  The
+// comparisons keep a NaN.
 __device__ __forceinline__ float welder_erf16(float x) {
   const float c = x > 4.0f ? 4.0f : (x < -4.0f ? -4.0f : x);
   const float s = c * c;

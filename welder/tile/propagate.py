@@ -84,18 +84,18 @@ def read_regions(
     """Region of every tensor ``c`` reads while computing the output box ``out``
     (with reduce axes whole, or one step of ``rstep``).
 
-    Memoised per compute: the tile search asks again for the same boxes of the same node
-    (every candidate of every group holding it, the repeated layers' one signature), and
-    bounding each index expression is most of a cold plan's own time."""
+    Memoised by what the answer depends on (see ``_structure``), the shapes read, the box
+    and the step: the tile search asks again for the same boxes of the same node (every
+    candidate of every group holding it, the repeated layers' one signature), and bounding
+    each index expression is most of a cold plan's own time."""
     if len(out) != len(c.axes):
         raise ValueError(f"{c.name}: {len(out)} intervals for {len(c.axes)} axes")
+    if len(_READS) >= MEMO_LIMIT:
+        _forget()
     shapes = tuple(shape_of(t) for t in c.inputs)
     key = (_structure(c), shapes, tuple(out), None if rstep is None else tuple(rstep))
     found = _READS.get(key)
     if found is None:
-        if len(_READS) >= MEMO_LIMIT:
-            _forget()
-            key = (_structure(c), *key[1:])
         found = _READS[key] = _read_regions(c, out, shape_of, rstep)
     return dict(found)
 
