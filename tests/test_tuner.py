@@ -11,6 +11,7 @@ cache, measured fusion, and the worker-process isolation of ``welder.device.gpu`
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import logging
 import math
@@ -748,6 +749,79 @@ def test_a_spent_time_budget_stops_fusion_checks_and_narrows_the_candidates():
     [stopped] = [line for line in spent.log if line.startswith("fusion checks stopped")]
     assert "doubted groups kept unchecked" in stopped
     assert sorted(m for g in spent.groups for m in g.group.members) == sorted(graph.nodes)
+
+
+def _latency_by_code(kernel) -> float:
+    """10 us per stage plus up to 2 us drawn from the kernel's code and not its name (a
+    candidate's index in its compile call), so a config measures the same whichever call
+    tunes it; 1000 us for a kernel of three stages or more, which the fusion checks split."""
+    body = kernel.source.replace(kernel.name, "kernel")
+    draw = int(hashlib.sha256(body.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return 1000.0 if stages_of(kernel) >= 3 else 10.0 * stages_of(kernel) + 2.0 * draw
+
+
+def test_fusion_checks_tune_shallower_groups_on_fewer_configs_and_finish_the_kept_ones(tmp_path, monkeypatch):
+    """At a topk over CHECK_TOPK, a fusion check tunes the shallower groups on the first
+    CHECK_TOPK configs only; the groups it keeps are then tuned on the rest, so each planned
+    group is the fastest of all its topk configs (brute force: tune_group on all of them at
+    once).  As fast a plan as checks on every config, from fewer compiled kernels; a second
+    tune with the cache compiles nothing."""
+    from welder.tune import tuner
+
+    graph, topk = layernorm_gelu(), 16
+    device = ScriptedDevice(graph, latency=_latency_by_code)
+    plan = tune_model(graph, ARCH, topk, TuningCache(tmp_path / "t.db"), device)
+    assert any("split into" in line for line in plan.log), plan.log
+    assert any(f"each the best of its first {tuner.CHECK_TOPK} candidates" in line for line in plan.log)
+    for g in plan.groups:
+        configs = CostModel(graph, ARCH, Options(topk=topk)).configs(g.group)
+        brute = tune_group(graph, g.group, ARCH, topk, None, ScriptedDevice(graph, latency=_latency_by_code))
+        assert g.candidates == min(topk, len(configs)) and g.latency_us == pytest.approx(brute.latency_us)
+    assert max(len(CostModel(graph, ARCH, Options(topk=topk)).configs(g.group)) for g in plan.groups) > 8
+
+    monkeypatch.setattr(tuner, "CHECK_TOPK", topk)
+    full = ScriptedDevice(graph, latency=_latency_by_code)
+    everything = tune_model(graph, ARCH, topk, None, full)
+    # Ways whose stages cost alike may tie-break apart; each is within the draws of the other.
+    depths = lambda p: sorted(len(g.group.stages) for g in p.groups)  # noqa: E731
+    assert depths(everything) == depths(plan)
+    assert plan.latency_us == pytest.approx(everything.latency_us, abs=2.0 * len(plan.groups))
+    compiled = lambda d: sum(len(c) for c in d.compiles)  # noqa: E731
+    assert compiled(device) < compiled(full), (compiled(device), compiled(full))
+
+    again = ScriptedDevice(graph, latency=_latency_by_code)
+    cached = tune_model(graph, ARCH, topk, TuningCache(tmp_path / "t.db"), again)
+    assert not again.compiles and cached.latency_us == pytest.approx(plan.latency_us)
+
+
+def test_a_split_that_wins_on_the_first_configs_only_leaves_the_fusion_in_place():
+    """A fused group whose fast configs all rank past CHECK_TOPK loses the check on each
+    side's first CHECK_TOPK candidates, but its split, tuned on all topk, is slower than the
+    fused group on all topk: the fusion stays, and the log says both comparisons."""
+    from welder.tune.tuner import CHECK_TOPK
+
+    graph, topk = layernorm_gelu(), 16
+
+    def latency(kernel) -> float:
+        if stages_of(kernel) >= 3:
+            return 1000.0 if candidate_index(kernel.name) < CHECK_TOPK else 15.0
+        return _latency_by_code(kernel)
+
+    plan = tune_model(graph, ARCH, topk, None, ScriptedDevice(graph, latency=latency))
+    assert max(len(g.group.stages) for g in plan.groups) >= 3, plan.log
+    [kept] = [line for line in plan.log if line.startswith("fusion of")]
+    assert f"each the best of its first {CHECK_TOPK} candidates; on all {topk}" in kept, kept
+    assert not any("split into" in line for line in plan.log)
+
+
+def test_best_of_first_leaves_out_dropped_candidates_and_those_past_k():
+    from welder.tune.tuner import Dropped, TunedConfig, best_of_first
+
+    _, configs = matmul_configs(matmul_graph())
+    timings = {0: 9.0, 1: 3.0, 2: 5.0, 9: 4.0}  # 1 was wrong; 9 won
+    result = TunedConfig("s", configs[0], 4.0, 10, False, [Dropped(1, "wrong", "x")], timings)
+    assert best_of_first(result, 8) == 5.0 and best_of_first(result, 10) == 4.0
+    assert best_of_first(TunedConfig("s", configs[0], 4.0, 10, from_cache=True), 8) == 4.0
 
 
 def test_a_slow_fusion_is_kept_when_its_parts_are_slower_still():

@@ -76,6 +76,12 @@ CANDIDATE_PREFIX = "welder_c"
 # unchecked, though its two parts apart are predicted at 81 us together.
 VERIFY_RATIO = 1.5
 VERIFY_DEPTH = 3
+# A fusion check tunes the shallower groups it weighs on the cost model's first CHECK_TOPK
+# configs alone, and compares them with the fused group's best among its own first
+# CHECK_TOPK, so that the verdict is fair; the groups a check keeps are then tuned on to the
+# full topk.  Most checks keep the fusion (29 of 40 on mobilevit_s at batch 64), and their
+# shallower groups were more than half of all candidates compiled at --topk 20.
+CHECK_TOPK = 8
 #: Configs a group tunes once the tune's time budget (``tune_model(budget_s=...)``) is spent.
 BUDGET_TOPK = 3
 # Threads making groups' inputs and references (numpy: they release the GIL), and how many
@@ -496,19 +502,28 @@ def _cached(
     cache: TuningCache | None, key: CacheKey, group: Group, topk: int
 ) -> tuple[bool, TunedConfig | None]:
     """(hit, result): a hit with result None is a negative entry."""
+    hit, result, _ = _cached_entry(cache, key, group, topk)
+    return hit, result
+
+
+def _cached_entry(
+    cache: TuningCache | None, key: CacheKey, group: Group, topk: int
+) -> tuple[bool, TunedConfig | None, int]:
+    """(hit, result, how far down the ranking the entry looked); see :func:`_cached`."""
     if cache is None:
-        return False, None
+        return False, None, 0
     entry = cache.get(key)
     if entry is None or not entry.satisfies(topk):
-        return False, None
+        return False, None, 0
     if entry.config is None or entry.latency_us is None:
-        return True, None
+        return True, None, entry.topk
     try:
         cfg = _from_canonical(config_from_json(entry.config), group)
     except (KeyError, TypeError, ValueError) as e:
         log.warning("group %s: ignoring an unreadable cache entry (%s)", group.root, e)
-        return False, None
-    return True, TunedConfig(key.signature, cfg, entry.latency_us, entry.candidates, from_cache=True)
+        return False, None, 0
+    result = TunedConfig(key.signature, cfg, entry.latency_us, entry.candidates, from_cache=True)
+    return True, result, entry.topk
 
 
 def _store(
@@ -646,6 +661,7 @@ class GpuMeasure:
         self.phases = phases or Phases()
         self.tunes = 0  # groups compiled and timed (cache misses)
         self._results: dict[str, TunedConfig | None] = {}  # signature -> result in canonical names
+        self._depth: dict[str, int] = {}  # signature -> how many of the ranked configs it covers
         self._invalid: dict[str, str] = {}  # signature -> why no candidate is valid
 
     def __call__(self, group: Group) -> float | None:
@@ -655,11 +671,15 @@ class GpuMeasure:
     def known(self, group: Group) -> bool:
         return group_signature(self.graph, group) in self._results
 
+    def depth(self, group: Group) -> int:
+        """How many of the cost model's ranked configs ``group``'s result covers (0: none yet)."""
+        return self._depth.get(group_signature(self.graph, group), 0)
+
     def tuned(self, group: Group) -> TunedConfig | None:
         signature = group_signature(self.graph, group)
         if signature not in self._results:
             key = cache_key(signature, self.arch, self.device, self.cost.options.kinds)
-            hit, result = _cached(self.cache, key, group, self.topk)
+            hit, result, depth = _cached_entry(self.cache, key, group, self.topk)
             dropped: list[Dropped] | None = None
             if not hit:
                 self.tunes += 1
@@ -668,18 +688,24 @@ class GpuMeasure:
                 result = finish_candidates(
                     self.graph, cands, self.device, self.cache, key, self.topk, self.seed, self.phases
                 )
-                dropped = cands.dropped
-            self.remember(group, result, dropped)
+                dropped, depth = cands.dropped, self.topk
+            self.remember(group, result, dropped, depth)
         return self._own(self._results[signature], group)
 
     def candidates(self, group: Group) -> Candidates:
         return prepare_candidates(self.graph, group, self.cost.configs(group))
 
     def remember(
-        self, group: Group, result: TunedConfig | None, dropped: Sequence[Dropped] | None = None
+        self,
+        group: Group,
+        result: TunedConfig | None,
+        dropped: Sequence[Dropped] | None = None,
+        depth: int | None = None,
     ) -> None:
-        """Keep ``result``; for None, ``dropped`` says why (None: a negative cache entry)."""
+        """Keep ``result``, the best of the first ``depth`` ranked configs (default: topk);
+        for None, ``dropped`` says why (None: a negative cache entry)."""
         signature = group_signature(self.graph, group)
+        self._depth[signature] = self.topk if depth is None else depth
         if result is not None:
             result = _replace_config(result, _to_canonical(result.config, group))
         else:
@@ -714,6 +740,32 @@ def _replace_config(result: TunedConfig, cfg: GroupConfig) -> TunedConfig:
         list(result.dropped),
         dict(result.timings_us),
     )
+
+
+def _continued(
+    before: TunedConfig | None, after: TunedConfig | None, cands: Candidates, start: int
+) -> tuple[TunedConfig | None, list[Dropped]]:
+    """A group's result over the ranked configs ``[0, start)`` (``before``) and ``[start,
+    ...)`` (``after``, tuned as ``cands``, whose indices count from 0) as one: the faster
+    winner, every timing and drop under its index in the whole ranking."""
+    shifted = [Dropped(d.candidate + start, d.reason, d.detail) for d in cands.dropped]
+    dropped = [*(before.dropped if before else []), *shifted]
+    if before is None and after is None:
+        return None, dropped
+    timings = {**(before.timings_us if before else {})}
+    timings.update({i + start: t for i, t in (after.timings_us if after else {}).items()})
+    best = min((r for r in (before, after) if r is not None), key=lambda r: r.latency_us)
+    tried = (before.candidates if before else start) + len(cands.configs)
+    return TunedConfig(best.signature, best.config, best.latency_us, tried, False, dropped, timings), dropped
+
+
+def best_of_first(result: TunedConfig, k: int) -> float:
+    """The fastest time among the first ``k`` ranked candidates of ``result`` that were not
+    dropped (those slower than the winner were never checked, and count as valid); the
+    winner's time where that is unknown (a result from the cache keeps no timings)."""
+    dropped = {d.candidate for d in result.dropped}
+    times = [t for i, t in result.timings_us.items() if i < k and i not in dropped]
+    return min(times, default=result.latency_us)
 
 
 # -- a whole model -------------------------------------------------------------------------------------
@@ -822,6 +874,7 @@ class _ModelTuner:
         self.split_failures: list[SplitFailure] = []
         self._ways: dict[tuple[str, tuple[str, ...]], list[tuple[str, list[Group]]] | str] = {}
         self._split_estimates: dict[str, float | None] = {}  # by group signature
+        self._split_notes: dict[tuple[str, tuple[str, ...]], str] = {}  # checked()'s splits, to confirm
 
     def fuse_by_measurement(self, nofusion: bool) -> list[Group]:
         bar = ProgressBar(len(self.graph.nodes), "tuning (fusion by measurement)", self.stream)
@@ -886,7 +939,9 @@ class _ModelTuner:
         """Every group after its fusion check (:meth:`checked`), level by level: the splits of
         every group doubted at one depth are tuned in one batch before any of them is
         decided, so a level costs one round of compiles over every core, not one small
-        round per doubted group (Swin-T and MobileViT at batch 64 check 24 to 35 groups)."""
+        round per doubted group (Swin-T and MobileViT at batch 64 check 24 to 35 groups).
+        The splits chosen on their first configs are then tuned on the rest in one more
+        batch, and :meth:`confirmed` before they replace their groups."""
         final: list[Group] = []
         pending = [(g, 0) for g in groups]
         while pending:
@@ -899,14 +954,21 @@ class _ModelTuner:
                     )
                 return final + [g for g, _ in pending]
             splits = [p for g, depth in pending if self.doubt(g, depth) for p in self.split_groups(g)]
-            self.tune_all(splits, "fusion-check groups tuned")
-            deeper = []
+            self.tune_all(splits, "fusion-check groups tuned", self.check_topk)
+            chosen = []
             for g, depth in pending:
                 parts = self.checked(g, depth)
                 if parts == [g]:
                     final.append(g)
                 else:
+                    chosen.append((g, depth, parts))
+            self.tune_all([p for _, _, parts in chosen for p in parts], "fusion-check groups tuned on")
+            deeper = []
+            for g, depth, parts in chosen:
+                if self.confirmed(g, parts):
                     deeper += [(p, depth + 1) for p in parts]
+                else:
+                    final.append(g)
             pending = deeper
         return final
 
@@ -996,8 +1058,9 @@ class _ModelTuner:
         parts = ways[0][1]
         measured: list[tuple[float, str, list[Group]]] = []
         why = ""
+        k = self.check_topk
         for way, split in ways:
-            self.tune_all(split, "fusion-check groups tuned")
+            self.tune_all(split, "fusion-check groups tuned", k)
             tuned = [self.measure.tuned(p) for p in split]
             failed = [p for p, t in zip(split, tuned) if t is None]
             if failed:
@@ -1006,24 +1069,43 @@ class _ModelTuner:
                     for p in failed
                 )
                 continue
-            measured.append((sum(t.latency_us for t in tuned if t is not None), way, split))
+            measured.append((sum(best_of_first(t, k) for t in tuned if t is not None), way, split))
         if not measured:
             return self.unsplit(g, result, predicted, f"of the {len(parts)} shallower groups, {why}")
         split_us, way, parts = min(measured, key=lambda m: m[0])
         fused = f"{result.latency_us:.1f} us measured" if result else "no valid candidate"
-        if result is not None and split_us >= result.latency_us:
+        fused_us = best_of_first(result, k) if result is not None else None
+        against = "" if fused_us is None else f" against {fused_us:.1f} us fused"
+        if k < self.topk:
+            against += f", each the best of its first {k} candidates"
+        if fused_us is not None and split_us >= fused_us:
             self.log.append(
                 f"fusion of {g.root} kept: {fused}, predicted {predicted:.1f} us; "
-                f"{len(parts)} shallower groups ({way}) measure {split_us:.1f} us"
+                f"{len(parts)} shallower groups ({way}) measure {split_us:.1f} us{against}"
             )
             return [g]
-        message = (
+        self._split_notes[(g.root, g.members)] = (
             f"group {g.root} ({len(g.stages)} stages; {fused}, predicted {predicted:.1f} us) "
-            f"split into {len(parts)} groups ({way}) measuring {split_us:.1f} us"
+            f"split into {len(parts)} groups ({way}) measuring {split_us:.1f} us{against}"
         )
+        return parts
+
+    def confirmed(self, g: Group, parts: list[Group]) -> bool:
+        """Whether ``parts``, which :meth:`checked` chose over ``g`` on each one's first
+        ``check_topk`` candidates, are still faster now that they are tuned on all ``topk``
+        (as ``g`` is): a fused group whose fastest configs rank low keeps its fusion.
+        Logs the verdict."""
+        message = self._split_notes.pop((g.root, g.members))
+        fused = self.measure.tuned(g)
+        split_us = sum(t.latency_us for t in map(self.measure.tuned, parts) if t is not None)
+        if fused is not None and self.check_topk < self.topk:
+            message += f"; on all {self.topk}, {split_us:.1f} us against {fused.latency_us:.1f} us"
+        if fused is not None and split_us >= fused.latency_us:
+            self.log.append(f"fusion of {g.root} kept: {message.split(' split into ', 1)[1]}")
+            return False
         log.info(message)
         self.log.append(message)
-        return parts
+        return True
 
     def peeled(self, g: Group, last: bool = False) -> list[Group] | None:
         """``g``'s first stage with what it inlines -- or, ``last``, its last reduction with
@@ -1067,6 +1149,11 @@ class _ModelTuner:
         self.split_failures.append(failure)
         return [g]
 
+    @property
+    def check_topk(self) -> int:
+        """The configs a fusion check tunes a shallower group on (:data:`CHECK_TOPK`)."""
+        return min(self.topk, CHECK_TOPK)
+
     def over_budget(self) -> bool:
         """Whether the time budget, if any, is spent."""
         return self.deadline is not None and time.perf_counter() > self.deadline
@@ -1076,19 +1163,30 @@ class _ModelTuner:
         """The groups a library computes: never searched, tuned or measured here."""
         return list(self.library.values())
 
-    def tune_all(self, groups: Sequence[Group], what: str = "groups tuned") -> None:
-        """Tune each distinct group: compiles run in a thread pool (nvcc on every core), while
-        this thread times and checks on the GPU in model order as compiles complete."""
+    def tune_all(self, groups: Sequence[Group], what: str = "groups tuned", topk: int | None = None) -> None:
+        """Tune each distinct group on the cost model's first ``topk`` configs (default: the
+        tune's): compiles run in a thread pool (nvcc on every core), while this thread times
+        and checks on the GPU in model order as compiles complete.  A group already tuned on
+        fewer configs (a fusion check's, :data:`CHECK_TOPK`) is tuned on the configs after
+        those only, and keeps the faster of the two winners."""
+        # Past the time budget, only the best estimates (and the cache records that topk).
+        topk = min(self.topk if topk is None else topk, BUDGET_TOPK if self.over_budget() else self.topk)
         todo: dict[str, Group] = {}
+        first: dict[str, int] = {}  # by signature: the first ranked config still to tune
         for g in groups:
             sig = group_signature(self.graph, g)
-            if sig in todo or self.measure.known(g):
+            if sig in todo:
                 continue
-            hit, result = _cached(self.cache, self.measure.cache_key(g), g, self.topk)
+            depth = self.measure.depth(g)
+            if self.measure.known(g):
+                if depth < topk and len(self.cost.configs(g)) > depth:
+                    todo[sig], first[sig] = g, depth
+                continue
+            hit, result, depth = _cached_entry(self.cache, self.measure.cache_key(g), g, topk)
             if hit:
-                self.measure.remember(g, result)
+                self.measure.remember(g, result, depth=depth)
             else:
-                todo[sig] = g
+                todo[sig], first[sig] = g, 0
         self.phases.count(what, len(todo))
         bar = ProgressBar(len(todo), "tuning", self.stream)
         total = 0.0
@@ -1096,17 +1194,16 @@ class _ModelTuner:
         codegen = ThreadPoolExecutor(max_workers=CODEGEN_THREADS, thread_name_prefix="welder-codegen")
         host_pool = ThreadPoolExecutor(max_workers=HOST_THREADS, thread_name_prefix="welder-host")
         groups = list(todo.values())
+        starts = list(first.values())
         host: dict[int, HostSide] = {}  # by position in groups; each holds its arrays
-        # Past the time budget, only the best estimates (and the cache records that topk).
-        topk = min(self.topk, BUDGET_TOPK) if self.over_budget() else self.topk
-        configs = [self.cost.configs(g)[:topk] for g in groups]
+        configs = [self.cost.configs(g)[start:topk] for g, start in zip(groups, starts)]
         per_call = kernels_per_call(sum(len(c) for c in configs), self.workers)
         try:
             futures: list[Future[Future[Candidates]]] = [
                 codegen.submit(self._prepare_and_compile, g, c, per_call, nvcc)
                 for g, c in zip(groups, configs)
             ]
-            for k, (g, fut) in enumerate(zip(groups, futures)):
+            for k, (g, fut, start) in enumerate(zip(groups, futures, starts)):
                 # Inputs and references for the next groups, while this one compiles and times.
                 while len(host) + k < min(len(groups), k + 1 + HOST_LOOKAHEAD):
                     ahead = len(host) + k
@@ -1118,15 +1215,19 @@ class _ModelTuner:
                     self.graph,
                     cands,
                     self.device,
-                    self.cache,
+                    None if start else self.cache,
                     key,
                     topk,
                     self.measure.seed,
                     self.phases,
                     host.pop(k),
                 )
+                dropped = cands.dropped
+                if start:
+                    result, dropped = _continued(self.measure.tuned(g), result, cands, start)
+                    _store(self.cache, key, g, result, start + len(cands.configs), topk)
                 self.measure.tunes += 1
-                self.measure.remember(g, result, cands.dropped)
+                self.measure.remember(g, result, dropped, topk)
                 if result is not None:
                     total += result.latency_us
                 note = f"best {result.latency_us:.1f} us" if result else "no valid candidate"
