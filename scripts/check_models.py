@@ -11,8 +11,9 @@ For each model, one after another, in ``WORKDIR/<model>``:
 2. ``welder tune --cost-model --arch H100 --topk 1 --cuda-arch 90 --no-build``: the H100's
    plan, configs ranked by the cost model alone, runtime sources emitted but not built;
 3. ``nvcc -ptx -arch=sm_90`` (``sm_90a`` where it holds ``wgmma`` kernels) on the runtime's
-   ``nnfusion_rt.cu`` and a count of the tensor-core instructions in the PTX (``mma.sync``,
-   ``wgmma``, ``ldmatrix``, ``cp.async``; static counts, unrolled loops counted as written),
+   sources (``nnfusion_rt.cu`` and the kernel files ``kernels_N.cu``, each on its own) and a
+   count of the tensor-core instructions in the PTX (``mma.sync``, ``wgmma``, ``ldmatrix``,
+   ``cp.async``; static counts, unrolled loops counted as written),
    beside how many of the plan's groups hold a contraction the ``mma`` kind takes and how
    many a tensor-core kind was chosen for;
 4. the plan that ``welder check --backend emulate`` makes (the H100's, ``topk=1``) made
@@ -40,8 +41,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +54,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from welder.errors import WelderError  # noqa: E402
+from welder.runtime.layout import runtime_sources  # noqa: E402
 
 #: The fp16 benchmark set, in the order of docs/results.md (whose NeRF rows are the MLP
 #: now named ``nerf_large``; ``--models nerf`` checks the original's small one).
@@ -130,15 +134,26 @@ def count_ptx(text: str) -> PtxCounts:
 
 def compile_ptx(runtime: Path, ptx: Path, nvcc: str, cuda_arch: str = CUDA_ARCH) -> None:
     """The runtime's device code as PTX, compiled as its CMake build would (C++17, -O3; for
-    the arch-specific target where it holds wgmma kernels)."""
-    source = runtime / "nnfusion_rt.cu"
-    specific = "a" if "welder_wgmma.cuh" in source.read_text() and not cuda_arch.endswith("a") else ""
-    arch = f"-arch=sm_{cuda_arch}{specific}"
-    command = [nvcc, "-std=c++17", "-O3", arch, "-I", str(runtime), "-ptx", str(source)]
-    done = subprocess.run([*command, "-o", str(ptx)], capture_output=True, text=True)
-    if done.returncode != 0:
-        ptx.unlink(missing_ok=True)
-        raise StageError("ptx", _tail(done.stderr or done.stdout))
+    the arch-specific target where it holds wgmma kernels): each of its sources (nnfusion_rt.cu
+    and the kernel files) on its own and in parallel, as the build does, their PTX written one
+    after another into ``ptx``."""
+    sources = [path for path in runtime_sources(runtime) if path.is_file()]
+    wgmma = any("welder_wgmma.cuh" in path.read_text() for path in sources)
+    arch = f"-arch=sm_{cuda_arch}{'a' if wgmma and not cuda_arch.endswith('a') else ''}"
+    ptx.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+
+        def compile_one(source: Path) -> subprocess.CompletedProcess[str]:
+            command = [nvcc, "-std=c++17", "-O3", arch, "-I", str(runtime), "-ptx", str(source)]
+            out = Path(scratch) / f"{source.stem}.ptx"
+            return subprocess.run([*command, "-o", str(out)], capture_output=True, text=True)
+
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            done = list(pool.map(compile_one, sources))
+        failed = next((d for d in done if d.returncode != 0), None)
+        if failed is not None:
+            raise StageError("ptx", _tail(failed.stderr or failed.stdout))
+        ptx.write_text("".join((Path(scratch) / f"{source.stem}.ptx").read_text() for source in sources))
 
 
 # -- welder check's report -----------------------------------------------------------------------

@@ -19,10 +19,10 @@ from onnx_util import to_half
 
 from welder.arch import get_arch
 from welder.check import CheckReport, OutputResult
-from welder.codegen import generate_model, model_source
+from welder.codegen import generate_model
 from welder.frontend.onnx import import_onnx
-from welder.resources import TEMPLATE_DIR
-from welder.runtime.emit import PRELUDE_HEADERS
+from welder.runtime.emit import emit_runtime
+from welder.runtime.spec import runtime_spec
 from welder.schedule.plan import plan_model
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_models.py"
@@ -121,24 +121,32 @@ def test_count_ptx_counts_instructions_not_mentions() -> None:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_count_ptx_of_a_half_model_agrees_with_its_plan(tmp_path: Path) -> None:
     """A half-precision BERT layer sized so that the H100 plan puts products on tensor cores,
-    compiled as the script compiles a runtime (for sm_90a where it holds wgmma): as many PTX
-    kernels hold a tensor-core product as the plan has groups with a tensor-core stage, and
-    the totals are those of a plain line count."""
+    its runtime emitted (the kernels in more than one file) and compiled as the script compiles
+    one (every source, for sm_90a where it holds wgmma): the PTX holds every launched kernel,
+    as many of them holding a tensor-core product as the launched groups with a tensor-core
+    stage, and the totals are those of a plain line count."""
     path = tmp_path / "layer.onnx"
     onnx.save(to_half(bert_encoder_layer(seq=64, hidden=256, heads=4, ffn=512)[0]), str(path))
     graph = import_onnx(path)
     plan = plan_model(graph, get_arch("H100"), topk=1)
-    on_mma = sum(any(st.kind in cm.TENSOR_CORE_KINDS for st in g.configs[0].stages) for g in plan.groups)
+    groups = [(g.group, g.configs[0]) for g in plan.groups]
+    kernels = generate_model(graph, groups)
+    runtime = emit_runtime(tmp_path / "layer", graph, groups, kernels, "90")
+    spec = runtime_spec(graph, groups, kernels, "90")
+    assert len(spec.kernel_files) > 1
+    launched = {k.name for k in spec.launches}
+    generated = [cfg for _, cfg in groups if cfg.kernel]
+    on_mma = sum(
+        any(st.kind in cm.TENSOR_CORE_KINDS for st in cfg.stages)
+        for cfg, kernel in zip(generated, kernels)
+        if kernel.name in launched
+    )
     assert on_mma > 0
-    source = tmp_path / "nnfusion_rt.cu"
-    source.write_text(model_source(generate_model(graph, [(g.group, g.configs[0]) for g in plan.groups])))
-    for header in PRELUDE_HEADERS:
-        shutil.copyfile(Path(TEMPLATE_DIR) / header, tmp_path / header)
     ptx = tmp_path / "runtime.ptx"
-    cm.compile_ptx(tmp_path, ptx, shutil.which("nvcc"))
+    cm.compile_ptx(runtime, ptx, shutil.which("nvcc"))
     text = ptx.read_text()
     counts = cm.count_ptx(text)
-    assert counts.kernels == len(plan.groups)
+    assert counts.kernels == len(launched)
     assert counts.mma_kernels == on_mma
     for family in cm.FAMILIES:
         by_line = len(re.findall(rf"^\s*(?:@!?%p\d+\s+)?{re.escape(family)}\.", text, re.MULTILINE))

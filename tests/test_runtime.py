@@ -5,6 +5,7 @@ metric and against brute force."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import re
@@ -38,10 +39,17 @@ from welder.ir.views import is_view
 from welder.runtime.build import RuntimeBuildError, build_runtime, find_nvcc
 from welder.runtime.emit import emit_runtime, normalize_cuda_arch
 from welder.runtime.emu import available as emulator_available
-from welder.runtime.layout import library_path, main_test_path, runtime_dir
+from welder.runtime.layout import kernel_sources, library_path, main_test_path, runtime_dir, runtime_sources
 from welder.runtime.library import GpuBackend, RuntimeLibrary, RuntimeLibraryError
 from welder.runtime.memory import Place, Storage
-from welder.runtime.spec import RuntimeSpec, c_string, execution_order, runtime_spec
+from welder.runtime.spec import (
+    KERNEL_FILES,
+    RuntimeSpec,
+    c_string,
+    execution_order,
+    runtime_spec,
+    split_kernels,
+)
 from welder.schedule.plan import plan_model
 from welder.session import InferenceSession
 
@@ -436,7 +444,7 @@ def test_emit_writes_a_self_contained_folder(tmp_path: Path) -> None:
     folder = runtime_dir(emitted.prefix)
     names = {p.name for p in folder.iterdir()}
     expected = {"CMakeLists.txt", "nnfusion_rt.cu", "nnfusion_rt.h", "main_test.cpp", "Constant"}
-    assert expected | {"welder_prelude.cuh", "welder_math.cuh"} <= names
+    assert expected | {"kernels_0.cu", "welder_prelude.cuh", "welder_math.cuh"} <= names
     # One raw little-endian file per constant the runtime reads, byte for byte.
     files = {w.tensor: folder / "Constant" / w.file for w in emitted.spec.weights}
     assert set(files) == {"W", "C", "zero"}
@@ -446,6 +454,7 @@ def test_emit_writes_a_self_contained_folder(tmp_path: Path) -> None:
         np.testing.assert_array_equal(loaded, value)
     source = (folder / "nnfusion_rt.cu").read_text()
     assert source.count("welder_k") > 0 and "cudaMalloc" in source
+    assert "__launch_bounds__" in (folder / "kernels_0.cu").read_text()
     # Re-emitting another model into the same folder leaves no stale weights behind.
     (folder / "Constant" / "9999_stale.bin").write_bytes(b"x")
     emit_case(tmp_path / "p", CASES["fp16"])
@@ -466,6 +475,80 @@ def test_cmake_architecture_is_fixed_or_detected(tmp_path: Path) -> None:
     assert "set(CMAKE_CUDA_ARCHITECTURES 90)" in fixed.read_text()
 
 
+# -- kernel files ------------------------------------------------------------------------------------
+
+#: A kernel's definition in its file (group_kernel.cu.j2) and its declaration in nnfusion_rt.cu.
+KERNEL_DEFINITION = re.compile(
+    r'^extern "C" __global__ void __launch_bounds__\(\d+\) (?:__cluster_dims__\([^)]*\) )?(\w+)\(', re.M
+)
+KERNEL_DECLARATION = re.compile(r'^extern "C" __global__ void (\w+)\([^;{]*\);$', re.M)
+
+
+def shortest_longest_run(sizes: Sequence[int], runs: int) -> int:
+    """Brute force: the least total of the longest run over every cut of ``sizes`` into at
+    most ``runs`` contiguous runs."""
+
+    @functools.cache
+    def best(start: int, left: int) -> float:
+        if start == len(sizes):
+            return 0
+        if left == 0:
+            return math.inf
+        return min(
+            max(sum(sizes[start:stop]), best(stop, left - 1)) for stop in range(start + 1, len(sizes) + 1)
+        )
+
+    return int(best(0, runs))
+
+
+def test_split_kernels_cuts_the_order_into_runs_with_the_shortest_longest() -> None:
+    """The kernels in order, each once, in at most KERNEL_FILES runs and at most one run per
+    ``per_file`` kernels, the longest run as short as any such cut allows."""
+    assert split_kernels([]) == []
+    assert split_kernels([900, 5, 7]) == [range(3)]  # few kernels: one file
+    assert split_kernels([1] * 8) == [range(4), range(4, 8)]
+    assert split_kernels([1] * 1000) == [range(k * 63, min(k * 63 + 63, 1000)) for k in range(KERNEL_FILES)]
+    assert split_kernels([40, 10, 10, 10, 10, 10, 10, 10], per_file=2) == [range(1), range(1, 5), range(5, 8)]
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        count = int(rng.integers(1, 24))
+        sizes = [int(v) for v in rng.integers(1, 100, count)]
+        files, per_file = int(rng.integers(1, 6)), int(rng.integers(1, 5))
+        runs = split_kernels(sizes, files, per_file)
+        assert [k for run in runs for k in run] == list(range(count)) and all(runs)
+        most = max(1, min(files, count // per_file))
+        assert len(runs) <= most
+        longest = max(sum(sizes[k] for k in run) for run in runs)
+        assert longest == shortest_longest_run(sizes, most), (sizes, files, per_file)
+
+
+def test_kernels_are_split_over_files_defined_once_and_declared(tmp_path: Path) -> None:
+    """The kernels go into several files, each a run of them in execution order, every kernel
+    defined once there and declared in nnfusion_rt.cu, which defines none and launches them
+    all; CMakeLists.txt compiles every file in both modes.  Emitting the plan again rewrites
+    nothing, and a runtime of fewer files emitted into the folder leaves none of the others."""
+    emitted = emit_case(tmp_path / "p", CASES["bert_embeddings_unfused"])
+    folder = runtime_dir(emitted.prefix)
+    files = kernel_sources(folder)
+    assert [f.name for f in files] == [f.name for f in emitted.spec.kernel_files]
+    assert [f.name for f in files] == [f"kernels_{n}.cu" for n in range(len(files))] and len(files) > 1
+    launched = [k.name for k in emitted.spec.launches]
+    defined = [KERNEL_DEFINITION.findall(f.read_text()) for f in files]
+    assert all(defined) and [name for names in defined for name in names] == launched
+    host = (folder / "nnfusion_rt.cu").read_text()
+    assert not KERNEL_DEFINITION.findall(host) and "__launch_bounds__" not in host
+    assert KERNEL_DECLARATION.findall(host) == launched
+    cmake = (folder / "CMakeLists.txt").read_text()
+    assert f"set(welder_sources nnfusion_rt.cu {' '.join(f.name for f in files)})" in cmake
+    assert "add_library(nnfusion_naive_rt SHARED ${welder_sources})" in cmake
+    assert "set_source_files_properties(${welder_sources} PROPERTIES LANGUAGE CXX)" in cmake
+    written = {path: path.stat().st_mtime_ns for path in runtime_sources(folder)}
+    emit_case(tmp_path / "p", CASES["bert_embeddings_unfused"])
+    assert {path: path.stat().st_mtime_ns for path in runtime_sources(folder)} == written
+    emit_case(tmp_path / "p", CASES["views"])
+    assert [f.name for f in kernel_sources(folder)] == ["kernels_0.cu"]
+
+
 # -- emulated builds, executed ----------------------------------------------------------------------
 
 
@@ -481,6 +564,22 @@ def test_runtime_matches_onnxruntime(builds: Builds, name: str) -> None:
         for feeds in (emitted.feeds, random_inputs(emitted.graph, seed=5)):
             ours = lib.run(feeds)
             assert_matches(ours, onnxruntime_outputs(emitted.model, feeds, emitted.graph.outputs))
+
+
+@needs_emulated_build
+def test_kernels_of_several_files_run_on_the_emulator(builds: Builds) -> None:
+    """The kernel files compile into the library beside nnfusion_rt.cu, whose launches reach
+    kernels of the other translation units: runs, plain and replayed from a CUDA graph, match
+    onnxruntime."""
+    emitted = builds("bert_embeddings_unfused")
+    assert len(emitted.spec.kernel_files) > 1
+    objects = runtime_dir(emitted.prefix) / "build" / "CMakeFiles" / "nnfusion_naive_rt.dir"
+    assert all((objects / f"{f.name}.o").is_file() for f in emitted.spec.kernel_files)
+    feeds = random_inputs(emitted.graph, seed=7)
+    with RuntimeLibrary(emitted.prefix) as lib:
+        for graph_mode in (False, True):
+            lib.use_cuda_graph(graph_mode)
+            assert_matches(lib.run(feeds), onnxruntime_outputs(emitted.model, feeds, emitted.graph.outputs))
 
 
 @needs_emulated_build
@@ -841,27 +940,48 @@ def test_nvcc_builds_the_runtime_for_sm90(tmp_path: Path) -> None:
 
 @needs_nvcc_build
 def test_nvcc_compiles_every_case(tmp_path: Path) -> None:
-    """nnfusion_rt.cu of the other cases compiles for sm_90 (compile only)."""
+    """Every source of the other cases' runtimes, nnfusion_rt.cu and the kernel files,
+    compiles for sm_90 (compile only)."""
     nvcc = find_nvcc()
     for name in ("views_unfused", "fp16", "mobilenetv2"):
         folder = runtime_dir(emit_case(tmp_path / name, CASES[name], cuda_arch="90").prefix)
-        done = subprocess.run(
-            [
-                nvcc,
-                "-std=c++17",
-                "-arch=sm_90",
-                "-I",
-                str(folder),
-                "-c",
-                str(folder / "nnfusion_rt.cu"),
-                "-o",
-                str(tmp_path / f"{name}.o"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr
+        for source in runtime_sources(folder):
+            done = subprocess.run(
+                [
+                    nvcc,
+                    "-std=c++17",
+                    "-arch=sm_90",
+                    "-I",
+                    str(folder),
+                    "-c",
+                    str(source),
+                    "-o",
+                    str(tmp_path / f"{name}.{source.stem}.o"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert done.returncode == 0, done.stderr
+
+
+@needs_nvcc_build
+def test_nvcc_builds_and_links_kernels_of_several_files(tmp_path: Path) -> None:
+    """The CMake build for sm_90 compiles each kernel file on its own and links them with
+    nnfusion_rt.cu: every kernel defined once in the library, none left undefined, main_test
+    linked (no GPU needed)."""
+    emitted = emit_case(tmp_path / "gpu", CASES["bert_embeddings_unfused"], cuda_arch="90")
+    assert len(emitted.spec.kernel_files) > 1
+    build = build_runtime(emitted.prefix)
+    objects = build / "CMakeFiles" / "nnfusion_naive_rt.dir"
+    assert all((objects / f"{f.name}.o").is_file() for f in emitted.spec.kernel_files)
+    assert (build / "main_test").is_file()
+    symbols = subprocess.run(
+        ["nm", str(build / "libnnfusion_naive_rt.so")], capture_output=True, text=True, check=True
+    ).stdout
+    for kernel in emitted.spec.launches:
+        kinds = re.findall(rf"^\S* *([A-Za-z]) {kernel.name}$", symbols, re.MULTILINE)
+        assert kinds in (["t"], ["T"]), (kernel.name, kinds)
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU may be present")

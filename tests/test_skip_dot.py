@@ -32,7 +32,7 @@ from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
 from welder.runtime.build import RuntimeBuildError, build_runtime
 from welder.runtime.emit import emit_runtime
-from welder.runtime.layout import main_test_path, runtime_dir
+from welder.runtime.layout import kernel_sources, main_test_path, runtime_dir, runtime_sources
 from welder.runtime.library import RuntimeLibrary, RuntimeLibraryError
 from welder.runtime.spec import RuntimeSpec, find_views, runtime_spec
 from welder.schedule.kinds.library import find_gemm_groups
@@ -176,7 +176,8 @@ def test_skip_dot_runtime_matches_onnxruntime(built: Callable[[str], Built], nam
 @pytest.mark.parametrize("name", list(CASES))
 def test_generated_kernels_drop_by_the_products(tuned: Callable[[str], Built], name: str) -> None:
     """Every matched product is cuBLAS calls (one per outer index) and no kernel: the runtime
-    launches one kernel per remaining group (views excepted), and its source holds nothing else."""
+    launches one kernel per remaining group (views excepted), its kernel files define those and
+    nothing else, and nnfusion_rt.cu declares them."""
     b = tuned(name)
     library = find_gemm_groups(b.graph, ARCH)
     products, calls = len(library), sum(lg.gemm.outer for lg in library)
@@ -187,7 +188,8 @@ def test_generated_kernels_drop_by_the_products(tuned: Callable[[str], Built], n
     assert len(b.spec.gemms) == calls
     assert len(b.spec.launches) == len(groups) - products
     source = (runtime_dir(b.prefix) / "nnfusion_rt.cu").read_text()
-    assert source.count("__global__") == len(b.spec.launches)
+    kernels = "".join(path.read_text() for path in kernel_sources(runtime_dir(b.prefix)))
+    assert kernels.count("__global__") == source.count("__global__") == len(b.spec.launches)
     assert source.count("cublasGemmStridedBatchedEx(g_cublas") == calls
     assert f"+ {products} cuBLAS calls" in b.tune_output and b.tune_output.count(" cuBLAS ") >= products
 
@@ -288,8 +290,8 @@ def emit(prefix: Path, skip_dot: bool, cuda_arch: str | None = None) -> Path:
 
 def test_cublas_is_linked_only_when_used(tmp_path: Path) -> None:
     plain = emit(tmp_path / "plain", skip_dot=False)
-    for name in ("nnfusion_rt.cu", "CMakeLists.txt"):
-        assert "cublas" not in (plain / name).read_text().lower(), name
+    for path in [*runtime_sources(plain), plain / "CMakeLists.txt"]:
+        assert "cublas" not in path.read_text().lower(), path.name
     skipping = emit(tmp_path / "skip", skip_dot=True)
     cmake = (skipping / "CMakeLists.txt").read_text()
     assert "CUDA::cublas" in cmake and "if(NOT TARGET CUDA::cublas)" in cmake

@@ -27,6 +27,7 @@ from test_mma import (
     _whole_group,
     needs_emulator,
 )
+from test_runtime import needs_gpu, needs_nvcc_build
 
 from welder.arch import get_arch
 from welder.codegen import generate_kernel
@@ -465,6 +466,94 @@ def test_runtime_with_wgmma_kernels_builds_for_sm_90a(tmp_path) -> None:
     assert done.returncode != 0 and "compute capability 9.0 only" in done.stderr.replace("\n", " ")
 
 
+#: One chained product's config each, so that the kernel files hold every form a launch can
+#: take from another translation unit: opted-in shared memory, split-K's device globals, TMA
+#: maps, TMA stores and clusters of two.
+CHAIN_VARIANTS = (
+    lambda st: not st.producer and st.splits == 1,
+    lambda st: not st.producer and st.splits == 2,
+    lambda st: st.producer and not st.multicast and not st.tma_store,
+    lambda st: st.producer and not st.multicast and st.tma_store,
+    lambda st: st.multicast == "a" and not st.tma_store,
+    lambda st: st.multicast == "b" and st.tma_store,
+    lambda st: st.producer and not st.multicast and not st.tma_store,
+    lambda st: not st.producer and st.splits == 1,
+)
+
+
+def _wgmma_chain(prefix):
+    """Eight chained fp16 products, each its own group and wgmma kernel (CHAIN_VARIANTS), as a
+    runtime emitted for sm_90 into ``prefix``: (graph, feeds, runtime folder, spec)."""
+    import numpy as np
+    from onnx import helper
+    from onnx_util import make_model
+    from test_mma import _h
+
+    from welder.codegen import generate_model
+    from welder.runtime.emit import emit_runtime
+    from welder.runtime.spec import runtime_spec
+    from welder.schedule.group import make_group
+
+    x = _h(200, 320)
+    weights = {f"w{k}": _h(320, 320) for k in range(len(CHAIN_VARIANTS))}
+    nodes = [
+        helper.make_node("MatMul", [f"y{k - 1}" if k else "x", f"w{k}"], [f"y{k}"])
+        for k in range(len(weights))
+    ]
+    graph = import_onnx(make_model(nodes, {"x": x}, [f"y{len(nodes) - 1}"], weights, opset=17))
+    ctx = replace(_context(graph, topk=400), options=Options(topk=400, clusters=True))
+    groups = []
+    for node, wanted in zip(graph.nodes, CHAIN_VARIANTS):
+        group = make_group(graph, [node])
+        groups.append((group, next(c for c in wgmma.KIND.propose(group, ctx) if wanted(c.stages[0]))))
+    kernels = generate_model(graph, groups)
+    out = emit_runtime(prefix, graph, groups, kernels, "90")
+    return graph, {"x": np.asarray(x)}, out, runtime_spec(graph, groups, kernels, "90")
+
+
+@needs_nvcc_build
+def test_wgmma_kernels_of_several_files_build_for_sm_90a(tmp_path) -> None:
+    """wgmma kernels spread over several kernel files compile for sm_90a, each file on its
+    own, and link with nnfusion_rt.cu, which declares them with their TMA map parameters and
+    opts them into their shared memory (no GPU needed)."""
+    from welder.runtime.layout import kernel_sources
+
+    _, _, out, spec = _wgmma_chain(tmp_path / "chain")
+    assert spec.arch_specific and spec.uses_tma and len(spec.kernel_files) > 1
+    kernels = "".join(f.read_text() for f in kernel_sources(out))
+    assert kernels.count("WELDER_CLUSTER_DIMS(") == 2 and "_partials[" in kernels
+    host = (out / "nnfusion_rt.cu").read_text()
+    assert host.count("cudaFuncSetAttribute(") == sum(k.needs_smem_opt_in for k in spec.launches) > 0
+    assert host.count("const __grid_constant__ CUtensorMap") == sum(len(k.maps) for k in spec.launches) > 0
+    build = tmp_path / "build90"
+    configure = ["cmake", "-S", str(out), "-B", str(build), "-DCMAKE_CUDA_ARCHITECTURES=90"]
+    subprocess.run(configure, check=True, capture_output=True)
+    made = subprocess.run(["cmake", "--build", str(build), "--parallel"], capture_output=True, text=True)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    assert (build / "main_test").is_file()
+    flags = (build / "CMakeFiles" / "nnfusion_naive_rt.dir" / "flags.make").read_text()
+    assert "arch=compute_90a,code=sm_90a" in flags
+
+
+@needs_gpu
+def test_wgmma_kernels_of_several_files_run_on_the_gpu(tmp_path) -> None:
+    """The same runtime on the GPU: launched from nnfusion_rt.cu, the kernels of the other
+    translation units get their shared memory, clusters and TMA maps, and the chain's result,
+    plain and replayed from a CUDA graph, matches the interpreter."""
+    from welder.check import error_metric, threshold_for
+    from welder.runtime.build import build_runtime
+    from welder.runtime.library import RuntimeLibrary
+
+    graph, feeds, out, _ = _wgmma_chain(tmp_path / "chain")
+    build_runtime(out)
+    reference = graph.run(feeds)
+    with RuntimeLibrary(out) as lib:
+        for graph_mode in (False, True):
+            lib.use_cuda_graph(graph_mode)
+            for name, value in lib.run(feeds).items():
+                assert error_metric(value, reference[name]) <= threshold_for("float16"), name
+
+
 def test_mma_why_explains_the_wgmma_kind(tmp_path) -> None:
     """``scripts/mma_why.py --kind wgmma`` walks the wgmma rule's checks over a tuned plan:
     the product is accepted and gets configs, and ``--all`` lists its block tiles' verdicts
@@ -500,12 +589,14 @@ def test_runtime_with_producer_kernels_runs_on_the_emulator(tmp_path, variant: s
     """A runtime whose kernel takes TMA maps encodes them at each launch (and inside the CUDA
     graph it captures), here built for the emulator: twice through the graph, on new inputs
     the second time, against the interpreter.  The second kernel's maps include one over its
-    output (the TMA store), and its launch carries the cluster dims."""
+    output (the TMA store), and its launch carries the cluster dims, which the kernel's file
+    (kernels_0.cu) registers for the launch in nnfusion_rt.cu, another translation unit."""
     import numpy as np
 
     from welder.check import error_metric, threshold_for
     from welder.runtime.build import build_runtime
     from welder.runtime.emit import emit_runtime
+    from welder.runtime.layout import runtime_sources
     from welder.runtime.library import RuntimeLibrary
 
     if variant == "lone":
@@ -518,10 +609,10 @@ def test_runtime_with_producer_kernels_runs_on_the_emulator(tmp_path, variant: s
     kernel = generate_kernel(graph, group, cfg, "welder_k0_y")
     assert kernel.tensor_maps
     out = emit_runtime(tmp_path / "rt", graph, [(group, cfg)], [kernel], "90")
-    source = (out / "nnfusion_rt.cu").read_text()
-    assert "welder_encode_tensor_map" in source
+    host, kernels = (path.read_text() for path in runtime_sources(out))  # one kernel, one kernel file
+    assert "welder_encode_tensor_map" in host and "const __grid_constant__ CUtensorMap" in host
     if variant != "lone":
-        assert "WELDER_CLUSTER_DIMS(welder_k0_y, 2)" in source and "welder_tma_store_2d(" in source
+        assert "WELDER_CLUSTER_DIMS(welder_k0_y, 2)" in kernels and "welder_tma_store_2d(" in kernels
     build_runtime(out, emulate=True)
     rng = np.random.default_rng(3)
     with RuntimeLibrary(out) as lib:

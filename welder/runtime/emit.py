@@ -23,7 +23,7 @@ from welder.codegen.kernel import Kernel
 from welder.errors import WelderError
 from welder.graph import Graph
 from welder.resources import RUNTIME_TEMPLATE_DIR, TEMPLATE_DIR
-from welder.runtime.layout import CONSTANT_SUBDIR, runtime_dir
+from welder.runtime.layout import CONSTANT_SUBDIR, kernel_sources, runtime_dir
 from welder.runtime.spec import RuntimeSpec, runtime_spec
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group
@@ -39,13 +39,15 @@ PRELUDE_HEADERS = (
     "welder_cluster.cuh",
     "welder_tensor_map.cuh",
 )
-#: Generated file -> its template.
+#: Generated file -> its template (besides the kernel files, each from KERNEL_TEMPLATE).
 RENDERED = {
     "nnfusion_rt.h": "nnfusion_rt.h.j2",
     "nnfusion_rt.cu": "nnfusion_rt.cu.j2",
     "main_test.cpp": "main_test.cpp.j2",
     "CMakeLists.txt": "CMakeLists.txt.j2",
 }
+#: The template of every kernel file (kernels_N.cu; spec.py decides which kernels each holds).
+KERNEL_TEMPLATE = "kernels.cu.j2"
 
 
 class CudaArchError(WelderError):
@@ -75,9 +77,13 @@ def _environment() -> jinja2.Environment:
 
 
 def render(spec: RuntimeSpec) -> dict[str, str]:
-    """Generated file name -> text, for every templated file of the runtime."""
+    """Generated file name -> text, for every templated file of the runtime: the kernel
+    files included."""
     env = _environment()
-    return {name: env.get_template(template).render(spec=spec) for name, template in RENDERED.items()}
+    texts = {name: env.get_template(template).render(spec=spec) for name, template in RENDERED.items()}
+    kernels = env.get_template(KERNEL_TEMPLATE)
+    texts.update({f.name: kernels.render(spec=spec, file=f) for f in spec.kernel_files})
+    return texts
 
 
 def emit_runtime(
@@ -96,7 +102,8 @@ def emit_runtime(
     ``cuda_arch`` ("90", "sm_80", ...) is the architecture the CMake build compiles for; None
     means the GPU present at build time.  ``cuda_libraries`` names CUDA libraries the kernels
     call besides cudart (e.g. "cublas"), linked by the build.  Weights go to
-    ``Constant/*.bin``; files of an earlier emit there are replaced.
+    ``Constant/*.bin``; files of an earlier emit there are replaced, and its kernel files that
+    this runtime has no counterpart for are removed.
     """
     arch = normalize_cuda_arch(cuda_arch)
     for lib in cuda_libraries:
@@ -105,8 +112,12 @@ def emit_runtime(
     spec = runtime_spec(graph, groups_with_configs, kernels, arch, cuda_libraries)
     out = runtime_dir(prefix)
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in render(spec).items():
+    texts = render(spec)
+    for name, text in texts.items():
         _write_text(out / name, text)
+    for stale in kernel_sources(out):
+        if stale.name not in texts:
+            stale.unlink()
     for header in PRELUDE_HEADERS:
         shutil.copyfile(TEMPLATE_DIR / header, out / header)
     _write_weights(out / CONSTANT_SUBDIR, graph, spec)

@@ -1,9 +1,9 @@
 """Every decision behind a generated runtime, as plain data for its templates.
 
 Which groups are views, where each tensor lives (``memory.py``), what each launch passes,
-which outputs are copies, how ``main_test`` draws each input, what C types the interface
-uses: all of it is settled here, so that the templates in ``welder/codegen_templates/runtime``
-only spell it out in C++ and nothing in them decides.
+which outputs are copies, which kernel file holds each kernel, how ``main_test`` draws each
+input, what C types the interface uses: all of it is settled here, so that the templates in
+``welder/codegen_templates/runtime`` only spell it out in C++ and nothing in them decides.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from welder.codegen.tensor_map import TensorMapArg
 from welder.graph import Graph
 from welder.ir.interpret import np_dtype
 from welder.ir.views import aliased_input
+from welder.runtime.layout import kernel_source_name
 from welder.runtime.memory import ALIGNMENT, KernelIO, MemoryPlan, Place, Storage, plan_memory
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, execution_order
@@ -45,6 +46,16 @@ PUBLIC_TYPES = {
 
 #: Dynamic shared memory a kernel gets without opting in (cudaFuncSetAttribute).
 DEFAULT_SMEM_LIMIT = 48 * 1024
+
+#: The most files the kernels are split into (kernels_0.cu, ...).  nvcc's front end and host
+#: compile take one translation unit on one core however many kernels it holds, so the kernels
+#: go into several files that the build compiles in parallel, as many as the H100 machine has
+#: cores (mobilevit_s b64 fp16, 103 kernels: 22 s to build there in one file, 11 s in 16).
+KERNEL_FILES = 16
+#: The fewest kernels a file holds on average: a file costs about 2-3 s of nvcc's own work
+#: (the CUDA headers, the host compile) whatever it holds, so a small model's few kernels stay
+#: in one or two files.
+MIN_KERNELS_PER_FILE = 4
 
 #: cuBLAS's element types for ours.
 CUDA_DATA_TYPES = {"float32": "CUDA_R_32F", "float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF"}
@@ -145,6 +156,28 @@ class CopySpec:
 
 
 @dataclass(frozen=True)
+class KernelSource:
+    """A generated kernel as the runtime's files hold it: defined (``source``) in a kernel
+    file, and declared in nnfusion_rt.cu, which launches it, by its name, the C declarations
+    of its pointer parameters and how many ``CUtensorMap`` parameters follow them."""
+
+    name: str
+    source: str
+    params: tuple[str, ...]
+    tensor_maps: int
+
+
+@dataclass(frozen=True)
+class KernelFile:
+    """One kernel file (``kernels_N.cu``): a run of kernels in execution order, ``first``
+    being the index of its first among all of them."""
+
+    name: str
+    first: int
+    kernels: tuple[KernelSource, ...]
+
+
+@dataclass(frozen=True)
 class WeightSpec:
     tensor: str
     file: str  # under Constant/
@@ -163,7 +196,7 @@ class RuntimeSpec:
     weights: list[WeightSpec]
     memory: MemoryPlan
     views: dict[str, str]  # view tensor -> the tensor it aliases
-    kernel_sources: list[str]
+    kernel_files: list[KernelFile]  # every generated kernel once, in execution order
     staging_bytes: int
     cuda_arch: str | None = None
     arch_specific: bool = False  # some kernel needs the arch-specific variant (sm_90a)
@@ -177,6 +210,11 @@ class RuntimeSpec:
     @property
     def gemms(self) -> list[GemmCallSpec]:
         return [s for s in self.steps if isinstance(s, GemmCallSpec)]
+
+    @property
+    def kernels(self) -> list[KernelSource]:
+        """Every generated kernel, in execution order."""
+        return [k for f in self.kernel_files for k in f.kernels]
 
     @property
     def uses_cublas(self) -> bool:
@@ -241,12 +279,60 @@ def runtime_spec(
         weights=[_weight(k, name, offset, graph) for k, (name, offset) in enumerate(memory.weights.items())],
         memory=memory,
         views=views,
-        kernel_sources=[r.source for r in runs if isinstance(r, Kernel)],
+        kernel_files=kernel_files([r for r in runs if isinstance(r, Kernel)]),
         arch_specific=any(r.arch_specific for r in runs if isinstance(r, Kernel)),
         staging_bytes=staging_bytes,
         cuda_arch=cuda_arch,
         cuda_libraries=tuple(dict.fromkeys(libraries)),
     )
+
+
+def split_kernels(
+    sizes: Sequence[int], files: int = KERNEL_FILES, per_file: int = MIN_KERNELS_PER_FILE
+) -> list[range]:
+    """Kernels ``0 .. len(sizes) - 1``, whose sources are ``sizes`` characters long, cut into
+    contiguous runs, one per kernel file: at most ``files`` runs and at most one per
+    ``per_file`` kernels (one run if there are fewer), cut so that the longest run is as short
+    as it can be.
+
+    The build compiles the files in parallel, so it waits for the longest.  Runs keep the
+    execution order, so a file reads like a stretch of the model; and the cut depends on the
+    kernels alone, never on the machine, so emitting the same plan gives the same folder."""
+    count = len(sizes)
+    if count == 0:
+        return []
+    most = max(1, min(files, count // per_file))
+
+    def runs(limit: int) -> list[range]:
+        """The fewest runs whose lengths stay within ``limit`` (or hold one kernel longer)."""
+        cuts, start, total = [], 0, 0
+        for k, size in enumerate(sizes):
+            if k > start and total + size > limit:
+                cuts.append(range(start, k))
+                start, total = k, 0
+            total += size
+        return [*cuts, range(start, count)]
+
+    low, high = max(sizes), sum(sizes)
+    while low < high:  # the least limit that needs at most `most` runs
+        middle = (low + high) // 2
+        if len(runs(middle)) <= most:
+            high = middle
+        else:
+            low = middle + 1
+    return runs(low)
+
+
+def kernel_files(kernels: Sequence[Kernel]) -> list[KernelFile]:
+    """``kernels`` (in execution order) as the runtime's kernel files, cut by
+    :func:`split_kernels` on the lengths of their sources."""
+    sources = [
+        KernelSource(k.name, k.source, tuple(p.decl for p in k.params), len(k.tensor_maps)) for k in kernels
+    ]
+    return [
+        KernelFile(kernel_source_name(n), run.start, tuple(sources[run.start : run.stop]))
+        for n, run in enumerate(split_kernels([len(k.source) for k in sources]))
+    ]
 
 
 def _run(cfg: GroupConfig, kernel: Kernel | None) -> Kernel | GemmSpec:

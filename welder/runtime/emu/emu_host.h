@@ -1,10 +1,12 @@
 // The CUDA runtime's host API on the CPU, for running a generated standalone runtime
 // (nnfusion_rt.cu) under the emulator instead of a GPU.
 //
-// Part of the CPU emulator (see cuda_emu.h), header-only, and not needed by kernels: only host
-// code that allocates, copies, launches and times includes it.  It covers the subset of the
-// runtime API the runtime templates use, with the GPU's observable behaviour where it matters
-// for catching host-side bugs:
+// Part of the CPU emulator (see cuda_emu.h), header-only, and not needed by kernels: it is for
+// host code that allocates, copies, launches and times (the runtime's kernel files include it
+// too, as the includes they share with nnfusion_rt.cu; its state is inline, one copy in the
+// library however many files include it).  It covers the subset of the runtime API the
+// runtime templates use, with the GPU's observable behaviour where it matters for catching
+// host-side bugs:
 //
 //   * device memory is host memory; fresh allocations read as 0xFF bytes (NaN / -1), and every
 //     copy is checked to lie inside one allocation on its device side;
