@@ -546,6 +546,41 @@ def test_twelve_bert_layers_are_tuned_once(tmp_path):
     assert again.compiles == [] and again.timed == []
 
 
+def test_every_node_alone_is_proposed_in_one_prefetch_before_the_tune_starts(tmp_path, monkeypatch):
+    """The unfused baseline the plan reports needs the cost model's configs of every node
+    alone.  A tune hands them all to the cost model's prefetch (its worker processes) before
+    any group is tuned, from the cache or not -- a plan from the cache runs no search that
+    would have proposed them -- and the plan's unfused baseline is the same either way."""
+    from welder.schedule.engine import CostModel as Model
+    from welder.tune.tuner import _ModelTuner
+
+    events: list[object] = []
+    prefetch, tune_all = Model.prefetch, _ModelTuner.tune_all
+
+    def recording_prefetch(self, groups):
+        groups = list(groups)
+        events.append({m for g in groups for m in g.members if len(g.members) == 1})
+        return prefetch(self, groups)
+
+    def recording_tune_all(self, groups, *args):
+        events.append("tune_all")
+        return tune_all(self, groups, *args)
+
+    monkeypatch.setattr(Model, "prefetch", recording_prefetch)
+    monkeypatch.setattr(_ModelTuner, "tune_all", recording_tune_all)
+    graph = bert(2)
+    cold = tune_model(graph, ARCH, 2, TuningCache(tmp_path), ScriptedDevice(graph))
+    for run in ("cold", "cached"):
+        if run == "cached":
+            events.clear()
+            plan = tune_model(graph, ARCH, 2, TuningCache(tmp_path), ScriptedDevice(graph))
+            assert any("fusion from the tuning cache" in line for line in plan.log)
+            assert [g.unfused_us for g in plan.groups] == [g.unfused_us for g in cold.groups]
+        first_tune = events.index("tune_all")
+        alone = set().union(*[e for e in events[:first_tune] if isinstance(e, set)])
+        assert alone == {m for g in cold.groups for m in g.group.members}, run
+
+
 def test_tune_model_plan_covers_every_node_and_reports_measurements():
     graph = bert(2)
     plan = tune_model(graph, ARCH, 3, None, ScriptedDevice(graph, latency=lambda k: 7.0))
