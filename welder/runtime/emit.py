@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -119,15 +118,22 @@ def emit_runtime(
         if stale.name not in texts:
             stale.unlink()
     for header in PRELUDE_HEADERS:
-        shutil.copyfile(TEMPLATE_DIR / header, out / header)
+        _write_bytes(out / header, (TEMPLATE_DIR / header).read_bytes())
     _write_weights(out / CONSTANT_SUBDIR, graph, spec)
     return out
 
 
 def _write_text(path: Path, text: str) -> None:
     """Writes ``path`` only if its content changes, so an unchanged runtime is not rebuilt."""
-    if not path.is_file() or path.read_text() != text:
-        path.write_text(text)
+    _write_bytes(path, text.encode())
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Writes ``path`` only if its content changes: every kernel file includes the prelude
+    headers, so a header copied afresh (a new mtime) rebuilt every kernel of a tune from the
+    cache -- 9 s of mobilevit_s's 16 at batch 64 on the H100 machine."""
+    if not path.is_file() or path.read_bytes() != data:
+        path.write_bytes(data)
 
 
 def _write_weights(folder: Path, graph: Graph, spec: RuntimeSpec) -> None:
