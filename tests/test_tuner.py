@@ -546,16 +546,16 @@ def test_twelve_bert_layers_are_tuned_once(tmp_path):
     assert again.compiles == [] and again.timed == []
 
 
-def test_every_node_alone_is_proposed_in_one_prefetch_before_the_tune_starts(tmp_path, monkeypatch):
+def test_the_unfused_baseline_is_prefetched_cold_and_stored_with_the_plan(tmp_path, monkeypatch):
     """The unfused baseline the plan reports needs the cost model's configs of every node
-    alone.  A tune hands them all to the cost model's prefetch (its worker processes) before
-    any group is tuned, from the cache or not -- a plan from the cache runs no search that
-    would have proposed them -- and the plan's unfused baseline is the same either way."""
+    alone.  A cold tune hands them all to the cost model's prefetch (its worker processes)
+    before any group is tuned; the stored plan keeps the baseline, so a tune from the cache
+    proposes no node alone and reports the same baseline."""
     from welder.schedule.engine import CostModel as Model
     from welder.tune.tuner import _ModelTuner
 
     events: list[object] = []
-    prefetch, tune_all = Model.prefetch, _ModelTuner.tune_all
+    prefetch, tune_all, configs = Model.prefetch, _ModelTuner.tune_all, Model.configs
 
     def recording_prefetch(self, groups):
         groups = list(groups)
@@ -566,19 +566,26 @@ def test_every_node_alone_is_proposed_in_one_prefetch_before_the_tune_starts(tmp
         events.append("tune_all")
         return tune_all(self, groups, *args)
 
+    def recording_configs(self, group):
+        if len(group.members) == 1:
+            events.append(("alone", group.members[0]))
+        return configs(self, group)
+
     monkeypatch.setattr(Model, "prefetch", recording_prefetch)
     monkeypatch.setattr(_ModelTuner, "tune_all", recording_tune_all)
+    monkeypatch.setattr(Model, "configs", recording_configs)
     graph = bert(2)
     cold = tune_model(graph, ARCH, 2, TuningCache(tmp_path), ScriptedDevice(graph))
-    for run in ("cold", "cached"):
-        if run == "cached":
-            events.clear()
-            plan = tune_model(graph, ARCH, 2, TuningCache(tmp_path), ScriptedDevice(graph))
-            assert any("fusion from the tuning cache" in line for line in plan.log)
-            assert [g.unfused_us for g in plan.groups] == [g.unfused_us for g in cold.groups]
-        first_tune = events.index("tune_all")
-        alone = set().union(*[e for e in events[:first_tune] if isinstance(e, set)])
-        assert alone == {m for g in cold.groups for m in g.group.members}, run
+    first_tune = events.index("tune_all")
+    alone = set().union(*[e for e in events[:first_tune] if isinstance(e, set)])
+    assert alone == {m for g in cold.groups for m in g.group.members}
+    events.clear()
+    plan = tune_model(graph, ARCH, 2, TuningCache(tmp_path), ScriptedDevice(graph))
+    assert any("fusion from the tuning cache" in line for line in plan.log)
+    assert not [e for e in events if isinstance(e, (set, tuple))], events[:5]
+    assert [(g.unfused_us, g.unfused_bytes) for g in plan.groups] == [
+        (g.unfused_us, g.unfused_bytes) for g in cold.groups
+    ]
 
 
 def test_tune_model_plan_covers_every_node_and_reports_measurements():

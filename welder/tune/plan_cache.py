@@ -34,6 +34,10 @@ from welder.schedule.group import Group, InvalidGroup, make_group
 from welder.schedule.kinds import SEARCH_VERSION
 from welder.schedule.plan import SplitFailure
 
+#: A group's unfused baseline: the latency of its members as one kernel each, their DRAM
+#: traffic, and whether that latency was measured (else the cost model's).
+Unfused = tuple[float, int, bool]
+
 #: Bumped when the fusion checks (``tuner._ModelTuner.doubt`` and ``checked``) change what
 #: they decide: a plan they made before is no answer for them now.
 PLAN_VERSION = 1
@@ -67,27 +71,39 @@ def plan_key(
 
 @dataclass(frozen=True)
 class CachedPlan:
-    """The final groups' members in execution order, and what the search said about them."""
+    """The final groups' members in execution order, and what the search said about them;
+    ``unfused`` holds each group's unfused baseline (latency, traffic, measured?) as the tune
+    reported it, which costs every node's configs to work out again (a record written
+    before it was kept has none)."""
 
     groups: tuple[tuple[str, ...], ...]
     log: tuple[str, ...]
     split_failures: tuple[SplitFailure, ...]
+    unfused: tuple[Unfused, ...] = ()
 
     @classmethod
-    def of(cls, groups: Sequence[Group], log: Sequence[str], failures: Sequence[SplitFailure]) -> CachedPlan:
-        return cls(tuple(tuple(g.members) for g in groups), tuple(log), tuple(failures))
+    def of(
+        cls,
+        groups: Sequence[Group],
+        log: Sequence[str],
+        failures: Sequence[SplitFailure],
+        unfused: Sequence[Unfused] = (),
+    ) -> CachedPlan:
+        return cls(tuple(tuple(g.members) for g in groups), tuple(log), tuple(failures), tuple(unfused))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "groups": [list(m) for m in self.groups],
             "log": list(self.log),
             "split_failures": [f.to_json() for f in self.split_failures],
+            "unfused": [list(u) for u in self.unfused],
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CachedPlan:
         failures = tuple(SplitFailure.from_json(f) for f in data["split_failures"])
-        return cls(tuple(tuple(m) for m in data["groups"]), tuple(data["log"]), failures)
+        unfused = tuple((float(us), int(n), bool(measured)) for us, n, measured in data.get("unfused", []))
+        return cls(tuple(tuple(m) for m in data["groups"]), tuple(data["log"]), failures, unfused)
 
     def rebuild(self, graph: Graph) -> list[Group] | None:
         """The groups over ``graph``, or None where one no longer forms (a key collision, or

@@ -63,7 +63,7 @@ from welder.schedule.kinds.mma import config_precision
 from welder.schedule.plan import Plan, PlannedGroup, SplitFailure, library_planned, traffic_of
 from welder.tune.cache import CacheKey, TuningCache
 from welder.tune.phases import Phases
-from welder.tune.plan_cache import CachedPlan, plan_key
+from welder.tune.plan_cache import CachedPlan, Unfused, plan_key
 from welder.tune.reference import Reference, reference
 
 log = logging.getLogger("welder.tune")
@@ -875,6 +875,7 @@ class _ModelTuner:
         self._ways: dict[tuple[str, tuple[str, ...]], list[tuple[str, list[Group]]] | str] = {}
         self._split_estimates: dict[str, float | None] = {}  # by group signature
         self._split_notes: dict[tuple[str, tuple[str, ...]], str] = {}  # checked()'s splits, to confirm
+        self._unfused: dict[tuple[str, ...], Unfused] = {}  # by members: unfused() worked out or stored
 
     def fuse_by_measurement(self, nofusion: bool) -> list[Group]:
         bar = ProgressBar(len(self.graph.nodes), "tuning (fusion by measurement)", self.stream)
@@ -912,7 +913,8 @@ class _ModelTuner:
             verified = self.verify_all(result.groups)
             groups = [verified[k] for k in execution_order(verified)]
         if key is not None and self.cache is not None and not self.over_budget():
-            record = CachedPlan.of(groups, self.log[log_start:], self.split_failures)
+            unfused = [self.unfused(g) for g in groups if g.root not in self.library]
+            record = CachedPlan.of(groups, self.log[log_start:], self.split_failures, unfused)
             self.cache.put_plan(key, self.arch.name, self.device.name, record.to_json())
         return groups
 
@@ -930,7 +932,11 @@ class _ModelTuner:
         groups = None if record is None else record.rebuild(self.graph)
         if record is None or groups is None:
             return None
-        self.prefetch_unfused(groups)
+        generated = [g for g in groups if g.root not in self.library]
+        if len(record.unfused) == len(generated):
+            self._unfused.update({tuple(g.members): u for g, u in zip(generated, record.unfused)})
+        else:
+            self.prefetch_unfused(groups)
         self.tune_all([g for g in groups if g.root not in self.library])
         note = f"fusion from the tuning cache ({len(groups)} groups; the search did not run)"
         self.log += [*record.log, note]
@@ -1297,7 +1303,14 @@ class _ModelTuner:
     def unfused(self, g: Group) -> tuple[float, int, bool]:
         """The members as one kernel each: (latency, traffic, measured?).  Latencies are
         measured where every member was tuned on its own (as the fusion search by
-        measurement does), else the cost model's estimates."""
+        measurement does), else the cost model's estimates; remembered by members (and in
+        the stored plan, :mod:`welder.tune.plan_cache`)."""
+        key = tuple(g.members)
+        if key not in self._unfused:
+            self._unfused[key] = self._work_out_unfused(g)
+        return self._unfused[key]
+
+    def _work_out_unfused(self, g: Group) -> Unfused:
         singles = [make_group(self.graph, [m]) for m in g.members]
         estimates = [self.cost.configs(s) for s in singles]
         traffic = sum(traffic_of(c[0]) for c in estimates if c)
