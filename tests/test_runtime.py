@@ -36,10 +36,19 @@ from welder.ir.compute import Compute, compute
 from welder.ir.expr import Load, cast, lt, select
 from welder.ir.interpret import evaluate, np_dtype
 from welder.ir.views import is_view
+from welder.resources import EMU_DIR
 from welder.runtime.build import RuntimeBuildError, build_runtime, find_nvcc
 from welder.runtime.emit import PRELUDE_HEADERS, emit_runtime, normalize_cuda_arch
 from welder.runtime.emu import available as emulator_available
-from welder.runtime.layout import kernel_sources, library_path, main_test_path, runtime_dir, runtime_sources
+from welder.runtime.layout import (
+    BUILD_SUBDIR,
+    LIBRARY_NAME,
+    kernel_sources,
+    library_path,
+    main_test_path,
+    runtime_dir,
+    runtime_sources,
+)
 from welder.runtime.library import GpuBackend, RuntimeLibrary, RuntimeLibraryError
 from welder.runtime.memory import Place, Storage
 from welder.runtime.spec import (
@@ -871,6 +880,37 @@ def test_run_welder_script(builds: Builds, capsys: pytest.CaptureFixture[str]) -
     )
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("median ") and SUMMARY.match(lines[-1])
+
+
+@needs_emulated_build
+def test_emulated_builds_link_the_emulator_compiled_once(builds: Builds, tmp_path: Path) -> None:
+    """An emulated build links the emulator's own sources compiled once for every build
+    (CMake's WELDER_EMU_OBJECTS, kept in the tuning cache's folder): it compiles none of
+    them, and its runtime matches onnxruntime as the cases above check.  The emitted folder
+    built by hand with CMake, without the objects, compiles them itself."""
+    emitted = builds("views")
+    folder = runtime_dir(emitted.prefix)
+    build = folder / BUILD_SUBDIR
+    cache = (build / "CMakeCache.txt").read_text()
+    objects = re.search(r"^WELDER_EMU_OBJECTS:\w+=(.*)$", cache, re.M).group(1).split(";")
+    assert len(objects) == 3 and all(Path(o).is_file() for o in objects), objects
+    assert not list(build.rglob("emu_*.cpp.o"))
+    by_hand = tmp_path / "by-hand"
+    for command in (
+        [
+            "cmake",
+            "-S",
+            str(folder),
+            "-B",
+            str(by_hand),
+            "-DWELDER_EMULATE=ON",
+            f"-DWELDER_EMU_DIR={EMU_DIR}",
+        ],
+        ["cmake", "--build", str(by_hand), "--parallel", "2"],
+    ):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert len(list(by_hand.rglob("emu_*.cpp.o"))) == 3 and (by_hand / LIBRARY_NAME).is_file()
 
 
 @needs_emulated_build
