@@ -755,7 +755,7 @@ def _continued(
     timings = {**(before.timings_us if before else {})}
     timings.update({i + start: t for i, t in (after.timings_us if after else {}).items()})
     best = min((r for r in (before, after) if r is not None), key=lambda r: r.latency_us)
-    tried = (before.candidates if before else start) + len(cands.configs)
+    tried = start + len(cands.configs)
     return TunedConfig(best.signature, best.config, best.latency_us, tried, False, dropped, timings), dropped
 
 

@@ -510,10 +510,8 @@ def runtime_build_objects(cache_dir: str | os.PathLike[str] | None = None) -> li
     of g++ that each emulated build repeated.  Cached like the kernel modules (``cache_dir``,
     default ``$WELDER_CACHE_DIR/emu``) by the flags, the compiler and the emulator's sources;
     written under a private name and renamed, so concurrent builds never see half a file."""
-    root = _cache_root(cache_dir)
-    key = "\0".join([*RUNTIME_BUILD_FLAGS, _compiler_identity(), _emulator_digest()])
-    stem = f"build-{hashlib.sha256(key.encode()).hexdigest()[:24]}"
-    objects = {src: root / f"{stem}-{src.stem}.o" for src in sorted(EMU_DIR.glob("*.cpp"))}
+    objects = _runtime_objects(RUNTIME_BUILD_FLAGS, _cache_root(cache_dir), _emulator_digest())
+    root = next(iter(objects.values())).parent
     missing = {src: obj for src, obj in objects.items() if not obj.is_file()}
     if missing:
         root.mkdir(parents=True, exist_ok=True)
