@@ -354,9 +354,10 @@ def test_candidates_compile_in_calls_spread_over_a_pool():
     with ThreadPoolExecutor(max_workers=4) as pool:
         cands = compile_candidates(device, prepare_candidates(graph, group, configs), 3, pool)
     calls = [sorted(candidate_index(k) for k in batch) for batch in device.compiles]
-    chunks = [list(range(k, min(k + 3, n))) for k in range(0, n, 3)]
+    parts = -(-n // 3)  # calls of at most 3, evened out
+    chunks = [list(range(n * k // parts, n * (k + 1) // parts)) for k in range(parts)]
     assert all(chunk in calls for chunk in chunks)  # one call per chunk first
-    assert len(calls) <= len(chunks) + 4  # the failing chunk halved: [3], [4, 5], [4], [5]
+    assert len(calls) <= len(chunks) + 4  # the failing chunk halved, then its halves
     assert sorted(cands.programs) == sorted(set(range(n)) - {4})
     assert [d.candidate for d in cands.dropped] == [4]
 
@@ -408,9 +409,41 @@ def test_a_failed_compile_pool_call_fails_the_group_future():
 
 def test_kernels_per_call_spreads_few_groups_over_the_cores():
     assert kernels_per_call(20, 16) == MIN_KERNELS_PER_CALL  # one group of 20: calls of 2
-    assert kernels_per_call(3000, 16) == 47  # 150 groups: about one call per group of 20
-    assert kernels_per_call(300, 16) == 5
+    assert kernels_per_call(3000, 16) == 188  # 150 groups: one call per group of 20
+    assert kernels_per_call(300, 16) == 19  # 15 groups of 20: two calls of 10 each
     assert kernels_per_call(1, 0) == MIN_KERNELS_PER_CALL
+
+
+def test_a_batch_compiles_its_first_groups_in_small_calls_and_every_group_in_even_ones():
+    """The group timed first waits for its slowest call: it and the next are compiled in
+    calls of at most 2 and 4, the rest in calls of kernels_per_call's size, each group's
+    calls within one kernel of each other in size."""
+
+    class Calls(ScriptedDevice):
+        def compile(self, kernels, timeout_s=None):
+            with self._lock:
+                sizes.setdefault(kernels[0].root, []).append(len(kernels))
+            assert {k.root for k in kernels} == {kernels[0].root}  # one group's candidates
+            return super().compile(kernels, timeout_s)
+
+    sizes: dict[str, list[int]] = {}
+    graph = bert(2)
+    device = Calls(graph)
+    plan = tune_model(graph, ARCH, 7, None, device, workers=1)
+    assert list(sizes) != [] and set(sizes) == set(device.roots)
+    in_order = [sizes[root] for root in device.roots]  # the order groups were timed in
+    per_call = kernels_per_call(sum(map(sum, in_order)), 1)
+    assert per_call >= 7 and len(in_order) > 3
+    assert max(in_order[0]) <= 2 and max(in_order[1]) <= 4 and len(in_order[0]) >= 3
+    assert all(len(s) == 1 for s in in_order[3:])  # 7 or fewer kernels: one call
+    assert all(max(s) - min(s) <= 1 for s in in_order)
+    assert "nvcc, first group" in plan.phase_seconds
+
+    graph = matmul_graph()
+    group, configs = matmul_configs(graph)
+    device = ScriptedDevice(graph)
+    compile_candidates(device, prepare_candidates(graph, group, configs), per_call=len(configs) - 1)
+    assert sorted(map(len, device.compiles)) == [len(configs) // 2, (len(configs) + 1) // 2]
 
 
 def test_compile_time_limit_grows_with_the_kernels_and_is_capped():
@@ -1255,9 +1288,9 @@ def test_a_measured_tune_says_where_its_time_went():
     device = Slow(graph)
     plan = tune_model(graph, ARCH, 2, None, device, workers=1)
     phases = plan.phase_seconds
-    assert set(phases) >= {"nvcc", "inputs", "timing", "reference", "checking"}
+    assert set(phases) >= {"nvcc, first group", "inputs", "timing", "reference", "checking"}
     assert phases["timing"] >= 0.05 * len(device.timed) - 0.05
-    assert phases["nvcc"] >= 0.2 - 0.05  # the first group waits for its compile at least
+    assert phases["nvcc, first group"] >= 0.2 - 0.05  # the first group waits for its compile
     assert sum(phases.values()) <= plan.seconds + 0.1
     assert tuned_json(plan, graph)["totals"]["tuning_phase_seconds"] == phases
     assert "search and the rest" in format_summary(plan, graph)

@@ -87,7 +87,7 @@ BUDGET_TOPK = 3
 # Threads making groups' inputs and references (numpy: they release the GIL), and how many
 # groups ahead of the one being timed they work; each group ahead holds its arrays.
 HOST_THREADS = 2
-HOST_LOOKAHEAD = 2
+HOST_LOOKAHEAD = 4
 # Threads generating candidates' code (Python, so more would only contend for the GIL).
 CODEGEN_THREADS = 4
 # A candidate this many times slower than the group's fastest so far is not timed precisely.
@@ -194,7 +194,7 @@ def prepare_candidates(graph: Graph, group: Group, configs: Sequence[GroupConfig
     return cands
 
 
-CALLS_PER_WORKER = 4
+CALLS_PER_WORKER = 1
 MIN_KERNELS_PER_CALL = 2
 COMPILE_TIMEOUT_BASE_S = 60.0
 COMPILE_TIMEOUT_PER_KERNEL_S = 10.0
@@ -263,9 +263,12 @@ def submit_compiles(
 
 
 def _chunks(cands: Candidates, per_call: int | None) -> list[list[int]]:
+    """The kernels in as few calls of at most ``per_call`` as there can be, evened out (20
+    in calls of at most 19 are two of 10, not 19 and a call of one that pays nvcc's fixed
+    second for a single kernel)."""
     indices = sorted(cands.kernels)
-    size = max(1, per_call or len(indices))
-    return [indices[k : k + size] for k in range(0, len(indices), size)]
+    calls = -(-len(indices) // max(1, per_call or len(indices)))
+    return [indices[len(indices) * k // calls : len(indices) * (k + 1) // calls] for k in range(calls)]
 
 
 def kernels_per_call(kernels: int, workers: int) -> int:
@@ -273,6 +276,16 @@ def kernels_per_call(kernels: int, workers: int) -> int:
     enough calls (``CALLS_PER_WORKER`` per core) that no core waits for a long one, and no
     fewer than ``MIN_KERNELS_PER_CALL`` kernels each, since every call parses the headers again."""
     return max(MIN_KERNELS_PER_CALL, -(-kernels // (CALLS_PER_WORKER * max(1, workers))))
+
+
+def ramped_per_call(position: int, per_call: int) -> int:
+    """Candidates per nvcc call for the group at ``position`` in a batch compiled with calls
+    of ``per_call``: the first groups in smaller calls (``MIN_KERNELS_PER_CALL``, doubling
+    with each group).  The tune times groups in order, so at the start of a batch it waits
+    for the first group's slowest call, a long one when a few calls hold that group's
+    kernels and the other cores start on later groups; in calls of two, the first group
+    spreads over the idle cores (the tune's phase ``nvcc, first group``)."""
+    return min(per_call, MIN_KERNELS_PER_CALL << min(position, 16))
 
 
 def _compile_split(
@@ -1218,8 +1231,8 @@ class _ModelTuner:
         per_call = kernels_per_call(sum(len(c) for c in configs), self.workers)
         try:
             futures: list[Future[Future[Candidates]]] = [
-                codegen.submit(self._prepare_and_compile, g, c, per_call, nvcc)
-                for g, c in zip(groups, configs)
+                codegen.submit(self._prepare_and_compile, g, c, ramped_per_call(k, per_call), nvcc)
+                for k, (g, c) in enumerate(zip(groups, configs))
             ]
             for k, (g, fut, start) in enumerate(zip(groups, futures, starts)):
                 # Inputs and references for the next groups, while this one compiles and times.
@@ -1227,7 +1240,8 @@ class _ModelTuner:
                     ahead = len(host) + k
                     host[ahead] = HostSide.submit(host_pool, self.graph, groups[ahead], self.measure.seed)
                 key = self.measure.cache_key(g)
-                with self.phases("nvcc"):  # what the compile pool has not finished yet
+                # What the compile pool has not finished yet; at a batch's start, all of it.
+                with self.phases("nvcc" if k else "nvcc, first group"):
                     cands = fut.result().result()
                 result = finish_candidates(
                     self.graph,
