@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import math
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -36,7 +38,7 @@ from welder.ir.compute import Compute, compute
 from welder.ir.expr import Load, cast, lt, select
 from welder.ir.interpret import evaluate, np_dtype
 from welder.ir.views import is_view
-from welder.resources import EMU_DIR
+from welder.resources import EMU_DIR, TEMPLATE_DIR
 from welder.runtime.build import RuntimeBuildError, build_runtime, find_nvcc
 from welder.runtime.emit import PRELUDE_HEADERS, emit_runtime, normalize_cuda_arch
 from welder.runtime.emu import available as emulator_available
@@ -895,6 +897,23 @@ def test_emulated_builds_link_the_emulator_compiled_once(builds: Builds, tmp_pat
     objects = re.search(r"^WELDER_EMU_OBJECTS:\w+=(.*)$", cache, re.M).group(1).split(";")
     assert len(objects) == 3 and all(Path(o).is_file() for o in objects), objects
     assert not list(build.rglob("emu_*.cpp.o"))
+    # Its sources start from the standard headers, the host API and the prelude precompiled
+    # once (WELDER_EMU_PCH): GCC takes the .gch for each of them.
+    header = Path(re.search(r"^WELDER_EMU_PCH:\w+=(.*)$", cache, re.M).group(1))
+    assert header.with_name(header.name + ".gch").is_file()
+    commands = json.loads((build / "compile_commands.json").read_text())
+    sources = [c for c in commands if Path(c["file"]).suffix == ".cu"]
+    assert {Path(c["file"]).name for c in sources} >= {"nnfusion_rt.cu", "kernels_0.cu"}
+    for c in sources:
+        shown = subprocess.run(
+            [*shlex.split(c["command"]), "-H", "-fsyntax-only"],
+            cwd=c["directory"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert shown.returncode == 0 and "invalid" not in shown.stderr, shown.stderr[-2000:]
+        assert shown.stderr.startswith(f"! {header}.gch"), shown.stderr[:500]
     by_hand = tmp_path / "by-hand"
     for command in (
         [
@@ -911,6 +930,27 @@ def test_emulated_builds_link_the_emulator_compiled_once(builds: Builds, tmp_pat
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert len(list(by_hand.rglob("emu_*.cpp.o"))) == 3 and (by_hand / LIBRARY_NAME).is_file()
+
+
+def test_the_precompiled_runtime_prelude_holds_every_standard_header_before_the_prelude():
+    """emu_runtime_prelude.h is forced in ahead of an emulated runtime's sources, so the
+    prelude's qualifier macros come before whatever standard header the sources include
+    before it (preamble.j2, the cuBLAS and interface headers): each must be in it already."""
+    runtime_templates = TEMPLATE_DIR / "runtime"
+    before = "".join(
+        [
+            (runtime_templates / "preamble.j2").read_text().split('#include "welder_prelude.cuh"')[0],
+            (runtime_templates / "nnfusion_rt.h.j2").read_text(),
+            (EMU_DIR / "emu_cublas.h").read_text(),
+        ]
+    )
+
+    def included(text: str) -> set[str]:
+        return set(re.findall(r"^#include <([^>]+)>", text, re.M))
+
+    wanted = included(before) - {"cuda_runtime.h", "cublas_v2.h"}  # CUDA's, not the emulator's
+    assert {"dlfcn.h", "vector", "algorithm", "stdint.h"} <= wanted
+    assert wanted <= included((EMU_DIR / "emu_runtime_prelude.h").read_text())
 
 
 @needs_emulated_build

@@ -1,6 +1,9 @@
 // welder_math.cuh -- small device functions generated kernels call.  Valid CUDA and valid
 // under the CPU emulator alike; included right after welder_prelude.cuh.
-#pragma once
+// A guard, not #pragma once: an emulated runtime includes its folder's copy of this file after
+// the precompiled copy in welder's cache (emu_runtime_prelude.h), and only a guard makes them one.
+#ifndef WELDER_MATH_CUH
+#define WELDER_MATH_CUH
 
 // Floor division and modulo for index arithmetic whose operands may be negative (C's / and %
 // truncate towards zero; the IR's floordiv/mod round towards minus infinity).
@@ -91,3 +94,5 @@ __device__ __forceinline__ int welder_index(long long i, int n, const char* node
   (void)node;
   return w < 0 ? 0 : (w >= n ? n - 1 : static_cast<int>(w));
 }
+
+#endif  // WELDER_MATH_CUH

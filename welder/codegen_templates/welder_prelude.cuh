@@ -27,7 +27,10 @@
 // T only (write __half2float(h[i]), not `float f = h[i]`); members of a vector element are reached
 // through welder_vload or a local copy; views are not cast to other pointer types (declare another
 // view over the same bytes); and `auto x = view[i]` holds a reference, not a value.
-#pragma once
+// A guard, not #pragma once: an emulated runtime includes its folder's copy of this file after
+// the precompiled copy in welder's cache (emu_runtime_prelude.h), and only a guard makes them one.
+#ifndef WELDER_PRELUDE_CUH
+#define WELDER_PRELUDE_CUH
 
 #ifdef WELDER_EMULATE
 
@@ -68,3 +71,5 @@ template <class T, int N>
 struct alignas(sizeof(T) * N) welder_vec {
   T v[N];
 };
+
+#endif  // WELDER_PRELUDE_CUH

@@ -22,7 +22,7 @@ from welder.hostcpu import usable_cores
 from welder.lock import prefix_lock
 from welder.resources import EMU_DIR
 from welder.runtime.emit import CudaArchError, normalize_cuda_arch
-from welder.runtime.emu.emulator import runtime_build_objects
+from welder.runtime.emu.emulator import runtime_build_objects, runtime_build_prelude
 from welder.runtime.layout import BUILD_SUBDIR, LIBRARY_NAME, MAIN_TEST_NAME, existing_runtime_dir
 
 #: How much of a failed build's output an error shows (the end: where compilers report).
@@ -68,6 +68,9 @@ def _build(source: Path, cuda_arch: str | None, emulate: bool, jobs: int | None)
         if compiler is not None:  # the objects are g++'s, so the build's compiler is too
             objects = ";".join(map(str, runtime_build_objects()))
             options += [f"-DCMAKE_CXX_COMPILER={compiler}", f"-DWELDER_EMU_OBJECTS={objects}"]
+            prelude = runtime_build_prelude()
+            if prelude is not None:
+                options.append(f"-DWELDER_EMU_PCH={prelude}")
     else:
         nvcc = find_nvcc()
         options.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
