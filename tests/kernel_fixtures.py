@@ -25,13 +25,12 @@ def line_of(source: str, text: str) -> int:
     return source[: source.index(text)].count("\n") + 1
 
 
-def emulated(
-    tmp_path_factory: pytest.TempPathFactory, source: str, names: Sequence[str], label: str
-) -> emu.EmulatedModule:
-    """``source`` (one translation unit) compiled for the emulator, warnings as errors, in a
-    cache of the test session's own."""
-    cache = tmp_path_factory.mktemp(f"emu-{label}-cache")
-    return compile_kernels(source, list(names), cache_dir=cache, extra_flags=WARNINGS_AS_ERRORS)
+def emulated(source: str, names: Sequence[str]) -> emu.EmulatedModule:
+    """``source`` (one translation unit) compiled for the emulator, warnings as errors, in the
+    test session's cache (``$WELDER_CACHE_DIR``, a folder of the session's own): the module's
+    key holds its flags, and the emulator's objects and precompiled prelude are built once
+    for every module there, not once per file of tests."""
+    return compile_kernels(source, list(names), extra_flags=WARNINGS_AS_ERRORS)
 
 
 def hopper() -> bool:

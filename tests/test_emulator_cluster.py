@@ -50,8 +50,8 @@ def line_of(text: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def module(tmp_path_factory: pytest.TempPathFactory) -> emu.EmulatedModule:
-    return emulated(tmp_path_factory, SOURCE, [*UNIT_KERNELS, *BUG_KERNELS, *RING_KERNELS], "cluster")
+def module() -> emu.EmulatedModule:
+    return emulated(SOURCE, [*UNIT_KERNELS, *BUG_KERNELS, *RING_KERNELS])
 
 
 @pytest.fixture()

@@ -71,12 +71,9 @@ def line_of(text: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def module(tmp_path_factory: pytest.TempPathFactory) -> emu.EmulatedModule:
+def module() -> emu.EmulatedModule:
     return emulated(
-        tmp_path_factory,
-        SOURCE,
-        [*UNIT_KERNELS, *BUG_KERNELS, *RING_KERNELS, *STORE_UNIT_KERNELS, *STORE_BUG_KERNELS],
-        "tma",
+        SOURCE, [*UNIT_KERNELS, *BUG_KERNELS, *RING_KERNELS, *STORE_UNIT_KERNELS, *STORE_BUG_KERNELS]
     )
 
 

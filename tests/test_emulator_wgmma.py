@@ -54,8 +54,8 @@ def line_of(text: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def module(tmp_path_factory: pytest.TempPathFactory) -> emu.EmulatedModule:
-    return emulated(tmp_path_factory, SOURCE, [*UNIT_KERNELS.values(), *BUG_KERNELS, *GEMM_KERNELS], "wgmma")
+def module() -> emu.EmulatedModule:
+    return emulated(SOURCE, [*UNIT_KERNELS.values(), *BUG_KERNELS, *GEMM_KERNELS])
 
 
 @pytest.fixture()

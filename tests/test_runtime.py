@@ -902,8 +902,8 @@ def test_emulated_builds_link_the_emulator_compiled_once(builds: Builds, tmp_pat
     header = Path(re.search(r"^WELDER_EMU_PCH:\w+=(.*)$", cache, re.M).group(1))
     assert header.with_name(header.name + ".gch").is_file()
     commands = json.loads((build / "compile_commands.json").read_text())
-    sources = [c for c in commands if Path(c["file"]).suffix == ".cu"]
-    assert {Path(c["file"]).name for c in sources} >= {"nnfusion_rt.cu", "kernels_0.cu"}
+    sources = [c for c in commands if Path(c["file"]).name in ("nnfusion_rt.cu", "kernels_0.cu")]
+    assert len(sources) == 2
     for c in sources:
         shown = subprocess.run(
             [*shlex.split(c["command"]), "-H", "-fsyntax-only"],
