@@ -1028,6 +1028,34 @@ def test_builds_are_cached(good, cache):
     assert good.path.parent == cache and good.path.is_file()
 
 
+def test_a_caches_second_module_compiles_against_the_precompiled_prelude(tmp_path, rng):
+    """The first module a cache builds parses the prelude; the second precompiles it beside
+    the modules, and g++ takes that .gch for a module's compile (-H marks it with "!")."""
+    from welder.runtime.emu import emulator
+
+    cache = tmp_path / "emu"
+    source = '#include "welder_prelude.cuh"\n__global__ void k(float* y) {\n  y[threadIdx.x] = 2.0f;\n}\n'
+    compile_kernels(source, ["k"], cache_dir=cache, extra_flags=WARNINGS_AS_ERRORS)
+    assert not list(cache.glob("pch-*"))
+    second = compile_kernels(
+        source.replace("2.0f", "3.0f"), ["k"], cache_dir=cache, extra_flags=WARNINGS_AS_ERRORS
+    )
+    [folder] = cache.glob("pch-*")
+    header = folder / emulator.PRELUDE.name
+    assert header.with_name(header.name + ".gch").is_file()
+    y = np.zeros(32, np.float32)
+    second.launch("k", 1, 32, 0, [y])
+    np.testing.assert_array_equal(y, np.full(32, 3.0, np.float32))  # the module still computes
+
+    flags = [f for f in [*emulator._BASE_FLAGS, *WARNINGS_AS_ERRORS] if f != "-shared"]
+    (tmp_path / "k.cpp").write_text(source)
+    command = emulator._compile_command(
+        [*flags, "-fsyntax-only", "-H"], tmp_path / "k.cpp", tmp_path / "k.o", header
+    )
+    shown = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0 and shown.stderr.startswith(f"! {header}.gch"), shown.stderr[:500]
+
+
 def test_default_cache_location(monkeypatch, tmp_path):
     from welder.runtime.emu import emulator
 

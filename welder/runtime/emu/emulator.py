@@ -446,9 +446,7 @@ def _precompiled_prelude(flags: Sequence[str], root: Path, digest: str) -> Path:
     of an emulated module's compile, 0.8 s of g++ for a module with no kernel in it against
     0.2 s with them precompiled.  Built for the second module a cache compiles, since a
     folder that compiles one module (a test's own) would pay 2.7 s for nothing."""
-    if not any(root.glob("*.so")):
-        return _precompiled(PRELUDE, flags, root, digest, build=False) or PRELUDE
-    return _precompiled(PRELUDE, flags, root, digest) or PRELUDE
+    return _precompiled(PRELUDE, flags, root, digest, build=any(root.glob("*.so"))) or PRELUDE
 
 
 def _precompiled(
