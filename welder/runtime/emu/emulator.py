@@ -54,6 +54,8 @@ _BASE_FLAGS = (
     "-Wno-unknown-pragmas",  # `#pragma unroll`
     "-DWELDER_EMULATE",
 )
+#: Where every emulated compile finds the kernel headers and the emulator's own.
+_INCLUDES = ("-I", str(PRELUDE_DIR), "-I", str(EMU_DIR))
 _KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_:]*(<[A-Za-z0-9_:<>, .*&+-]*>)?")
 
 # Element types behind pointer parameters whose pointee is a vector: (component dtype, width).
@@ -436,8 +438,18 @@ def _compile_command(flags: Sequence[str], source: Path, output: Path, prelude: 
     """g++ with the prelude (or the header that stands for it precompiled, from
     :func:`_precompiled_prelude`) forced in first, as generated kernels expect, and both
     include dirs."""
-    includes = ["-include", str(prelude), "-I", str(PRELUDE_DIR), "-I", str(EMU_DIR)]
-    return [_COMPILER, *flags, *includes, "-x", "c++", str(source), "-o", str(output)]
+    return [
+        _COMPILER,
+        *flags,
+        "-include",
+        str(prelude),
+        *_INCLUDES,
+        "-x",
+        "c++",
+        str(source),
+        "-o",
+        str(output),
+    ]
 
 
 def _precompiled_prelude(flags: Sequence[str], root: Path, digest: str) -> Path:
@@ -469,8 +481,7 @@ def _precompiled(
         work = Path(scratch) / folder.name
         work.mkdir()
         (work / header.name).write_text(f'#include "{header}"\n')
-        includes = ["-I", str(PRELUDE_DIR), "-I", str(EMU_DIR)]
-        command = [_COMPILER, *flags, *includes, "-x", "c++-header", str(work / header.name)]
+        command = [_COMPILER, *flags, *_INCLUDES, "-x", "c++-header", str(work / header.name)]
         if _run_compilers([[*command, "-o", str(work / f"{header.name}.gch")]])[0] is not None:
             return None
         with suppress(OSError):  # another process renamed its own first: the same header
@@ -560,11 +571,10 @@ def runtime_build_objects(cache_dir: str | os.PathLike[str] | None = None) -> li
     if missing:
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as scratch:
-            includes = ["-I", str(PRELUDE_DIR), "-I", str(EMU_DIR)]
             compiled = {obj: Path(scratch) / obj.name for obj in missing.values()}
             outcomes = _run_compilers(
                 [
-                    [_COMPILER, *RUNTIME_BUILD_FLAGS, *includes, "-c", str(src), "-o", str(compiled[obj])]
+                    [_COMPILER, *RUNTIME_BUILD_FLAGS, *_INCLUDES, "-c", str(src), "-o", str(compiled[obj])]
                     for src, obj in missing.items()
                 ]
             )
