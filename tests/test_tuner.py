@@ -585,19 +585,19 @@ def test_the_unfused_baseline_is_prefetched_cold_and_stored_with_the_plan(tmp_pa
     before any group is tuned; the stored plan keeps the baseline, so a tune from the cache
     proposes no node alone and reports the same baseline."""
     from welder.schedule.engine import CostModel as Model
-    from welder.tune.tuner import _ModelTuner
+    from welder.tune.tuner import _TuneQueue
 
     events: list[object] = []
-    prefetch, tune_all, configs = Model.prefetch, _ModelTuner.tune_all, Model.configs
+    prefetch, run, configs = Model.prefetch, _TuneQueue.run, Model.configs
 
     def recording_prefetch(self, groups):
         groups = list(groups)
         events.append({m for g in groups for m in g.members if len(g.members) == 1})
         return prefetch(self, groups)
 
-    def recording_tune_all(self, groups, *args):
-        events.append("tune_all")
-        return tune_all(self, groups, *args)
+    def recording_run(self):
+        events.append("tune")
+        return run(self)
 
     def recording_configs(self, group):
         if len(group.members) == 1:
@@ -605,11 +605,11 @@ def test_the_unfused_baseline_is_prefetched_cold_and_stored_with_the_plan(tmp_pa
         return configs(self, group)
 
     monkeypatch.setattr(Model, "prefetch", recording_prefetch)
-    monkeypatch.setattr(_ModelTuner, "tune_all", recording_tune_all)
+    monkeypatch.setattr(_TuneQueue, "run", recording_run)
     monkeypatch.setattr(Model, "configs", recording_configs)
     graph = bert(2)
     cold = tune_model(graph, ARCH, 2, TuningCache(tmp_path), ScriptedDevice(graph))
-    first_tune = events.index("tune_all")
+    first_tune = events.index("tune")
     alone = set().union(*[e for e in events[:first_tune] if isinstance(e, set)])
     assert alone == {m for g in cold.groups for m in g.group.members}
     events.clear()
@@ -759,52 +759,84 @@ def test_a_fusion_the_gpu_disproves_is_split_into_shallower_groups():
     assert checks and all("split into" in line or line.startswith("fusion of") for line in checks)
 
 
-def _count_tunes(monkeypatch) -> list[int]:
-    """How many groups each call of the tuner's ``tune_all`` had to tune, in call order."""
-    from welder.tune.tuner import _ModelTuner
+def _record_queue(monkeypatch) -> tuple[list[tuple[str, str, str]], list[int]]:
+    """The tune queues' events in order -- ``("queued", what, signature)`` as a job's compiles
+    are queued, ``("timed", "", signature)`` as its candidates are timed -- and how many jobs
+    each queue's :meth:`run` timed."""
+    from welder.tune import tuner
 
-    calls: list[int] = []
-    original = _ModelTuner.tune_all
+    events: list[tuple[str, str, str]] = []
+    runs: list[int] = []
+    submit, run, finish = tuner._TuneQueue._submit, tuner._TuneQueue.run, tuner.finish_candidates
 
-    def counting(self, groups, *what):
-        calls.append(sum(1 for g in groups if not self.measure.known(g)))
-        return original(self, groups, *what)
+    def queued(self, jobs):
+        events.extend(("queued", job.what, job.signature) for job in jobs)
+        return submit(self, jobs)
 
-    monkeypatch.setattr(_ModelTuner, "tune_all", counting)
-    return calls
+    def counted(self):
+        run(self)
+        runs.append(self.position)
 
+    def timed(graph, cands, *args):
+        events.append(("timed", "", cands.signature))
+        return finish(graph, cands, *args)
 
-def test_the_first_level_of_splits_is_tuned_in_one_batch(monkeypatch):
-    """Before the checks, the shallower groups of every doubted group are tuned together:
-    the checks' own first-level tunes then find them all tuned (one nvcc batch over every
-    core, not one small batch per doubted group)."""
-    calls = _count_tunes(monkeypatch)
-    graph = layernorm_gelu()
-    device = ScriptedDevice(graph, latency=lambda k: 1000.0 if stages_of(k) >= 3 else 5.0 * stages_of(k))
-    plan = tune_model(graph, ARCH, 2, None, device)
-    assert any("split into" in line for line in plan.log)
-    assert calls[0] > 0 and calls[1] > 0  # the model's groups, then every first-level split
-    doubted = sum(1 for g in fuse(graph, CostModel(graph, ARCH)).groups if len(g.stages) >= 3)
-    assert calls[2 : 2 + doubted] == [0] * doubted  # the checks' first level: all known
+    monkeypatch.setattr(tuner._TuneQueue, "_submit", queued)
+    monkeypatch.setattr(tuner._TuneQueue, "run", counted)
+    monkeypatch.setattr(tuner, "finish_candidates", timed)
+    return events, runs
 
 
-def test_every_level_of_the_fusion_check_is_one_batch(monkeypatch):
+def test_fusion_checks_compile_while_the_model_s_groups_are_timed(monkeypatch):
     """Two BERT layers on a GPU where a kernel's time grows with the square of its stages:
-    groups are doubted and split at every level, yet each level's splits -- of every doubted group at
-    that depth -- are tuned by one call, so the tune makes at most one round of compiles per
-    level after the model's own groups (it had made one per doubted group)."""
+    groups are doubted and split at every level.  A doubted group's ways are queued as soon
+    as it is timed, so the first check's groups are compiling before the model's last group
+    is timed, and the model's groups with every level of checks are one queue: the compile
+    pool never drains between levels, and the timing thread never starts a level by waiting
+    for its first compile (level by level, a tune of mobilevit_s made six to eight
+    batches)."""
     from welder.tune.tuner import VERIFY_DEPTH
 
-    calls = _count_tunes(monkeypatch)
+    events, runs = _record_queue(monkeypatch)
     graph = bert(2)
     # A kernel costs the square of its stages: halving a group always pays, at every level.
     device = ScriptedDevice(graph, latency=lambda k: 100.0 * stages_of(k) ** 2)
     plan = tune_model(graph, ARCH, 2, None, device)
     splits = [line for line in plan.log if "split into" in line]
     assert len(splits) > VERIFY_DEPTH + 1  # many doubted groups, over more than one level
-    rounds = [n for n in calls if n > 0]
-    assert len(rounds) <= 1 + VERIFY_DEPTH, calls
+    assert [n for n in runs if n] == [sum(1 for e in events if e[0] == "timed")]  # one queue
+    model = {sig for event, what, sig in events if what == "groups tuned"}
+    timings = [k for k, (event, _, sig) in enumerate(events) if event == "timed" and sig in model]
+    first_check = min(k for k, (_, what, _) in enumerate(events) if what == "fusion-check groups tuned")
+    assert first_check < max(timings), events
     assert sorted(m for g in plan.groups for m in g.group.members) == sorted(graph.nodes)
+
+
+def test_a_structure_queued_twice_compiles_once_and_is_tuned_on_where_asked(tmp_path):
+    """Groups of one structure added while the first is queued wait for it; one asking for
+    more configs than it tunes is tuned on from where it stopped, never from the start:
+    every config of the structure compiles exactly once, and the result is the best of all
+    topk (brute force: tune_group on all of them)."""
+    from welder.tune.tuner import _ModelTuner, _TuneQueue
+
+    graph = bert(2)
+    groups = fuse(graph, CostModel(graph, ARCH)).groups
+    twins = [
+        g for g in groups if sum(group_signature(graph, h) == group_signature(graph, g) for h in groups) == 2
+    ]
+    assert twins, "bert(2) repeats its layers"
+    device = ScriptedDevice(graph, latency=_latency_by_code)
+    tuner = _ModelTuner(graph, ARCH, 6, None, device, 0, 2, None)
+    order: list[str] = []
+    with _TuneQueue(tuner) as queue:
+        queue.add(twins[:1], "first", 3, then=lambda: order.append("first"))
+        queue.add(twins, "all", then=lambda: order.append("all"))
+        queue.run()
+    assert order == ["first", "all"]
+    compiled = sum(len(call) for call in device.compiles)
+    assert compiled == len(CostModel(graph, ARCH, Options(topk=6)).configs(twins[0])) > 3
+    brute = tune_group(graph, twins[0], ARCH, 6, None, ScriptedDevice(graph, latency=_latency_by_code))
+    assert tuner.measure.tuned(twins[1]).latency_us == pytest.approx(brute.latency_us)
 
 
 def test_a_spent_time_budget_stops_fusion_checks_and_narrows_the_candidates():
@@ -1288,12 +1320,12 @@ def test_a_measured_tune_says_where_its_time_went():
     device = Slow(graph)
     plan = tune_model(graph, ARCH, 2, None, device, workers=1)
     phases = plan.phase_seconds
-    assert set(phases) >= {"nvcc, first group", "inputs", "timing", "reference", "checking"}
+    assert set(phases) >= {"nvcc, first group", "inputs", "timing", "reference", "checking", "fusion search"}
     assert phases["timing"] >= 0.05 * len(device.timed) - 0.05
     assert phases["nvcc, first group"] >= 0.2 - 0.05  # the first group waits for its compile
     assert sum(phases.values()) <= plan.seconds + 0.1
     assert tuned_json(plan, graph)["totals"]["tuning_phase_seconds"] == phases
-    assert "search and the rest" in format_summary(plan, graph)
+    assert "the rest" in format_summary(plan, graph)
     work = plan.tuning_work  # counted by the tuner, checked against what the device saw
     assert work["nvcc calls"] == len(device.compiles)
     assert work["nvcc kernels"] == sum(len(c) for c in device.compiles)
@@ -1302,7 +1334,7 @@ def test_a_measured_tune_says_where_its_time_went():
     assert work["groups tuned"] + work.get("fusion-check groups tuned", 0) == len(set(device.roots))
     assert tuned_json(plan, graph)["totals"]["tuning_work"] == work
     cost_only = plan_model(graph, ARCH, topk=2)
-    assert cost_only.phase_seconds == {} and "search and the rest" not in format_summary(cost_only, graph)
+    assert cost_only.phase_seconds == {} and "the rest" not in format_summary(cost_only, graph)
     assert cost_only.tuning_work == {}
 
 

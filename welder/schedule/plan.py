@@ -294,12 +294,12 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
 
 
 def _phases(plan: Plan) -> str:
-    """`` (nvcc 120 s, reference 80 s, ..., search and the rest 12 s)`` for a measured tune."""
+    """`` (nvcc 120 s, reference 80 s, ..., the rest 12 s)`` for a measured tune."""
     if not plan.phase_seconds:
         return ""
     rest = max(plan.seconds - sum(plan.phase_seconds.values()), 0.0)
     parts = [f"{name} {s:.0f} s" for name, s in plan.phase_seconds.items()]
-    return f" ({', '.join([*parts, f'search and the rest {rest:.0f} s'])})"
+    return f" ({', '.join([*parts, f'the rest {rest:.0f} s'])})"
 
 
 def gain_basis(unfused: str, fused_measured: bool) -> str:

@@ -31,6 +31,7 @@ a latency measure for the fusion search, and :func:`tune_model` tunes a whole mo
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -916,13 +917,15 @@ class _ModelTuner:
         if cached is not None:
             return cached
         log_start = len(self.log)
-        result = fuse(self.graph, self.cost, nofusion=nofusion, library=self.fixed)
+        with self.phases("fusion search"):
+            result = fuse(self.graph, self.cost, nofusion=nofusion, library=self.fixed)
         self.log += result.log
-        self.prefetch_unfused(result.groups)
-        self.tune_all([g for g in result.groups if g.root not in self.library])
+        with self.phases("unfused baseline"):
+            self.prefetch_unfused(result.groups)
         if nofusion:
+            self.tune_all([g for g in result.groups if g.root not in self.library])
             groups = result.groups
-        else:
+        else:  # tuned and checked in one stream
             verified = self.verify_all(result.groups)
             groups = [verified[k] for k in execution_order(verified)]
         if key is not None and self.cache is not None and not self.over_budget():
@@ -967,41 +970,54 @@ class _ModelTuner:
             self.cost.prefetch(make_group(self.graph, [m]) for m in members)
 
     def verify_all(self, groups: Sequence[Group]) -> list[Group]:
-        """Every group after its fusion check (:meth:`checked`), level by level: the splits of
-        every group doubted at one depth are tuned in one batch before any of them is
-        decided, so a level costs one round of compiles over every core, not one small
-        round per doubted group (Swin-T and MobileViT at batch 64 check 24 to 35 groups).
-        The splits chosen on their first configs are then tuned on the rest in one more
-        batch, and :meth:`confirmed` before they replace their groups."""
-        final: list[Group] = []
-        pending = [(g, 0) for g in groups]
-        while pending:
-            if self.over_budget():
-                doubted = sum(1 for g, depth in pending if self.doubt(g, depth))
-                if doubted:
-                    self.log.append(
-                        f"fusion checks stopped: the time budget of {self.budget_s:.0f} s is spent; "
-                        f"{doubted} doubted groups kept unchecked"
-                    )
-                return final + [g for g, _ in pending]
-            splits = [p for g, depth in pending if self.doubt(g, depth) for p in self.split_groups(g)]
-            self.tune_all(splits, "fusion-check groups tuned", self.check_topk)
-            chosen = []
-            for g, depth in pending:
+        """Tune ``groups`` and check each one's fusion (:meth:`checked`), as a stream: a group
+        is doubted as soon as it is timed, and the shallower groups of its ways go into the
+        same :class:`_TuneQueue` at once, compiling while the model's later groups are
+        timed.  Once all of a check's groups are tuned it is decided; a split chosen on the
+        first configs is tuned on the rest and :meth:`confirmed`, and its parts are checked
+        in turn, down to ``VERIFY_DEPTH`` levels.  (Checked level by level, each level one
+        batch, the compile pool idled while each batch's last groups were timed and the next
+        level's ways were worked out, and the timing thread waited for each batch's first
+        group: six to eight batches a tune of mobilevit_s or Swin-T.)"""
+        final = [g for g in groups if g.root in self.library]
+        unchecked: list[Group] = []
+
+        with _TuneQueue(self) as queue:
+
+            def check(g: Group, depth: int) -> None:
+                if self.doubt(g, depth) is None:
+                    final.append(g)
+                elif self.over_budget():
+                    unchecked.append(g)
+                else:
+                    with self.phases("fusion-check ways"):
+                        splits = self.split_groups(g)
+                    then = functools.partial(decide, g, depth)
+                    queue.add(splits, "fusion-check groups tuned", self.check_topk, then)
+
+            def decide(g: Group, depth: int) -> None:
                 parts = self.checked(g, depth)
                 if parts == [g]:
                     final.append(g)
                 else:
-                    chosen.append((g, depth, parts))
-            self.tune_all([p for _, _, parts in chosen for p in parts], "fusion-check groups tuned on")
-            deeper = []
-            for g, depth, parts in chosen:
-                if self.confirmed(g, parts):
-                    deeper += [(p, depth + 1) for p in parts]
-                else:
+                    then = functools.partial(confirm, g, depth, parts)
+                    queue.add(parts, "fusion-check groups tuned on", then=then)
+
+            def confirm(g: Group, depth: int, parts: list[Group]) -> None:
+                if not self.confirmed(g, parts):
                     final.append(g)
-            pending = deeper
-        return final
+                    return
+                for p in parts:
+                    check(p, depth + 1)
+
+            queue.add([g for g in groups if g.root not in self.library], each=lambda g: check(g, 0))
+            queue.run()
+        if unchecked:
+            self.log.append(
+                f"fusion checks stopped: the time budget of {self.budget_s:.0f} s is spent; "
+                f"{len(unchecked)} doubted groups kept unchecked"
+            )
+        return final + unchecked
 
     def doubt(self, g: Group, depth: int) -> tuple[TunedConfig | None, float] | None:
         """``(measured, predicted)`` where :meth:`checked` checks ``g``'s fusion, else None:
@@ -1091,7 +1107,6 @@ class _ModelTuner:
         why = ""
         k = self.check_topk
         for way, split in ways:
-            self.tune_all(split, "fusion-check groups tuned", k)
             tuned = [self.measure.tuned(p) for p in split]
             failed = [p for p, t in zip(split, tuned) if t is None]
             if failed:
@@ -1196,78 +1211,13 @@ class _ModelTuner:
 
     def tune_all(self, groups: Sequence[Group], what: str = "groups tuned", topk: int | None = None) -> None:
         """Tune each distinct group on the cost model's first ``topk`` configs (default: the
-        tune's): compiles run in a thread pool (nvcc on every core), while this thread times
-        and checks on the GPU in model order as compiles complete.  A group already tuned on
-        fewer configs (a fusion check's, :data:`CHECK_TOPK`) is tuned on the configs after
-        those only, and keeps the faster of the two winners."""
-        # Past the time budget, only the best estimates (and the cache records that topk).
-        topk = min(self.topk if topk is None else topk, BUDGET_TOPK if self.over_budget() else self.topk)
-        todo: dict[str, Group] = {}
-        first: dict[str, int] = {}  # by signature: the first ranked config still to tune
-        for g in groups:
-            sig = group_signature(self.graph, g)
-            if sig in todo:
-                continue
-            depth = self.measure.depth(g)
-            if self.measure.known(g):
-                if depth < topk and len(self.cost.configs(g)) > depth:
-                    todo[sig], first[sig] = g, depth
-                continue
-            hit, result, depth = _cached_entry(self.cache, self.measure.cache_key(g), g, topk)
-            if hit:
-                self.measure.remember(g, result, depth=depth)
-            else:
-                todo[sig], first[sig] = g, 0
-        self.phases.count(what, len(todo))
-        bar = ProgressBar(len(todo), "tuning", self.stream)
-        total = 0.0
-        nvcc = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="welder-nvcc")
-        codegen = ThreadPoolExecutor(max_workers=CODEGEN_THREADS, thread_name_prefix="welder-codegen")
-        host_pool = ThreadPoolExecutor(max_workers=HOST_THREADS, thread_name_prefix="welder-host")
-        groups = list(todo.values())
-        starts = list(first.values())
-        host: dict[int, HostSide] = {}  # by position in groups; each holds its arrays
-        configs = [self.cost.configs(g)[start:topk] for g, start in zip(groups, starts)]
-        per_call = kernels_per_call(sum(len(c) for c in configs), self.workers)
-        try:
-            futures: list[Future[Future[Candidates]]] = [
-                codegen.submit(self._prepare_and_compile, g, c, ramped_per_call(k, per_call), nvcc)
-                for k, (g, c) in enumerate(zip(groups, configs))
-            ]
-            for k, (g, fut, start) in enumerate(zip(groups, futures, starts)):
-                # Inputs and references for the next groups, while this one compiles and times.
-                while len(host) + k < min(len(groups), k + 1 + HOST_LOOKAHEAD):
-                    ahead = len(host) + k
-                    host[ahead] = HostSide.submit(host_pool, self.graph, groups[ahead], self.measure.seed)
-                key = self.measure.cache_key(g)
-                # What the compile pool has not finished yet; at a batch's start, all of it.
-                with self.phases("nvcc" if k else "nvcc, first group"):
-                    cands = fut.result().result()
-                result = finish_candidates(
-                    self.graph,
-                    cands,
-                    self.device,
-                    None if start else self.cache,
-                    key,
-                    topk,
-                    self.measure.seed,
-                    self.phases,
-                    host.pop(k),
-                )
-                dropped = cands.dropped
-                if start:
-                    result, dropped = _continued(self.measure.tuned(g), result, cands, start)
-                    _store(self.cache, key, g, result, start + len(cands.configs), topk)
-                self.measure.tunes += 1
-                self.measure.remember(g, result, dropped, topk)
-                if result is not None:
-                    total += result.latency_us
-                note = f"best {result.latency_us:.1f} us" if result else "no valid candidate"
-                bar.update(k + 1, f"{note}, {total:.0f} us so far")
-        finally:
-            for pool in (codegen, nvcc, host_pool):
-                pool.shutdown(wait=False, cancel_futures=True)
-            bar.close()
+        tune's), in one :class:`_TuneQueue`: compiles on the thread pools, timing and checks
+        on this thread.  A group already tuned on fewer configs (a fusion check's,
+        :data:`CHECK_TOPK`) is tuned on the configs after those only, and keeps the faster of
+        the two winners."""
+        with _TuneQueue(self) as queue:
+            queue.add(groups, what, topk)
+            queue.run()
 
     def _prepare_and_compile(
         self, group: Group, configs: list[GroupConfig], per_call: int, nvcc: ThreadPoolExecutor
@@ -1333,6 +1283,203 @@ class _ModelTuner:
             if all(r is not None for r in results):
                 return sum(r.latency_us for r in results if r is not None), traffic, True
         return sum(c[0].estimate.latency_us for c in estimates if c), traffic, False
+
+
+@dataclass(eq=False)
+class _Job:
+    """One group's candidates in a :class:`_TuneQueue`: the configs ranked ``[start, topk)``,
+    generated and compiled on the pools (``compiled``), then timed in turn; ``waiters`` run
+    once its result is remembered."""
+
+    group: Group
+    signature: str
+    start: int
+    topk: int
+    what: str
+    configs: list[GroupConfig]
+    compiled: Future[Future[Candidates]] | None = None
+    waiters: list[Callable[[], None]] = field(default_factory=list)
+
+
+class _TuneQueue:
+    """A tune's groups in flight.  Groups may be added at any time, also by the callbacks
+    of groups already tuned (a fusion check adds a group's ways as soon as it is timed):
+    each is generated on the code generation threads and compiled on the nvcc pool at
+    once, and timed and checked on the calling thread in the order it was added, while its
+    inputs and reference are made :data:`HOST_LOOKAHEAD` groups ahead on the host threads.
+    A group whose structure is already queued waits for that one instead of compiling
+    again (and is tuned on further where it asks for more configs)."""
+
+    def __init__(self, tuner: _ModelTuner) -> None:
+        self.tuner = tuner
+        self.jobs: list[_Job] = []
+        self.position = 0  # the next job to time
+        self.queued: dict[str, _Job] = {}  # by signature, until timed
+        self.ready: list[Callable[[], None]] = []  # callbacks whose groups are all tuned
+        self.nvcc = ThreadPoolExecutor(max_workers=tuner.workers, thread_name_prefix="welder-nvcc")
+        self.codegen = ThreadPoolExecutor(max_workers=CODEGEN_THREADS, thread_name_prefix="welder-codegen")
+        self.host_pool = ThreadPoolExecutor(max_workers=HOST_THREADS, thread_name_prefix="welder-host")
+        self.host: dict[int, HostSide] = {}  # by job index; each holds its arrays
+        self.compiling = 0  # kernels queued on the pools and not compiled yet
+        self._lock = threading.Lock()
+        self.bar = ProgressBar(0, "tuning", tuner.stream)
+        self.total_us = 0.0
+
+    def __enter__(self) -> _TuneQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for pool in (self.codegen, self.nvcc, self.host_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+        self.bar.close()
+
+    def add(
+        self,
+        groups: Sequence[Group],
+        what: str = "groups tuned",
+        topk: int | None = None,
+        then: Callable[[], None] | None = None,
+        each: Callable[[Group], None] | None = None,
+    ) -> None:
+        """Tune ``groups`` on the cost model's first ``topk`` configs (default: the tune's;
+        past the time budget :data:`BUDGET_TOPK`); call ``each(g)`` as each one is tuned and
+        ``then()`` once all are, on the thread that runs :meth:`run`.  ``what`` names them
+        in the tune's counts (:meth:`Phases.count`)."""
+        t = self.tuner
+        topk = min(t.topk if topk is None else topk, BUDGET_TOPK if t.over_budget() else t.topk)
+        left = [len(groups)]
+
+        def done(g: Group) -> None:
+            if each is not None:
+                each(g)
+            left[0] -= 1
+            if left[0] == 0 and then is not None:
+                then()
+
+        if not groups and then is not None:
+            self.ready.append(then)
+        t.phases.count(what, 0)  # named in the counts even where nothing is tuned
+        new: list[_Job] = []
+        for g in groups:
+            self._request(g, topk, what, functools.partial(done, g), new)
+        self._submit(new)
+
+    def _request(self, g: Group, topk: int, what: str, done: Callable[[], None], new: list[_Job]) -> None:
+        """``done`` once ``g`` is tuned on ``topk`` configs: after a queued job of its
+        structure, after a new job (appended to ``new``), or at once (tuned before, or in
+        the tuning cache)."""
+        t = self.tuner
+        sig = group_signature(t.graph, g)
+        queued = self.queued.get(sig)
+        if queued is not None:
+            if queued.topk >= topk:
+                queued.waiters.append(done)
+            else:  # tuned on further once that one is done
+
+                def further() -> None:
+                    more: list[_Job] = []
+                    self._request(g, topk, what, done, more)
+                    self._submit(more)
+
+                queued.waiters.append(further)
+            return
+        start = None
+        if t.measure.known(g):
+            depth = t.measure.depth(g)
+            if depth < topk and len(t.cost.configs(g)) > depth:
+                start = depth
+        else:
+            hit, result, depth = _cached_entry(t.cache, t.measure.cache_key(g), g, topk)
+            if hit:
+                t.measure.remember(g, result, depth=depth)
+            else:
+                start = 0
+        if start is None:
+            self.ready.append(done)
+            return
+        job = _Job(g, sig, start, topk, what, t.cost.configs(g)[start:topk], waiters=[done])
+        self.queued[sig] = job
+        new.append(job)
+
+    def _submit(self, jobs: list[_Job]) -> None:
+        """Queue the code generation and compiles of ``jobs``: in calls that spread what the
+        pool has left to compile with these over its cores (:func:`kernels_per_call`), the
+        first ones smaller where the pool is all but idle (:func:`ramped_per_call`: the
+        timing thread will wait for them next)."""
+        if not jobs:
+            return
+        t = self.tuner
+        kernels = sum(len(j.configs) for j in jobs)
+        with self._lock:
+            idle = self.compiling < t.workers
+            self.compiling += kernels
+            per_call = kernels_per_call(self.compiling, t.workers)
+        for k, job in enumerate(jobs):
+            t.phases.count(job.what)
+            size = ramped_per_call(k, per_call) if idle else per_call
+            compile_job = t._prepare_and_compile
+            job.compiled = self.codegen.submit(compile_job, job.group, job.configs, size, self.nvcc)
+            job.compiled.add_done_callback(functools.partial(self._on_codegen, len(job.configs)))
+            self.jobs.append(job)
+
+    def _on_codegen(self, kernels: int, rendered: Future[Future[Candidates]]) -> None:
+        """Count a job's kernels out of :attr:`compiling` once its last call is done."""
+
+        def release(_: object = None) -> None:
+            with self._lock:
+                self.compiling -= kernels
+
+        if rendered.cancelled() or rendered.exception() is not None:
+            release()
+        else:
+            rendered.result().add_done_callback(release)
+
+    def run(self) -> None:
+        """Time every job in turn, running the callbacks of each tuned group, until nothing
+        is queued or ready."""
+        t = self.tuner
+        while True:
+            while self.ready:
+                self.ready.pop(0)()
+            if self.position >= len(self.jobs):
+                return
+            k = self.position
+            for ahead in range(k, min(len(self.jobs), k + 1 + HOST_LOOKAHEAD)):
+                if ahead not in self.host:
+                    group = self.jobs[ahead].group
+                    self.host[ahead] = HostSide.submit(self.host_pool, t.graph, group, t.measure.seed)
+            job = self.jobs[k]
+            assert job.compiled is not None
+            # What the compile pool has not finished yet; at the start, all of it.
+            with t.phases("nvcc" if k else "nvcc, first group"):
+                cands = job.compiled.result().result()
+            g, key = job.group, t.measure.cache_key(job.group)
+            result = finish_candidates(
+                t.graph,
+                cands,
+                t.device,
+                None if job.start else t.cache,
+                key,
+                job.topk,
+                t.measure.seed,
+                t.phases,
+                self.host.pop(k),
+            )
+            dropped = cands.dropped
+            if job.start:
+                result, dropped = _continued(t.measure.tuned(g), result, cands, job.start)
+                _store(t.cache, key, g, result, job.start + len(cands.configs), job.topk)
+            t.measure.tunes += 1
+            t.measure.remember(g, result, dropped, job.topk)
+            self.position += 1
+            del self.queued[job.signature]
+            if result is not None:
+                self.total_us += result.latency_us
+            note = f"best {result.latency_us:.1f} us" if result else "no valid candidate"
+            self.bar.total = len(self.jobs)
+            self.bar.update(self.position, f"{note}, {self.total_us:.0f} us so far")
+            for waiter in job.waiters:
+                waiter()
 
 
 def _tuned_group(
