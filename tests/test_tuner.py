@@ -579,43 +579,36 @@ def test_twelve_bert_layers_are_tuned_once(tmp_path):
     assert again.compiles == [] and again.timed == []
 
 
-def test_the_unfused_baseline_is_prefetched_cold_and_stored_with_the_plan(tmp_path, monkeypatch):
+def test_the_unfused_baseline_comes_from_the_search_and_is_stored_with_the_plan(tmp_path, monkeypatch):
     """The unfused baseline the plan reports needs the cost model's configs of every node
-    alone.  A cold tune hands them all to the cost model's prefetch (its worker processes)
-    before any group is tuned; the stored plan keeps the baseline, so a tune from the cache
-    proposes no node alone and reports the same baseline."""
-    from welder.schedule.engine import CostModel as Model
-    from welder.tune.tuner import _TuneQueue
+    alone.  A cold tune's search proposes them in its own processes and hands them over,
+    so the tuner proposes no node alone itself; the stored plan keeps the baseline, so a
+    tune from the cache proposes nothing at all.  Both report what a fresh cost model
+    estimates for the members alone."""
+    from welder.schedule import engine
 
-    events: list[object] = []
-    prefetch, run, configs = Model.prefetch, _TuneQueue.run, Model.configs
+    proposed: list[tuple[str, ...]] = []  # in this process only: the search's are its own
+    propose = engine.propose
 
-    def recording_prefetch(self, groups):
-        groups = list(groups)
-        events.append({m for g in groups for m in g.members if len(g.members) == 1})
-        return prefetch(self, groups)
+    def recording_propose(group, context):
+        proposed.append(tuple(group.members))
+        return propose(group, context)
 
-    def recording_run(self):
-        events.append("tune")
-        return run(self)
-
-    def recording_configs(self, group):
-        if len(group.members) == 1:
-            events.append(("alone", group.members[0]))
-        return configs(self, group)
-
-    monkeypatch.setattr(Model, "prefetch", recording_prefetch)
-    monkeypatch.setattr(_TuneQueue, "run", recording_run)
-    monkeypatch.setattr(Model, "configs", recording_configs)
+    monkeypatch.setattr(engine, "propose", recording_propose)
+    monkeypatch.setattr(engine, "usable_cores", lambda: 2)  # the search runs apart
     graph = bert(2)
     cold = tune_model(graph, ARCH, 2, TuningCache(tmp_path), ScriptedDevice(graph))
-    first_tune = events.index("tune")
-    alone = set().union(*[e for e in events[:first_tune] if isinstance(e, set)])
-    assert alone == {m for g in cold.groups for m in g.group.members}
-    events.clear()
+    assert not [p for p in proposed if len(p) == 1], proposed[:5]
+    fresh = CostModel(graph, ARCH, Options(topk=2))
+    predicted = [g for g in cold.groups if not g.unfused_measured]  # measured: every member tuned alone
+    assert predicted
+    for g in predicted:
+        alone = [fresh.configs(make_group(graph, [m]))[0].estimate.latency_us for m in g.group.members]
+        assert g.unfused_us == pytest.approx(sum(alone))
+    proposed.clear()
     plan = tune_model(graph, ARCH, 2, TuningCache(tmp_path), ScriptedDevice(graph))
     assert any("fusion from the tuning cache" in line for line in plan.log)
-    assert not [e for e in events if isinstance(e, (set, tuple))], events[:5]
+    assert not proposed, proposed[:5]
     assert [(g.unfused_us, g.unfused_bytes) for g in plan.groups] == [
         (g.unfused_us, g.unfused_bytes) for g in cold.groups
     ]
@@ -773,8 +766,8 @@ def _record_queue(monkeypatch) -> tuple[list[tuple[str, str, str]], list[int]]:
         events.extend(("queued", job.what, job.signature) for job in jobs)
         return submit(self, jobs)
 
-    def counted(self):
-        run(self)
+    def counted(self, *args):
+        run(self, *args)
         runs.append(self.position)
 
     def timed(graph, cands, *args):
@@ -810,6 +803,61 @@ def test_fusion_checks_compile_while_the_model_s_groups_are_timed(monkeypatch):
     first_check = min(k for k, (_, what, _) in enumerate(events) if what == "fusion-check groups tuned")
     assert first_check < max(timings), events
     assert sorted(m for g in plan.groups for m in g.group.members) == sorted(graph.nodes)
+
+
+def test_groups_compile_while_the_search_goes_on(monkeypatch):
+    """The search runs in a process of its own and sends each group as it settles it: with
+    a search slowed down to 20 ms a group, the first candidates compile long before it is
+    over, and the plan is the one the search makes in this process."""
+    from welder.schedule import engine
+    from welder.tune.search import SearchProcess
+
+    grow = engine._grow
+
+    def slow_grow(*args, **kwargs):
+        time.sleep(0.02)
+        return grow(*args, **kwargs)
+
+    events: list[str] = []
+    receive = SearchProcess.receive
+
+    def recording_receive(self, block):
+        groups = receive(self, block)
+        events.append("done" if self.done is not None else "groups")
+        return groups
+
+    class Recording(ScriptedDevice):
+        def compile(self, kernels, timeout_s=None):
+            events.append("compile")
+            return super().compile(kernels, timeout_s)
+
+    monkeypatch.setattr(engine, "_grow", slow_grow)  # the forked search inherits it
+    monkeypatch.setattr(engine, "usable_cores", lambda: 2)
+    monkeypatch.setattr(SearchProcess, "receive", recording_receive)
+    graph = bert(2)
+    plan = tune_model(graph, ARCH, 2, None, Recording(graph, latency=lambda k: 5.0))
+    assert "compile" in events[: events.index("done")], events
+    searched = fuse(graph, CostModel(graph, ARCH, Options(topk=2)))
+    assert [g.group.members for g in plan.groups] == [g.members for g in searched.groups]
+    start = plan.log.index(searched.log[0])  # the search's log, before any check's
+    assert plan.log[start : start + len(searched.log)] == searched.log
+
+
+def test_an_error_in_the_search_process_is_raised_by_the_tune(monkeypatch):
+    """A node the cost model cannot schedule fails the search in its own process; the tune
+    raises the same error, naming the node, and leaves no process behind."""
+    import multiprocessing
+
+    from welder.schedule import engine
+    from welder.schedule.group import InvalidGroup
+
+    propose = engine.propose
+    monkeypatch.setattr(engine, "propose", lambda g, c: [] if "n:sum" in g.members else propose(g, c))
+    monkeypatch.setattr(engine, "usable_cores", lambda: 2)
+    graph = layernorm_gelu()
+    with pytest.raises(InvalidGroup, match="no valid schedule for node 'n:sum'"):
+        tune_model(graph, ARCH, 2, None, ScriptedDevice(graph))
+    assert not multiprocessing.active_children()
 
 
 def test_a_structure_queued_twice_compiles_once_and_is_tuned_on_where_asked(tmp_path):

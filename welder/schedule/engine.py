@@ -141,12 +141,20 @@ class CostModel:
         done = self._workers().map(_call_forked, [(fn, args) for args in calls], chunksize=1)
         for args, (ok, value, learned) in zip(calls, done):
             for key, configs in learned.items():
-                if key not in self._cache:
-                    self.calls += 1
-                    self.forked += 1
-                    self._cache[key] = configs
+                self.learn(key, configs)
             results.append(value if ok else fn(self, *args))
         return results
+
+    def memoised(self) -> dict[str, list[GroupConfig]]:
+        """The configs proposed so far, by group signature, in canonical names."""
+        return self._cache
+
+    def learn(self, key: str, configs: list[GroupConfig] | None) -> None:
+        """Take the configs another process proposed for the group of signature ``key``."""
+        if configs is not None and key not in self._cache:
+            self.calls += 1
+            self.forked += 1
+            self._cache[key] = configs
 
     def configs(self, group: Group) -> list[GroupConfig]:
         key = group_signature(self.graph, group)
@@ -269,6 +277,7 @@ def fuse(
     only: Collection[str] | None = None,
     max_stages: int = MAX_GROUP_STAGES,
     product_spans: bool = True,
+    on_group: Callable[[Group], None] | None = None,
 ) -> FusionResult:
     """Partition the graph into groups, in execution order.
 
@@ -277,12 +286,14 @@ def fuse(
     and they are not measured: their latency is the library's estimate.  With ``nofusion``
     the groups are :func:`nofusion_partition`'s.  ``only`` restricts the search to those
     nodes (re-fusing one group's members), ``max_stages`` caps the tile-owning stages of a
-    group; ``product_spans=False`` leaves :func:`_product_spans` out (greedy growth only)."""
+    group; ``product_spans=False`` leaves :func:`_product_spans` out (greedy growth only).
+    ``on_group`` is told of each group as the search settles it (none changes after), so
+    that a tuner can compile the first groups while the search goes on."""
     # Worker processes for a whole graph's search; re-fusing one group's members (``only``:
     # the tuner's fusion checks, a span's greedy cost) is too small to pay for starting them.
     parallel = getattr(measure, "parallel", None) if only is None else None
     with parallel() if parallel is not None else contextlib.nullcontext():
-        return _fuse(graph, measure, nofusion, progress, library, only, max_stages, product_spans)
+        return _fuse(graph, measure, nofusion, progress, library, only, max_stages, product_spans, on_group)
 
 
 def _fuse(
@@ -294,6 +305,7 @@ def _fuse(
     only: Collection[str] | None,
     max_stages: int,
     product_spans: bool,
+    on_group: Callable[[Group], None] | None = None,
 ) -> FusionResult:
     order = [n.name for n in graph.topo_order()]
     rank = {n: k for k, n in enumerate(order)}
@@ -333,6 +345,8 @@ def _fuse(
             raise InvalidGroup(f"no valid schedule for node {name!r} ({node.op_type} from {node.source!r})")
         scheduled |= members
         found.append((group, latency))
+        if on_group is not None and (only is None or group.root in only):
+            on_group(group)
     found = [(g, lat) for g, lat in found if only is None or g.root in only]
     found.sort(key=lambda gl: rank[gl[0].root])
     order = execution_order([g for g, _ in found])

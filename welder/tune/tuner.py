@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
@@ -66,6 +67,7 @@ from welder.tune.cache import CacheKey, TuningCache
 from welder.tune.phases import Phases
 from welder.tune.plan_cache import CachedPlan, Unfused, plan_key
 from welder.tune.reference import Reference, reference
+from welder.tune.search import SearchProcess
 
 log = logging.getLogger("welder.tune")
 
@@ -91,6 +93,8 @@ HOST_THREADS = 2
 HOST_LOOKAHEAD = 4
 # Threads generating candidates' code (Python, so more would only contend for the GIL).
 CODEGEN_THREADS = 4
+# How often the timing thread, waiting for a compile, looks for groups the search has settled.
+FEED_POLL_S = 0.05
 # A candidate this many times slower than the group's fastest so far is not timed precisely.
 GIVE_UP_RATIO = 1.5
 _CANDIDATE = re.compile(rf"^{CANDIDATE_PREFIX}(\d+)_")
@@ -917,17 +921,28 @@ class _ModelTuner:
         if cached is not None:
             return cached
         log_start = len(self.log)
-        with self.phases("fusion search"):
-            result = fuse(self.graph, self.cost, nofusion=nofusion, library=self.fixed)
-        self.log += result.log
-        with self.phases("unfused baseline"):
-            self.prefetch_unfused(result.groups)
-        if nofusion:
-            self.tune_all([g for g in result.groups if g.root not in self.library])
-            groups = result.groups
-        else:  # tuned and checked in one stream
-            verified = self.verify_all(result.groups)
+        if not nofusion and SearchProcess.usable(self.cost):
+            # Tuned and checked as the search settles them: nothing waits for the whole search.
+            search = SearchProcess(self.graph, self.cost, nofusion, self.fixed)
+            try:
+                verified = self.verify_all([lg.group for lg in self.fixed], search)
+            finally:
+                search.close()
+            assert search.done is not None
+            self.log[log_start:log_start] = search.done.log
             groups = [verified[k] for k in execution_order(verified)]
+        else:
+            with self.phases("fusion search"):
+                result = fuse(self.graph, self.cost, nofusion=nofusion, library=self.fixed)
+            self.log += result.log
+            with self.phases("unfused baseline"):
+                self.prefetch_unfused(result.groups)
+            if nofusion:
+                self.tune_all([g for g in result.groups if g.root not in self.library])
+                groups = result.groups
+            else:
+                verified = self.verify_all(result.groups)
+                groups = [verified[k] for k in execution_order(verified)]
         if key is not None and self.cache is not None and not self.over_budget():
             unfused = [self.unfused(g) for g in groups if g.root not in self.library]
             record = CachedPlan.of(groups, self.log[log_start:], self.split_failures, unfused)
@@ -969,7 +984,7 @@ class _ModelTuner:
         with self.cost.parallel():
             self.cost.prefetch(make_group(self.graph, [m]) for m in members)
 
-    def verify_all(self, groups: Sequence[Group]) -> list[Group]:
+    def verify_all(self, groups: Sequence[Group], search: SearchProcess | None = None) -> list[Group]:
         """Tune ``groups`` and check each one's fusion (:meth:`checked`), as a stream: a group
         is doubted as soon as it is timed, and the shallower groups of its ways go into the
         same :class:`_TuneQueue` at once, compiling while the model's later groups are
@@ -978,7 +993,8 @@ class _ModelTuner:
         in turn, down to ``VERIFY_DEPTH`` levels.  (Checked level by level, each level one
         batch, the compile pool idled while each batch's last groups were timed and the next
         level's ways were worked out, and the timing thread waited for each batch's first
-        group: six to eight batches a tune of mobilevit_s or Swin-T.)"""
+        group: six to eight batches a tune of mobilevit_s or Swin-T.)  With a ``search``, the
+        groups it settles join the queue as they arrive, along with ``groups``."""
         final = [g for g in groups if g.root in self.library]
         unchecked: list[Group] = []
 
@@ -1010,8 +1026,17 @@ class _ModelTuner:
                 for p in parts:
                     check(p, depth + 1)
 
-            queue.add([g for g in groups if g.root not in self.library], each=lambda g: check(g, 0))
-            queue.run()
+            def arrive(arrived: Sequence[Group]) -> None:
+                queue.add([g for g in arrived if g.root not in self.library], each=lambda g: check(g, 0))
+
+            def feed(block: bool) -> bool:
+                assert search is not None
+                with self.phases("fusion search"):
+                    arrive(search.receive(block))
+                return search.done is None
+
+            arrive(groups)
+            queue.run(feed if search is not None else None)
         if unchecked:
             self.log.append(
                 f"fusion checks stopped: the time budget of {self.budget_s:.0f} s is spent; "
@@ -1324,6 +1349,7 @@ class _TuneQueue:
         self._lock = threading.Lock()
         self.bar = ProgressBar(0, "tuning", tuner.stream)
         self.total_us = 0.0
+        self._feed: Callable[[bool], bool] | None = None
 
     def __enter__(self) -> _TuneQueue:
         return self
@@ -1403,24 +1429,29 @@ class _TuneQueue:
 
     def _submit(self, jobs: list[_Job]) -> None:
         """Queue the code generation and compiles of ``jobs``: in calls that spread what the
-        pool has left to compile with these over its cores (:func:`kernels_per_call`), the
-        first ones smaller where the pool is all but idle (:func:`ramped_per_call`: the
-        timing thread will wait for them next)."""
+        pool has left to compile with these over its cores (:func:`kernels_per_call`), those
+        the timing thread takes next in smaller calls (:func:`ramped_per_call`)."""
         if not jobs:
             return
         t = self.tuner
         kernels = sum(len(j.configs) for j in jobs)
         with self._lock:
-            idle = self.compiling < t.workers
             self.compiling += kernels
             per_call = kernels_per_call(self.compiling, t.workers)
+        ahead = len(self.jobs) - self.position  # jobs the timing thread takes before these
         for k, job in enumerate(jobs):
             t.phases.count(job.what)
-            size = ramped_per_call(k, per_call) if idle else per_call
+            size = ramped_per_call(ahead + k, per_call)
             compile_job = t._prepare_and_compile
             job.compiled = self.codegen.submit(compile_job, job.group, job.configs, size, self.nvcc)
             job.compiled.add_done_callback(functools.partial(self._on_codegen, len(job.configs)))
             self.jobs.append(job)
+
+    def _take(self, block: bool) -> None:
+        """What the feed has for the queue; once it says nothing more comes, no feed."""
+        assert self._feed is not None
+        if not self._feed(block):
+            self._feed = None
 
     def _on_codegen(self, kernels: int, rendered: Future[Future[Candidates]]) -> None:
         """Count a job's kernels out of :attr:`compiling` once its last call is done."""
@@ -1434,13 +1465,19 @@ class _TuneQueue:
         else:
             rendered.result().add_done_callback(release)
 
-    def run(self) -> None:
+    def run(self, feed: Callable[[bool], bool] | None = None) -> None:
         """Time every job in turn, running the callbacks of each tuned group, until nothing
-        is queued or ready."""
+        is queued or ready.  ``feed(block)`` adds the groups that have arrived from elsewhere
+        (waiting for some where ``block``) and says whether more may come; it is asked
+        between jobs and while a job compiles."""
         t = self.tuner
+        self._feed = feed
         while True:
             while self.ready:
                 self.ready.pop(0)()
+            if self._feed is not None:
+                self._take(block=self.position >= len(self.jobs))
+                continue
             if self.position >= len(self.jobs):
                 return
             k = self.position
@@ -1452,6 +1489,9 @@ class _TuneQueue:
             assert job.compiled is not None
             # What the compile pool has not finished yet; at the start, all of it.
             with t.phases("nvcc" if k else "nvcc, first group"):
+                while self._feed is not None and not _compiled(job.compiled):
+                    self._take(block=False)
+                    futures_wait([_pending(job.compiled)], timeout=FEED_POLL_S)
                 cands = job.compiled.result().result()
             g, key = job.group, t.measure.cache_key(job.group)
             result = finish_candidates(
@@ -1480,6 +1520,16 @@ class _TuneQueue:
             self.bar.update(self.position, f"{note}, {self.total_us:.0f} us so far")
             for waiter in job.waiters:
                 waiter()
+
+
+def _compiled(rendered: Future[Future[Candidates]]) -> bool:
+    """Whether a job's code generation and every compile call it queued are done."""
+    return rendered.done() and (rendered.exception() is not None or rendered.result().done())
+
+
+def _pending(rendered: Future[Future[Candidates]]) -> Future[Any]:
+    """The step of a job's compile still running: its code generation, else its calls."""
+    return rendered.result() if rendered.done() and rendered.exception() is None else rendered
 
 
 def _tuned_group(

@@ -1,0 +1,123 @@
+"""The cost model's fusion search in a process of its own, its groups sent to the tuner as
+the search settles them.
+
+The search is a third of a cold tune of mobilevit_s at batch 64 (32 of 143 s on the H100's
+16 cores), and its first groups are settled before half of it is over; run on the tuner's
+main thread, it left the compile pool idle the whole time.  It cannot simply run beside
+the tuner's threads in one process: its cost model proposes in worker processes it forks
+(:meth:`welder.schedule.engine.CostModel.parallel`), and a fork must not copy other threads'
+locks.  So the tuner forks this process before it starts any thread; the search forks its
+own workers from here, and sends each group (its members and the configs the cost model
+proposed for it) down a pipe, then the whole result and everything the cost model
+memoised, which the tuner's own cost model takes over for the fusion checks.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import pickle
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from welder.errors import WelderError
+from welder.graph import Graph
+from welder.schedule.engine import CostModel, fuse, group_signature
+from welder.schedule.group import Group, make_group
+from welder.schedule.kinds.library import LibraryGroup
+
+
+@dataclass
+class SearchDone:
+    """What the search sent last: its log."""
+
+    log: list[str] = field(default_factory=list)
+
+
+class SearchProcess:
+    """``fuse(graph, cost, ...)`` in a forked process; :meth:`receive` returns the groups it
+    has settled so far, built again here, and their configs memoised in ``cost``."""
+
+    def __init__(
+        self, graph: Graph, cost: CostModel, nofusion: bool, library: Sequence[LibraryGroup]
+    ) -> None:
+        self.graph = graph
+        self.cost = cost
+        context = multiprocessing.get_context("fork")
+        self._conn, child = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=_search, args=(child, graph, cost, nofusion, list(library)), name="welder-search"
+        )
+        self._process.start()
+        child.close()
+        self.done: SearchDone | None = None
+
+    @staticmethod
+    def usable(cost: CostModel) -> bool:
+        """Whether the search can run apart: ``fork`` exists, no other thread runs yet (the
+        fork would copy its locks), and the cost model has workers to propose in."""
+        forks = "fork" in multiprocessing.get_all_start_methods()
+        return forks and cost.workers > 1 and threading.active_count() == 1
+
+    def receive(self, block: bool) -> list[Group]:
+        """The groups the search sent since the last call (waiting for one where ``block``
+        and the search is not done); raises what the search raised."""
+        groups: list[Group] = []
+        while self.done is None and (self._conn.poll() or (block and not groups)):
+            try:
+                kind, payload = self._conn.recv()
+            except EOFError:
+                raise WelderError(f"the fusion search process ended ({self._process.exitcode})") from None
+            if kind == "group":
+                members, configs = payload
+                group = make_group(self.graph, members)
+                self.cost.learn(group_signature(self.graph, group), configs)
+                groups.append(group)
+            elif kind == "done":
+                log, learned = payload
+                for key, configs in learned.items():
+                    self.cost.learn(key, configs)
+                self.done = SearchDone(log)
+                self._process.join()
+            else:
+                raise payload
+        return groups
+
+    def close(self) -> None:
+        """Stop the search if it still runs (the tune failed or was interrupted)."""
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join()
+        self._conn.close()
+
+
+def _search(
+    conn: multiprocessing.connection.Connection,
+    graph: Graph,
+    cost: CostModel,
+    nofusion: bool,
+    library: list[LibraryGroup],
+) -> None:
+    """The search process: each group down ``conn`` as it is settled, then the result."""
+    before = set(cost.memoised())
+
+    def send(group: Group) -> None:
+        conn.send(("group", (list(group.members), cost.memoised().get(group_signature(graph, group)))))
+
+    try:
+        result = fuse(graph, cost, nofusion=nofusion, library=library, on_group=send)
+    except BaseException as e:  # the tuner raises it as the search would have in its place
+        conn.send(("error", _picklable(e)))
+        return
+    learned = {k: v for k, v in cost.memoised().items() if k not in before}
+    conn.send(("done", (result.log, learned)))
+
+
+def _picklable(e: BaseException) -> Any:
+    try:
+        pickle.dumps(e)
+        return e
+    except Exception:
+        return WelderError(f"{type(e).__name__}: {e}")
