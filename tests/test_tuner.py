@@ -59,6 +59,7 @@ from welder.schedule.group import make_group
 from welder.schedule.kinds import Options
 from welder.schedule.plan import abbreviate_ops, format_summary, plan_model, tuned_json
 from welder.tune.cache import TuningCache
+from welder.tune.search import MIN_CORES
 from welder.tune.tuner import (
     GIVE_UP_RATIO,
     MIN_KERNELS_PER_CALL,
@@ -595,7 +596,7 @@ def test_the_unfused_baseline_comes_from_the_search_and_is_stored_with_the_plan(
         return propose(group, context)
 
     monkeypatch.setattr(engine, "propose", recording_propose)
-    monkeypatch.setattr(engine, "usable_cores", lambda: 2)  # the search runs apart
+    monkeypatch.setattr(engine, "usable_cores", lambda: MIN_CORES)  # the search runs apart
     graph = bert(2)
     cold = tune_model(graph, ARCH, 2, TuningCache(tmp_path), ScriptedDevice(graph))
     assert not [p for p in proposed if len(p) == 1], proposed[:5]
@@ -807,7 +808,7 @@ def test_fusion_checks_compile_while_the_model_s_groups_are_timed(monkeypatch):
 
 def test_groups_compile_while_the_search_goes_on(monkeypatch):
     """The search runs in a process of its own and sends each group as it settles it: with
-    a search slowed down to 20 ms a group, the first candidates compile long before it is
+    a search slowed down to 10 ms a growth, the first candidates compile long before it is
     over, and the plan is the one the search makes in this process."""
     from welder.schedule import engine
     from welder.tune.search import SearchProcess
@@ -815,7 +816,7 @@ def test_groups_compile_while_the_search_goes_on(monkeypatch):
     grow = engine._grow
 
     def slow_grow(*args, **kwargs):
-        time.sleep(0.02)
+        time.sleep(0.01)
         return grow(*args, **kwargs)
 
     events: list[str] = []
@@ -832,7 +833,7 @@ def test_groups_compile_while_the_search_goes_on(monkeypatch):
             return super().compile(kernels, timeout_s)
 
     monkeypatch.setattr(engine, "_grow", slow_grow)  # the forked search inherits it
-    monkeypatch.setattr(engine, "usable_cores", lambda: 2)
+    monkeypatch.setattr(engine, "usable_cores", lambda: MIN_CORES)
     monkeypatch.setattr(SearchProcess, "receive", recording_receive)
     graph = bert(2)
     plan = tune_model(graph, ARCH, 2, None, Recording(graph, latency=lambda k: 5.0))
@@ -853,7 +854,7 @@ def test_an_error_in_the_search_process_is_raised_by_the_tune(monkeypatch):
 
     propose = engine.propose
     monkeypatch.setattr(engine, "propose", lambda g, c: [] if "n:sum" in g.members else propose(g, c))
-    monkeypatch.setattr(engine, "usable_cores", lambda: 2)
+    monkeypatch.setattr(engine, "usable_cores", lambda: MIN_CORES)
     graph = layernorm_gelu()
     with pytest.raises(InvalidGroup, match="no valid schedule for node 'n:sum'"):
         tune_model(graph, ARCH, 2, None, ScriptedDevice(graph))

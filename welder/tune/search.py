@@ -28,6 +28,11 @@ from welder.schedule.engine import CostModel, fuse, group_signature
 from welder.schedule.group import Group, make_group
 from welder.schedule.kinds.library import LibraryGroup
 
+#: Cores below which the search runs before the tune instead: on two, the search's workers
+#: and the compiles took turns on the same cores, and the tuner's tests (two at a time)
+#: ran 25% longer with the search apart (110 s against 88 s).
+MIN_CORES = 4
+
 
 @dataclass
 class SearchDone:
@@ -56,10 +61,11 @@ class SearchProcess:
 
     @staticmethod
     def usable(cost: CostModel) -> bool:
-        """Whether the search can run apart: ``fork`` exists, no other thread runs yet (the
-        fork would copy its locks), and the cost model has workers to propose in."""
+        """Whether the search should run apart: ``fork`` exists, no other thread runs yet
+        (the fork would copy its locks), and the cost model has at least
+        :data:`MIN_CORES` cores for its workers, which then share them with the compiles."""
         forks = "fork" in multiprocessing.get_all_start_methods()
-        return forks and cost.workers > 1 and threading.active_count() == 1
+        return forks and cost.workers >= MIN_CORES and threading.active_count() == 1
 
     def receive(self, block: bool) -> list[Group]:
         """The groups the search sent since the last call (waiting for one where ``block``
