@@ -86,9 +86,11 @@ class Batch:
         return model_source(self.kernels)
 
     def emulate(self):
-        """The batch's kernels built for the emulator (one g++ call, cached by content)."""
+        """The batch's kernels built for the emulator (one g++ call, cached by content), at
+        -O0: each case runs once on small inputs, so the compile is the cost (half the node
+        models: 10.5 s against 23.7 s at -O2, their runs 0.8 s either way)."""
         return compile_kernels(
-            self.source(), [k.name for k in self.kernels], extra_flags=[f"-I{TEMPLATE_DIR}"]
+            self.source(), [k.name for k in self.kernels], extra_flags=[f"-I{TEMPLATE_DIR}", "-O0"]
         )
 
     def run_all(self) -> list[str]:
@@ -818,7 +820,9 @@ def nvcc():
 
 def test_generated_kernels_compile_with_nvcc_without_warnings(nvcc, tmp_path):
     """Every kernel of every batch above, one translation unit, one nvcc call per target
-    (device code only: the host side of a kernel is a launch stub nvcc writes itself)."""
+    (device code only: the host side of a kernel is a launch stub nvcc writes itself).
+    ptxas assembles without optimising (-O0): every instruction is still checked, in 29 s
+    instead of 38 s for sm_90 on the development machine."""
     src = tmp_path / "kernels.cu"
     src.write_text(model_source([k for b in all_batches() for k in b.kernels]))
     commands = [
@@ -828,6 +832,8 @@ def test_generated_kernels_compile_with_nvcc_without_warnings(nvcc, tmp_path):
             "-cubin",
             "-Werror",
             "all-warnings",
+            "-Xptxas",
+            "-O0",
             f"-I{TEMPLATE_DIR}",
             str(src),
             "-o",

@@ -37,6 +37,10 @@ MAX_GROUP_MEMBERS = 48
 MAX_GROUP_STAGES = 8
 #: Groups the parent of CostModel's worker processes memoises before it forks them again.
 REFORK_AFTER = 32
+#: Graphs with fewer nodes are searched in one process: starting CostModel's workers costs
+#: about 45 ms a search, more than they save there (the 226 graphs of half the ONNX node
+#: tests, up to 22 nodes each: 15.5 s with two workers, 5.4 s without).
+PARALLEL_MIN_NODES = 24
 T = TypeVar("T")
 
 
@@ -290,8 +294,10 @@ def fuse(
     ``on_group`` is told of each group as the search settles it (none changes after), so
     that a tuner can compile the first groups while the search goes on."""
     # Worker processes for a whole graph's search; re-fusing one group's members (``only``:
-    # the tuner's fusion checks, a span's greedy cost) is too small to pay for starting them.
-    parallel = getattr(measure, "parallel", None) if only is None else None
+    # the tuner's fusion checks, a span's greedy cost) or a small graph is too little work
+    # to pay for starting them.
+    whole = only is None and len(graph.nodes) >= PARALLEL_MIN_NODES
+    parallel = getattr(measure, "parallel", None) if whole else None
     with parallel() if parallel is not None else contextlib.nullcontext():
         return _fuse(graph, measure, nofusion, progress, library, only, max_stages, product_spans, on_group)
 
