@@ -824,7 +824,7 @@ def test_groups_compile_while_the_search_goes_on(monkeypatch):
 
     def recording_receive(self, block):
         groups = receive(self, block)
-        events.append("done" if self.done is not None else "groups")
+        events.append("done" if self.log is not None else "groups")
         return groups
 
     class Recording(ScriptedDevice):

@@ -311,7 +311,7 @@ def _fuse(
     only: Collection[str] | None,
     max_stages: int,
     product_spans: bool,
-    on_group: Callable[[Group], None] | None = None,
+    on_group: Callable[[Group], None] | None,
 ) -> FusionResult:
     order = [n.name for n in graph.topo_order()]
     rank = {n: k for k, n in enumerate(order)}

@@ -19,7 +19,6 @@ import multiprocessing.connection
 import pickle
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from welder.errors import WelderError
@@ -34,30 +33,22 @@ from welder.schedule.kinds.library import LibraryGroup
 MIN_CORES = 4
 
 
-@dataclass
-class SearchDone:
-    """What the search sent last: its log."""
-
-    log: list[str] = field(default_factory=list)
-
-
 class SearchProcess:
-    """``fuse(graph, cost, ...)`` in a forked process; :meth:`receive` returns the groups it
-    has settled so far, built again here, and their configs memoised in ``cost``."""
+    """``fuse(graph, cost, library=...)`` in a forked process; :meth:`receive` returns the
+    groups it has settled so far, built again here, and their configs memoised in ``cost``;
+    once it is done, :attr:`log` is the search's log."""
 
-    def __init__(
-        self, graph: Graph, cost: CostModel, nofusion: bool, library: Sequence[LibraryGroup]
-    ) -> None:
+    def __init__(self, graph: Graph, cost: CostModel, library: Sequence[LibraryGroup]) -> None:
         self.graph = graph
         self.cost = cost
         context = multiprocessing.get_context("fork")
         self._conn, child = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=_search, args=(child, graph, cost, nofusion, list(library)), name="welder-search"
+            target=_search, args=(child, graph, cost, list(library)), name="welder-search"
         )
         self._process.start()
         child.close()
-        self.done: SearchDone | None = None
+        self.log: list[str] | None = None  # set when the search is done
 
     @staticmethod
     def usable(cost: CostModel) -> bool:
@@ -71,7 +62,7 @@ class SearchProcess:
         """The groups the search sent since the last call (waiting for one where ``block``
         and the search is not done); raises what the search raised."""
         groups: list[Group] = []
-        while self.done is None and (self._conn.poll() or (block and not groups)):
+        while self.log is None and (self._conn.poll() or (block and not groups)):
             try:
                 kind, payload = self._conn.recv()
             except EOFError:
@@ -85,7 +76,7 @@ class SearchProcess:
                 log, learned = payload
                 for key, configs in learned.items():
                     self.cost.learn(key, configs)
-                self.done = SearchDone(log)
+                self.log = log
                 self._process.join()
             else:
                 raise payload
@@ -103,7 +94,6 @@ def _search(
     conn: multiprocessing.connection.Connection,
     graph: Graph,
     cost: CostModel,
-    nofusion: bool,
     library: list[LibraryGroup],
 ) -> None:
     """The search process: each group down ``conn`` as it is settled, then the result."""
@@ -113,7 +103,7 @@ def _search(
         conn.send(("group", (list(group.members), cost.memoised().get(group_signature(graph, group)))))
 
     try:
-        result = fuse(graph, cost, nofusion=nofusion, library=library, on_group=send)
+        result = fuse(graph, cost, library=library, on_group=send)
     except BaseException as e:  # the tuner raises it as the search would have in its place
         conn.send(("error", _picklable(e)))
         return

@@ -923,13 +923,13 @@ class _ModelTuner:
         log_start = len(self.log)
         if not nofusion and SearchProcess.usable(self.cost):
             # Tuned and checked as the search settles them: nothing waits for the whole search.
-            search = SearchProcess(self.graph, self.cost, nofusion, self.fixed)
+            search = SearchProcess(self.graph, self.cost, self.fixed)
             try:
                 verified = self.verify_all([lg.group for lg in self.fixed], search)
             finally:
                 search.close()
-            assert search.done is not None
-            self.log[log_start:log_start] = search.done.log
+            assert search.log is not None
+            self.log[log_start:log_start] = search.log
             groups = [verified[k] for k in execution_order(verified)]
         else:
             with self.phases("fusion search"):
@@ -1033,7 +1033,7 @@ class _ModelTuner:
                 assert search is not None
                 with self.phases("fusion search"):
                     arrive(search.receive(block))
-                return search.done is None
+                return search.log is None
 
             arrive(groups)
             queue.run(feed if search is not None else None)
