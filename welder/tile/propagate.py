@@ -10,6 +10,7 @@ is given, which is how per-step staging buffers are sized.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -65,17 +66,29 @@ def step_vars(rank: int) -> list[str]:
 
 def root_region(tile: Sequence[int]) -> Region:
     """The root's tile for block (b0, b1, ...)."""
+    return _root_region(tuple(tile))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _root_region(tile: tuple[int, ...]) -> Region:
+    # regions are immutable: the fusion search asks for the same few tiles a million times
     return Region(tuple(Interval(Affine.make({v: t}), t) for v, t in zip(block_vars(len(tile)), tile)))
 
 
 def reduce_intervals(c: Compute, rstep: Sequence[int] | None) -> list[Interval]:
     """Whole reduce axes, or one step of ``rstep`` at counters ``k0, k1, ...``."""
+    extents = tuple(a.extent for a in c.reduce_axes)
+    return list(_reduce_intervals(extents, None if rstep is None else tuple(rstep)))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _reduce_intervals(extents: tuple[int, ...], rstep: tuple[int, ...] | None) -> tuple[Interval, ...]:
     if rstep is None:
-        return [Interval.full(a.extent) for a in c.reduce_axes]
-    return [
-        Interval(Affine.make({v: r}), r) if r < a.extent else Interval.full(a.extent)
-        for v, r, a in zip(step_vars(len(rstep)), rstep, c.reduce_axes)
-    ]
+        return tuple(Interval.full(e) for e in extents)
+    return tuple(
+        Interval(Affine.make({v: r}), r) if r < e else Interval.full(e)
+        for v, r, e in zip(step_vars(len(rstep)), rstep, extents)
+    )
 
 
 def read_regions(

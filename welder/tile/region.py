@@ -12,6 +12,7 @@ the code generator can still evaluate at run time, with a conservative extent.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -85,13 +86,17 @@ class Interval:
     lo: Origin
     extent: int
 
+    # Both are asked for millions of times a fusion search, with few distinct arguments;
+    # intervals are immutable, so one instance serves every caller.
     @staticmethod
+    @functools.cache
     def const(value: int) -> Interval:
-        return Interval(Affine.make(const=value), 1)
+        return Interval(Affine((), int(value)), 1)
 
     @staticmethod
+    @functools.cache
     def full(extent: int) -> Interval:
-        return Interval(Affine.make(), extent)
+        return Interval(Affine(), extent)
 
     @property
     def affine(self) -> Affine | None:

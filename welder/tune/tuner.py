@@ -95,8 +95,9 @@ HOST_LOOKAHEAD = 4
 CODEGEN_THREADS = 4
 # How often the timing thread, waiting for a compile, looks for groups the search has settled.
 FEED_POLL_S = 0.05
-# A candidate this many times slower than the group's fastest so far is not timed precisely.
-GIVE_UP_RATIO = 1.5
+# A candidate this many times slower than the group's fastest so far is not timed precisely:
+# it is picked only if every faster one fails its check, and then its rough time will do.
+GIVE_UP_RATIO = 1.25
 _CANDIDATE = re.compile(rf"^{CANDIDATE_PREFIX}(\d+)_")
 
 
