@@ -391,6 +391,38 @@ def test_a_span_must_beat_the_greedy_fusion_of_its_nodes() -> None:
     assert cm(whole) > result.latency_us - sum(cm(g) for g in result.groups if "out" in g.members)
 
 
+def test_repeated_spans_are_searched_once_with_the_costs_of_each(monkeypatch) -> None:
+    """The spans' greedy costs are searched once per structure: a two-layer GPT-2's layers
+    have the same spans, and every span gets the cost a search of its own nodes gives."""
+    from models import gpt2_model
+
+    import welder.schedule.engine as engine
+
+    graph = import_onnx(gpt2_model(layers=2)[0])
+    cm = CostModel(graph, get_arch("H100"), workers=1)
+    asked: list[tuple[list[set[str]], list[str]]] = []
+    searched: list[set[str]] = []
+    greedy_costs, greedy_cost = engine._greedy_costs, engine._greedy_cost
+
+    def spy_costs(graph, spans, signatures, *rest):
+        asked.append((spans, signatures))
+        return greedy_costs(graph, spans, signatures, *rest)
+
+    def spy_cost(graph, span, *rest):
+        searched.append(set(span))
+        return greedy_cost(graph, span, *rest)
+
+    monkeypatch.setattr(engine, "_greedy_costs", spy_costs)
+    monkeypatch.setattr(engine, "_greedy_cost", spy_cost)
+    fuse(graph, cm)
+    ((spans, signatures),) = asked
+    assert len(set(signatures)) < len(spans)  # the layers repeat
+    assert len(searched) == len(set(signatures))
+    monkeypatch.undo()
+    costs = engine._greedy_costs(graph, spans, signatures, cm, MAX_GROUP_STAGES)
+    assert costs == [engine._greedy_cost(graph, span, cm, MAX_GROUP_STAGES) for span in spans]
+
+
 def test_worker_processes_search_as_one_process_would() -> None:
     """A whole graph's search proposes groups in forked worker processes (CostModel.parallel:
     the nodes alone, each growth step's trials, the spans and their greedy costs): on a BERT

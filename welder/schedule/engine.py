@@ -554,12 +554,14 @@ def _product_spans(
             candidates.append((name, span, group))
     _prefetch(measure, (group for _, _, group in candidates))
     rated: list[tuple[str, set[str], float, float]] = []
+    signatures: list[str] = []
     for name, span, group in candidates:
         fused = measure(group)
         parts = _separate_cost(graph, span, measure)
         if fused is not None and parts is not None and fused < parts:
             rated.append((name, span, fused, parts))
-    greedy = _greedy_costs(graph, [span for _, span, _, _ in rated], measure, max_stages)
+            signatures.append(group_signature(graph, group))
+    greedy = _greedy_costs(graph, [span for _, span, _, _ in rated], signatures, measure, max_stages)
     found = [
         (parts - fused, name, span)
         for (name, span, fused, parts), alone in zip(rated, greedy)
@@ -579,14 +581,23 @@ def _product_spans(
 
 
 def _greedy_costs(
-    graph: Graph, spans: list[set[str]], measure: LatencyMeasure, max_stages: int
+    graph: Graph, spans: list[set[str]], signatures: list[str], measure: LatencyMeasure, max_stages: int
 ) -> list[float]:
-    """:func:`_greedy_cost` of each span: in parallel where the measure runs calls in worker
-    processes (``CostModel.map_forked``; the spans' searches are independent)."""
+    """:func:`_greedy_cost` of each span, once per structure (``signatures``: the spans'
+    group signatures; a model's repeated layers have the same spans, and each search is a
+    chain of proposals before the search's first group): in parallel where the measure runs
+    calls in worker processes (``CostModel.map_forked``; the searches are independent)."""
+    first: dict[str, int] = {}
+    for k, key in enumerate(signatures):
+        first.setdefault(key, k)
+    todo = [spans[k] for k in first.values()]
     run = getattr(measure, "map_forked", None)
     if run is None:
-        return [_greedy_cost(graph, span, measure, max_stages) for span in spans]
-    return run(_forked_greedy_cost, [(sorted(span), max_stages) for span in spans])
+        costs = [_greedy_cost(graph, span, measure, max_stages) for span in todo]
+    else:
+        costs = run(_forked_greedy_cost, [(sorted(span), max_stages) for span in todo])
+    by_signature = dict(zip(first, costs))
+    return [by_signature[key] for key in signatures]
 
 
 def _forked_greedy_cost(model: CostModel, span: list[str], max_stages: int) -> float:
