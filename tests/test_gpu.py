@@ -341,6 +341,24 @@ def test_faulting_and_hanging_kernels_are_contained():
         assert device.time(program, good, x) > 0
 
 
+def test_only_the_asked_rows_come_back():
+    """``run(rows=...)``: those ranges of each output's first axis, one after another, as
+    the tuner compares a large group on its sampled rows."""
+    from welder.tune.reference import select_rows
+
+    params = [KernelParam(t, t, "float32", (32, 32), t == "y") for t in ("x", "y")]
+    good = Kernel("add_one", _HANDWRITTEN["add_one"], params, 4, 256, 0, "y")
+    x = [_w(32, 32)]
+    rows = ((0, 3), (17, 18), (29, 32))
+    with GpuDevice(timeout_s=10, budget_s=0.1) as device:
+        program = device.compile([good])
+        (whole,) = device.run(program, good, x)
+        (some,) = device.run(program, good, x, rows)
+    np.testing.assert_allclose(whole, x[0] + 1)
+    assert some.shape == (7, 32)
+    np.testing.assert_array_equal(some, select_rows(whole, rows))
+
+
 def test_a_groups_candidates_are_timed_on_one_set_of_rotated_copies(sm):
     """The executor makes the outputs and the rotated copies at a data key's first timing
     and reuses them for the next kernels timed on it (a group's candidates), and frees them

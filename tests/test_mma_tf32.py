@@ -366,8 +366,8 @@ class _Perturbing(ScriptedDevice):
         super().__init__(graph, latency={0: 1.0, 1: 2.0})
         self.rel = rel
 
-    def run(self, program, kernel, inputs) -> list[np.ndarray]:
-        return [(o * (1 + self.rel)).astype(o.dtype) for o in super().run(program, kernel, inputs)]
+    def run(self, program, kernel, inputs, rows=None) -> list[np.ndarray]:
+        return [(o * (1 + self.rel)).astype(o.dtype) for o in super().run(program, kernel, inputs, rows)]
 
 
 def test_tune_flag_puts_fp32_products_on_tf32_and_records_it(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from welder.ir.expr import Load
 from welder.schedule.engine import CostModel, fuse
 from welder.schedule.plan import format_summary, tuned_json
 from welder.session import check_model
-from welder.tune.reference import whole_outputs
+from welder.tune.reference import select_rows, whole_outputs
 from welder.tune.tuner import group_inputs, tune_model
 
 
@@ -102,14 +102,15 @@ def other_rounding(graph: Graph, known: dict[str, np.ndarray], names: list[str])
 class OtherRoundingDevice(ScriptedDevice):
     """A fake GPU whose kernels compute through :func:`other_rounding`."""
 
-    def run(self, program, kernel, inputs) -> list[np.ndarray]:
-        outs = super().run(program, kernel, inputs)  # keeps the fake's bookkeeping and failures
+    def run(self, program, kernel, inputs, rows=None) -> list[np.ndarray]:
+        outs = super().run(program, kernel, inputs, rows)  # keeps the fake's bookkeeping and failures
         if self.what(kernel) != "ok":
             return outs
         names = [p.tensor for p in kernel.params if not p.is_output]
-        return other_rounding(
+        rounded = other_rounding(
             self.graph, dict(zip(names, inputs)), [p.tensor for p in kernel.params if p.is_output]
         )
+        return [select_rows(o, rows) for o in rounded]
 
 
 def deep_is_slow(kernel) -> float:

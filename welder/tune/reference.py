@@ -17,7 +17,7 @@ check``) compares every element of the model's outputs with onnxruntime.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,16 +39,19 @@ SAMPLE_ELEMENTS = 1 << 18
 @dataclass
 class Reference:
     """The reference values of a group's outputs: whole arrays (``rows`` None), or the
-    outputs' values at the indices ``rows`` of their first axis."""
+    outputs' values on the ranges ``rows`` of their first axis, one after another.  The
+    tuner asks the device for the same rows of a candidate's outputs (``Device.run``'s
+    ``rows``): a batch-64 output is tens of megabytes to bring back, its sample one."""
 
     values: dict[str, np.ndarray]
-    rows: np.ndarray | None = None
+    rows: tuple[tuple[int, int], ...] | None = None
 
-    def compared(self, name: str, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A candidate's output ``name`` and the reference, on the rows this one holds."""
-        if self.rows is None:
-            return got, self.values[name]
-        return np.asarray(got)[self.rows], self.values[name]
+
+def select_rows(array: np.ndarray, rows: Sequence[tuple[int, int]] | None) -> np.ndarray:
+    """``array``'s ranges ``rows`` of its first axis, one after another (whole if None)."""
+    if rows is None:
+        return array
+    return np.concatenate([array[a:b] for a, b in rows])
 
 
 def reference(graph: Graph, group: Group, feeds: Mapping[str, np.ndarray], seed: int = 0) -> Reference:
@@ -67,8 +70,7 @@ def reference(graph: Graph, group: Group, feeds: Mapping[str, np.ndarray], seed:
         for a, b in ranges:
             full[a:b] = evaluate(c, env, rows=(a, b))
         env[m] = full
-    rows = np.concatenate([np.arange(a, b) for a, b in ranges])
-    return Reference({o: env[o][rows] for o in group.outputs}, rows)
+    return Reference({o: select_rows(env[o], ranges) for o in group.outputs}, tuple(ranges))
 
 
 def whole_outputs(graph: Graph, group: Group, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -108,8 +108,10 @@ class Device(Protocol):
     (the tuner's limit for that call; None: the device's own); ``run`` and ``time`` raise
     :class:`welder.device.gpu.LaunchError` (``KernelTimeout`` included) for a kernel that cannot be
     launched, faults or hangs.  ``inputs`` are the kernel's input parameters in order; ``run``
-    returns its outputs in order; ``time`` returns the median microseconds of one launch, and
-    may stop refining it once it is clearly above ``give_up_us``."""
+    returns its outputs in order, or with ``rows`` only those ranges of their first axis (one
+    after another: :func:`welder.tune.reference.select_rows`); ``time`` returns the median
+    microseconds of one launch, and may stop refining it once it is clearly above
+    ``give_up_us``."""
 
     @property
     def name(self) -> str: ...  # the GPU, as its driver names it
@@ -122,7 +124,13 @@ class Device(Protocol):
 
     def compile(self, kernels: Sequence[Any], timeout_s: float | None = None) -> Any: ...
 
-    def run(self, program: Any, kernel: Any, inputs: Sequence[np.ndarray]) -> list[np.ndarray]: ...
+    def run(
+        self,
+        program: Any,
+        kernel: Any,
+        inputs: Sequence[np.ndarray],
+        rows: Sequence[tuple[int, int]] | None = None,
+    ) -> list[np.ndarray]: ...
 
     def time(
         self, program: Any, kernel: Any, inputs: Sequence[np.ndarray], give_up_us: float | None = None
@@ -429,13 +437,13 @@ def _pick(
     """The fastest candidate whose outputs match the reference within its ``limits``."""
     for i in sorted(timings, key=lambda k: (timings[k], k)):
         kernel = cands.kernels[i]
+        expected = reference()  # first: its sampled rows are all the device need send back
         try:
             with phases("checking"):
-                outputs = device.run(cands.programs[i], kernel, inputs)
+                outputs = device.run(cands.programs[i], kernel, inputs, expected.rows)
         except LaunchError as e:
             cands.drop(i, _launch_reason(e), str(e))
             continue
-        expected = reference()
         with phases("checking"):
             problem = _compare(kernel, outputs, expected, limits[i])
         if problem:
@@ -453,7 +461,7 @@ def _compare(
     if len(outputs) != len(params):
         return f"{len(outputs)} outputs, expected {len(params)}"
     for p, got in zip(params, outputs):
-        err = error_metric(*reference.compared(p.tensor, got))
+        err = error_metric(got, reference.values[p.tensor])
         limit = limits[p.tensor]
         if not err <= limit:
             return f"output {p.tensor}: error {err:.3e} > {limit:.0e}"
