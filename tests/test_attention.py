@@ -30,7 +30,7 @@ from welder.schedule.engine import CostModel, fuse
 from welder.schedule.group import make_group
 from welder.schedule.kinds import attention
 from welder.schedule.kinds.attention import AttentionConfig, AttentionFfmaConfig
-from welder.tune.tuner import group_inputs
+from welder.tune.measure import group_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from attention_bench import Case, attention_model

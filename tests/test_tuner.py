@@ -60,20 +60,22 @@ from welder.schedule.group import make_group
 from welder.schedule.kinds import Options
 from welder.schedule.plan import abbreviate_ops, format_summary, plan_model, tuned_json
 from welder.tune.cache import TuningCache
-from welder.tune.reference import select_rows
-from welder.tune.search import MIN_CORES
-from welder.tune.tuner import (
-    GIVE_UP_RATIO,
+from welder.tune.compile import (
     MIN_KERNELS_PER_CALL,
-    ProgressBar,
-    TunedGroup,
-    TuneError,
     candidate_index,
     candidate_name,
     compile_candidates,
     compile_timeout_s,
     kernels_per_call,
     prepare_candidates,
+)
+from welder.tune.measure import GIVE_UP_RATIO
+from welder.tune.reference import select_rows
+from welder.tune.search import MIN_CORES
+from welder.tune.tuner import (
+    ProgressBar,
+    TunedGroup,
+    TuneError,
     target_note,
     tune_group,
     tune_model,
@@ -396,7 +398,7 @@ def test_groups_of_one_call_each_compile_on_every_worker_at_once():
 
 def test_a_failed_compile_pool_call_fails_the_group_future():
     """An error other than nvcc's (the device itself failing) reaches the waiting tuner."""
-    from welder.tune.tuner import submit_compiles
+    from welder.tune.compile import submit_compiles
 
     class Broken(ScriptedDevice):
         def compile(self, kernels, timeout_s=None):
@@ -476,7 +478,7 @@ def test_a_hanging_compile_is_halved_once_then_dropped(caplog):
 def test_a_compile_slower_than_the_limit_counts_as_a_timeout(monkeypatch):
     """A device that ignores ``timeout_s`` (applies its own, longer limit) and fails after
     the tuner's has passed is treated as timed out: no halving past the first."""
-    import welder.tune.tuner as tuner
+    import welder.tune.compile as compiling
 
     class OwnLimit(ScriptedDevice):
         def compile(self, kernels, timeout_s=None):
@@ -485,7 +487,7 @@ def test_a_compile_slower_than_the_limit_counts_as_a_timeout(monkeypatch):
     graph = matmul_graph()
     group, configs = matmul_configs(graph)
     device = OwnLimit(graph, behaviour={0: "compile"})
-    monkeypatch.setattr(tuner, "compile_timeout_s", lambda n: 0.0)
+    monkeypatch.setattr(compiling, "compile_timeout_s", lambda n: 0.0)
     result = tune_group(graph, group, ARCH, 8, None, device, configs=configs)
     assert len(device.compiles) == 3 and device.compile_limits == [None] * 3
     assert {d.reason for d in result.dropped} == {"timeout"}
@@ -973,7 +975,8 @@ def test_a_split_that_wins_on_the_first_configs_only_leaves_the_fusion_in_place(
 
 
 def test_best_of_first_leaves_out_dropped_candidates_and_those_past_k():
-    from welder.tune.tuner import Dropped, TunedConfig, best_of_first
+    from welder.tune.compile import Dropped
+    from welder.tune.tuner import TunedConfig, best_of_first
 
     _, configs = matmul_configs(matmul_graph())
     timings = {0: 9.0, 1: 3.0, 2: 5.0, 9: 4.0}  # 1 was wrong; 9 won
@@ -1448,7 +1451,7 @@ def test_large_groups_with_independent_rows_are_checked_on_sampled_rows(monkeypa
     on: a candidate wrong in its last row is still dropped, a right one kept.  A product
     written transposed makes the rows dependent: the group is interpreted whole."""
     from welder.tune import reference as reference_module
-    from welder.tune.tuner import group_inputs
+    from welder.tune.measure import group_inputs
 
     monkeypatch.setattr(reference_module, "SAMPLED_ABOVE", 1000)
     monkeypatch.setattr(reference_module, "SAMPLE_ELEMENTS", 24 * 7)  # 7 rows a range

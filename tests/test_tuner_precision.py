@@ -34,8 +34,9 @@ from welder.ir.expr import Load
 from welder.schedule.engine import CostModel, fuse
 from welder.schedule.plan import format_summary, tuned_json
 from welder.session import check_model
+from welder.tune.measure import group_inputs
 from welder.tune.reference import select_rows, whole_outputs
-from welder.tune.tuner import group_inputs, tune_model
+from welder.tune.tuner import tune_model
 
 
 def convnext_block(channels: int = 16, size: int = 8, seed: int = 0) -> Graph:

@@ -23,8 +23,10 @@ For one group (:func:`tune_group`):
 A candidate that fails to render, compile, launch, finish in time or match the reference is
 dropped with a warning on the ``welder.tune`` logger; it is never fatal.
 
-All device access goes through a :class:`Device` -- :class:`welder.device.gpu.GpuDevice` on a GPU,
-a fake in tests -- so everything here runs without one.  :class:`GpuMeasure` makes the tuner
+All device access goes through a :class:`~welder.tune.compile.Device` --
+:class:`welder.device.gpu.GpuDevice` on a GPU, a fake in tests -- so everything here runs
+without one.  Steps 2-3 are :mod:`welder.tune.compile`'s, 4-5 :mod:`welder.tune.measure`'s;
+this module orders them over a model's groups and fusion checks.  :class:`GpuMeasure` makes the tuner
 a latency measure for the fusion search, and :func:`tune_model` tunes a whole model into a
 :class:`welder.schedule.plan.Plan` whose latencies are measured.
 """
@@ -33,29 +35,22 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-import re
 import shutil
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
-
-import numpy as np
+from typing import Any, TextIO
 
 from welder.arch import Arch, match_gpu_name
-from welder.check import error_metric, normal, output_thresholds, random_inputs
-from welder.codegen import generate_kernel, sanitize_identifier
-from welder.device.gpu import CompileError, GpuDevice, KernelTimeout, LaunchError
+from welder.check import output_thresholds
+from welder.device.gpu import GpuDevice
 from welder.errors import WelderError
 from welder.graph import Graph
 from welder.hostcpu import usable_cores
-from welder.ir.expr import Binary, loads
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, downstream_within, fuse, group_signature
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
@@ -64,6 +59,17 @@ from welder.schedule.kinds.library import LibraryGroup, find_gemm_groups
 from welder.schedule.kinds.mma import config_precision
 from welder.schedule.plan import Plan, PlannedGroup, SplitFailure, library_planned, traffic_of
 from welder.tune.cache import CacheKey, TuningCache
+from welder.tune.compile import (
+    Candidates,
+    Device,
+    Dropped,
+    compile_candidates,
+    kernels_per_call,
+    prepare_candidates,
+    ramped_per_call,
+    submit_compiles,
+)
+from welder.tune.measure import HostSide, drop_summary, first_correct, group_inputs, time_candidates
 from welder.tune.phases import Phases
 from welder.tune.plan_cache import CachedPlan, Unfused, plan_key
 from welder.tune.reference import Reference, reference
@@ -71,7 +77,6 @@ from welder.tune.search import SearchProcess
 
 log = logging.getLogger("welder.tune")
 
-CANDIDATE_PREFIX = "welder_c"
 # A fused group measuring this many times its predicted latency has its fusion re-checked
 # on the GPU (see _ModelTuner.checked), at most VERIFY_DEPTH levels deep.  The kinds' median
 # measured/predicted is 1.2-1.4 on the H100 (docs/results.md), so 1.5 checks the tail: at 2,
@@ -95,57 +100,10 @@ HOST_LOOKAHEAD = 4
 CODEGEN_THREADS = 4
 # How often the timing thread, waiting for a compile, looks for groups the search has settled.
 FEED_POLL_S = 0.05
-# A candidate this many times slower than the group's fastest so far is not timed precisely:
-# it is picked only if every faster one fails its check, and then its rough time will do.
-GIVE_UP_RATIO = 1.25
-_CANDIDATE = re.compile(rf"^{CANDIDATE_PREFIX}(\d+)_")
-
-
-class Device(Protocol):
-    """Where candidates are compiled, run and timed.
-
-    ``compile`` raises :class:`welder.device.gpu.CompileError`, also when it outlives ``timeout_s``
-    (the tuner's limit for that call; None: the device's own); ``run`` and ``time`` raise
-    :class:`welder.device.gpu.LaunchError` (``KernelTimeout`` included) for a kernel that cannot be
-    launched, faults or hangs.  ``inputs`` are the kernel's input parameters in order; ``run``
-    returns its outputs in order, or with ``rows`` only those ranges of their first axis (one
-    after another: :func:`welder.tune.reference.select_rows`); ``time`` returns the median
-    microseconds of one launch, and may stop refining it once it is clearly above
-    ``give_up_us``."""
-
-    @property
-    def name(self) -> str: ...  # the GPU, as its driver names it
-
-    @property
-    def arch(self) -> str: ...  # what kernels are compiled for, e.g. sm_90
-
-    @property
-    def compiler(self) -> str: ...  # the compiler's version line
-
-    def compile(self, kernels: Sequence[Any], timeout_s: float | None = None) -> Any: ...
-
-    def run(
-        self,
-        program: Any,
-        kernel: Any,
-        inputs: Sequence[np.ndarray],
-        rows: Sequence[tuple[int, int]] | None = None,
-    ) -> list[np.ndarray]: ...
-
-    def time(
-        self, program: Any, kernel: Any, inputs: Sequence[np.ndarray], give_up_us: float | None = None
-    ) -> float: ...
 
 
 class TuneError(WelderError):
     """A node has no candidate that compiles, runs and computes the right result."""
-
-
-@dataclass(frozen=True)
-class Dropped:
-    candidate: int  # index in the cost model's ranking
-    reason: str  # codegen | compile | launch | timeout (nvcc or the kernel) | wrong
-    detail: str
 
 
 @dataclass
@@ -159,350 +117,6 @@ class TunedConfig:
     from_cache: bool = False
     dropped: list[Dropped] = field(default_factory=list)
     timings_us: dict[int, float] = field(default_factory=dict)  # candidate -> median
-
-
-# -- candidates -------------------------------------------------------------------------------------
-
-
-def candidate_name(index: int, group: Group) -> str:
-    """Kernel name of candidate ``index`` (unique within the group's translation unit)."""
-    return f"{CANDIDATE_PREFIX}{index}_{sanitize_identifier(group.root, 32)}"
-
-
-def candidate_index(kernel_name: str) -> int:
-    """Inverse of :func:`candidate_name`."""
-    m = _CANDIDATE.match(kernel_name)
-    if m is None:
-        raise ValueError(f"{kernel_name!r} is not a candidate kernel name")
-    return int(m.group(1))
-
-
-@dataclass
-class Candidates:
-    """A group's candidate configs, their kernels and, once compiled, their programs."""
-
-    group: Group
-    signature: str
-    configs: list[GroupConfig]
-    kernels: dict[int, Any] = field(default_factory=dict)  # candidate -> codegen.Kernel
-    programs: dict[int, Any] = field(default_factory=dict)  # candidate -> compiled program
-    dropped: list[Dropped] = field(default_factory=list)
-
-    def drop(self, index: int, reason: str, detail: str) -> None:
-        log.warning(
-            "group %s: candidate %d dropped (%s): %s", self.group.root, index, reason, _one_line(detail)
-        )
-        self.dropped.append(Dropped(index, reason, detail))
-        self.kernels.pop(index, None)
-        self.programs.pop(index, None)
-
-
-def prepare_candidates(graph: Graph, group: Group, configs: Sequence[GroupConfig]) -> Candidates:
-    """Render one kernel per config; a config the code generator rejects is dropped."""
-    cands = Candidates(group, group_signature(graph, group), list(configs))
-    for k, cfg in enumerate(configs):
-        try:
-            cands.kernels[k] = generate_kernel(graph, group, cfg, candidate_name(k, group))
-        except Exception as e:  # a code generator bug must cost one candidate, not the tune
-            cands.drop(k, "codegen", f"{type(e).__name__}: {e}")
-    return cands
-
-
-CALLS_PER_WORKER = 1
-MIN_KERNELS_PER_CALL = 2
-COMPILE_TIMEOUT_BASE_S = 60.0
-COMPILE_TIMEOUT_PER_KERNEL_S = 10.0
-COMPILE_TIMEOUT_MAX_S = 300.0
-
-
-def compile_timeout_s(kernels: int) -> float:
-    """nvcc's time limit for one call on ``kernels`` candidates.  A healthy call takes
-    seconds per kernel, even with every core busy; one that runs for minutes is stuck
-    (unrolling gone wild, a compiler bug), and waiting longer only delays the tune."""
-    return min(COMPILE_TIMEOUT_MAX_S, COMPILE_TIMEOUT_BASE_S + COMPILE_TIMEOUT_PER_KERNEL_S * kernels)
-
-
-def compile_candidates(
-    device: Device,
-    cands: Candidates,
-    per_call: int | None = None,
-    pool: ThreadPoolExecutor | None = None,
-    phases: Phases | None = None,
-) -> Candidates:
-    """Compile every kernel, in calls of ``per_call`` kernels (default: all in one) when they
-    all compile, the calls spread over ``pool`` when given (see :func:`submit_compiles`).
-    ``phases`` counts the calls, the kernels and nvcc's seconds (see :meth:`Phases.count`)."""
-    if pool is not None:
-        return submit_compiles(device, cands, per_call, pool, phases).result()
-    for chunk in _chunks(cands, per_call):
-        _compile_split(device, cands, chunk, True, phases)
-    return cands
-
-
-def submit_compiles(
-    device: Device,
-    cands: Candidates,
-    per_call: int | None,
-    pool: ThreadPoolExecutor,
-    phases: Phases | None = None,
-) -> Future[Candidates]:
-    """Queue every call that compiles ``cands`` on ``pool`` and return at once; the future
-    is done when the last call is.  Nothing waits in between: a group's calls take whatever
-    of the pool's cores are free, so the model's groups keep every core busy however few
-    calls each makes (a thread that waited for its group's calls would cap the compiles
-    running at once by the number of such threads)."""
-    chunks = _chunks(cands, per_call)
-    done: Future[Candidates] = Future()
-    if not chunks:
-        done.set_result(cands)
-        return done
-    left = [len(chunks)]
-    lock = threading.Lock()
-
-    def finished(call: Future[None]) -> None:
-        error = CancelledError() if call.cancelled() else call.exception()
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if error is not None and not done.done():
-            with suppress(InvalidStateError):  # another call failed first
-                done.set_exception(error)
-        elif last and not done.done():
-            with suppress(InvalidStateError):
-                done.set_result(cands)
-
-    for chunk in chunks:
-        pool.submit(_compile_split, device, cands, chunk, True, phases).add_done_callback(finished)
-    return done
-
-
-def _chunks(cands: Candidates, per_call: int | None) -> list[list[int]]:
-    """The kernels in as few calls of at most ``per_call`` as there can be, evened out (20
-    in calls of at most 19 are two of 10, not 19 and a call of one that pays nvcc's fixed
-    second for a single kernel)."""
-    indices = sorted(cands.kernels)
-    calls = -(-len(indices) // max(1, per_call or len(indices)))
-    return [indices[len(indices) * k // calls : len(indices) * (k + 1) // calls] for k in range(calls)]
-
-
-def kernels_per_call(kernels: int, workers: int) -> int:
-    """Candidates per nvcc call when ``kernels`` are to be compiled on ``workers`` cores:
-    enough calls (``CALLS_PER_WORKER`` per core) that no core waits for a long one, and no
-    fewer than ``MIN_KERNELS_PER_CALL`` kernels each, since every call parses the headers again."""
-    return max(MIN_KERNELS_PER_CALL, -(-kernels // (CALLS_PER_WORKER * max(1, workers))))
-
-
-def ramped_per_call(position: int, per_call: int) -> int:
-    """Candidates per nvcc call for the group at ``position`` in a batch compiled with calls
-    of ``per_call``: the first groups in smaller calls (``MIN_KERNELS_PER_CALL``, doubling
-    with each group).  The tune times groups in order, so at the start of a batch it waits
-    for the first group's slowest call, a long one when a few calls hold that group's
-    kernels and the other cores start on later groups; in calls of two, the first group
-    spreads over the idle cores (the tune's phase ``nvcc, first group``)."""
-    return min(per_call, MIN_KERNELS_PER_CALL << min(position, 16))
-
-
-def _compile_split(
-    device: Device,
-    cands: Candidates,
-    indices: list[int],
-    may_split_timeout: bool,
-    phases: Phases | None = None,
-) -> None:
-    """Compile ``indices`` in one call; on failure, compile each half.  A timed-out set is
-    split only while ``may_split_timeout``, which the halves of a timed-out set lose: the
-    halving that isolates a bad candidate in a few quick compiles would otherwise cost one
-    full time limit per level."""
-    if not indices:
-        return
-    limit = compile_timeout_s(len(indices))
-    start = time.perf_counter()
-    try:
-        program = device.compile([cands.kernels[i] for i in indices], timeout_s=limit)
-    except CompileError as e:
-        elapsed = time.perf_counter() - start
-        _count_compile(phases, len(indices), elapsed)
-        timed_out = _is_compile_timeout(e, elapsed, limit)
-        if len(indices) == 1 or (timed_out and not may_split_timeout):
-            for i in indices:
-                cands.drop(i, "timeout" if timed_out else "compile", str(e))
-            return
-        if timed_out:
-            log.warning(
-                "group %s: nvcc did not finish %d candidates within %.0f s; compiling each half once "
-                "more, and dropping a half that times out too",
-                cands.group.root,
-                len(indices),
-                limit,
-            )
-        half = len(indices) // 2
-        keep_splitting = may_split_timeout and not timed_out
-        _compile_split(device, cands, indices[:half], keep_splitting, phases)
-        _compile_split(device, cands, indices[half:], keep_splitting, phases)
-        return
-    _count_compile(phases, len(indices), time.perf_counter() - start)
-    for i in indices:
-        cands.programs[i] = program
-
-
-def _count_compile(phases: Phases | None, kernels: int, seconds: float) -> None:
-    if phases is not None:
-        phases.count("nvcc calls")
-        phases.count("nvcc kernels", kernels)
-        phases.count("nvcc seconds, all calls", seconds)
-
-
-def _is_compile_timeout(error: CompileError, elapsed_s: float, limit_s: float) -> bool:
-    """nvcc was stopped for time, or (on a device with its own, longer limit) failed only
-    after the tuner's limit had passed: either way the set is too slow to halve again."""
-    return "did not finish" in str(error) or elapsed_s >= limit_s
-
-
-# -- measuring and checking ------------------------------------------------------------------------
-
-
-def group_inputs(graph: Graph, group: Group, seed: int = 0) -> dict[str, np.ndarray]:
-    """The group's inputs: the model's weights where an input is a constant, seeded random
-    values otherwise (normal floats; indices within the dimension they index; masks of
-    ones).  A floating-point constant that is all zeros (a zero-initialised buffer) is
-    replaced by random values too: timing must not run on zeros, and the reference is
-    computed from the same inputs, so the check stays exact."""
-    feeds = random_inputs(graph.subgraph(group.members), seed)
-    rng = np.random.default_rng(seed + 1)
-    scales = _product_scales(graph, group)
-    out = {}
-    for t in group.inputs:
-        value = graph.constants[t] if t in graph.constants else feeds[t]
-        if t in graph.constants and np.issubdtype(value.dtype, np.floating) and not np.any(value):
-            value = normal(rng, value.shape, value.dtype)
-        if t in scales:
-            value = (value.astype(np.float32) * scales[t]).astype(value.dtype)
-        out[t] = np.require(value, requirements="C")
-    return out
-
-
-def _product_scales(graph: Graph, group: Group) -> dict[str, float]:
-    """Factors for random inputs that a stage multiplies with each other and sums over
-    ``K`` (attention's queries and keys): ``K ** -0.25`` each, so that their products come
-    out of unit variance, as the model's own projections and scales make them.  Unscaled,
-    scores of standard deviation ``sqrt(K)`` turn the last bit of an fp16 score into
-    percents of a softmax after them, and a correct kernel that rounds one score the
-    other way (its sums run in another order) fails the check."""
-    scales: dict[str, float] = {}
-    for s in group.stages:
-        c = group.computes[s]
-        if not c.is_product:
-            continue
-        body = c.body
-        assert isinstance(body, Binary)
-        sides = [
-            {ld.tensor for ld in loads(e)} & set(group.inputs) - set(graph.constants)
-            for e in (body.a, body.b)
-        ]
-        if not all(sides):
-            continue
-        factor = math.prod(a.extent for a in c.reduce_axes) ** -0.25
-        for t in sides[0] | sides[1]:
-            scales[t] = min(scales.get(t, 1.0), factor)
-    return scales
-
-
-def _time_all(device: Device, cands: Candidates, inputs: list[np.ndarray]) -> dict[int, float]:
-    """Each compiled candidate's time; one already ``GIVE_UP_RATIO`` times slower than the
-    fastest so far is timed roughly (it will be checked, if ever, only after those)."""
-    timings: dict[int, float] = {}
-    for i in sorted(cands.programs):
-        give_up = GIVE_UP_RATIO * min(timings.values()) if timings else None
-        try:
-            us = float(device.time(cands.programs[i], cands.kernels[i], inputs, give_up))
-        except LaunchError as e:
-            cands.drop(i, _launch_reason(e), str(e))
-            continue
-        if not np.isfinite(us) or us <= 0:
-            cands.drop(i, "launch", f"implausible time {us} us")
-            continue
-        timings[i] = us
-    return timings
-
-
-def _pick(
-    device: Device,
-    cands: Candidates,
-    inputs: list[np.ndarray],
-    reference: Callable[[], Reference],
-    timings: dict[int, float],
-    limits: dict[int, dict[str, float]],
-    phases: Phases,
-) -> int | None:
-    """The fastest candidate whose outputs match the reference within its ``limits``."""
-    for i in sorted(timings, key=lambda k: (timings[k], k)):
-        kernel = cands.kernels[i]
-        expected = reference()  # first: its sampled rows are all the device need send back
-        try:
-            with phases("checking"):
-                outputs = device.run(cands.programs[i], kernel, inputs, expected.rows)
-        except LaunchError as e:
-            cands.drop(i, _launch_reason(e), str(e))
-            continue
-        with phases("checking"):
-            problem = _compare(kernel, outputs, expected, limits[i])
-        if problem:
-            cands.drop(i, "wrong", problem)
-            continue
-        return i
-    return None
-
-
-def _compare(
-    kernel: Any, outputs: Sequence[np.ndarray], reference: Reference, limits: dict[str, float]
-) -> str | None:
-    """Why the outputs are wrong, or None."""
-    params = [p for p in kernel.params if p.is_output]
-    if len(outputs) != len(params):
-        return f"{len(outputs)} outputs, expected {len(params)}"
-    for p, got in zip(params, outputs):
-        err = error_metric(got, reference.values[p.tensor])
-        limit = limits[p.tensor]
-        if not err <= limit:
-            return f"output {p.tensor}: error {err:.3e} > {limit:.0e}"
-    return None
-
-
-def drop_summary(dropped: Sequence[Dropped]) -> str:
-    """The dropped candidates by reason, each with its first detail: ``4 wrong (output y:
-    error 5.1e-04 > 1e-04)``."""
-    by_reason: dict[str, list[Dropped]] = {}
-    for d in dropped:
-        by_reason.setdefault(d.reason, []).append(d)
-    if not by_reason:
-        return "no candidate to try"
-    return ", ".join(f"{len(ds)} {r} ({_one_line(ds[0].detail, 120)})" for r, ds in by_reason.items())
-
-
-def _launch_reason(e: LaunchError) -> str:
-    return "timeout" if isinstance(e, KernelTimeout) else "launch"
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    flat = " | ".join(ln.strip() for ln in text.strip().splitlines() if ln.strip())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-@dataclass
-class HostSide:
-    """A group's inputs and its reference outputs, being made on host threads.
-
-    Both are numpy work on the CPU -- seconds for a batch-64 group -- that the tuner's main
-    thread would otherwise do between its GPU launches; made a few groups ahead, they
-    overlap the waits for nvcc and the GPU's timing of earlier groups."""
-
-    feeds: Future[dict[str, np.ndarray]]
-    reference: Future[Reference]
-
-    @classmethod
-    def submit(cls, pool: ThreadPoolExecutor, graph: Graph, group: Group, seed: int) -> HostSide:
-        feeds = pool.submit(group_inputs, graph, group, seed)
-        return cls(feeds, pool.submit(lambda: reference(graph, group, feeds.result(), seed)))
 
 
 # -- the cache ------------------------------------------------------------------------------------
@@ -595,7 +209,7 @@ def finish_candidates(
         return memo["ref"]
 
     with phases("timing"):
-        timings = _time_all(device, cands, inputs)
+        timings = time_candidates(device, cands, inputs)
     phases.count("candidates timed", len(timings))
     # Each candidate is held to the arithmetic it uses: a TF32 one to 2e-3, the others to 1e-4.
     by_precision = {
@@ -603,7 +217,7 @@ def finish_candidates(
         for p in {config_precision(cfg) for cfg in cands.configs}
     }
     limits = {i: by_precision[config_precision(cfg)] for i, cfg in enumerate(cands.configs)}
-    winner = _pick(device, cands, inputs, expected, timings, limits, phases)
+    winner = first_correct(device, cands, inputs, expected, timings, limits, phases)
     tried = len(cands.configs)
     if winner is None:
         log.warning("group %s: none of %d candidates is valid on %s", group.root, tried, device.name)
