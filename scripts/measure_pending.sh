@@ -15,6 +15,7 @@
 # (`mkdir .table-state && tar xzf FILES.tgz -C /tmp/x && cp -r /tmp/x/state/. .table-state/`)
 # and carry it.  DEADLINE=S starts no config after S seconds, so that a call's last rows are
 # not cut off mid-tune (their cold tune time would be lost).
+# The table so far is copied to $OUT every 15 s, so a call cut short still returns its rows.
 #
 #   ../shared/device/stage.sh                                  # on the development machine
 #   source .device/setup.sh; bash scripts/measure_pending.sh   # on the GPU machine
@@ -39,9 +40,14 @@ if [ -d .table-state ] && [ ! -d "$state" ]; then
   mkdir -p "$state" && cp -r .table-state/. "$state/"
 fi
 mkdir -p "$state/cache"
+# The rows so far go to $out every 15 s: a call cut short by the device's own limit (which
+# can be lower than LIMIT once the session's device time runs low) still brings them back.
+( while sleep 15; do cp "$state/$name.json" "$state/$name.md" "$out/" 2>/dev/null; done ) &
+copier=$!
 timeout "${LIMIT:-540}" python scripts/benchmark.py --configs "$configs" --systems "$systems" --topk "${TOPK:-20}" \
   --runs "$runs" --json "$state/$name.json" --out "$state/$name.md" --gpus "${GPUS:-1}" --skip-done \
   --cache-dir "$state/cache" ${DEADLINE:+--deadline-s "$DEADLINE"} 2>&1 | grep -v "^\[.*\] started on GPU" | tail -n "${TAIL:-4}"
+kill "$copier" 2>/dev/null
 cp "$state/$name.json" "$state/$name.md" "$out/" 2>/dev/null
 # Everything else goes back in one archive: the workers' logs, each row's tuned.json, and
 # the state a fresh machine goes on from (.table-state/).
