@@ -152,7 +152,7 @@ class Compute:
         """Arithmetic of the whole tensor (:attr:`point_flops` per output point)."""
         return math.prod(self.shape) * self.point_flops
 
-    @property
+    @cached_property
     def inputs(self) -> tuple[str, ...]:
         """Tensors read, in first-use order, without repeats."""
         return tuple(dict.fromkeys(ld.tensor for ld in self._loads))

@@ -18,6 +18,7 @@ them, so one outside its dimension raises :class:`~welder.errors.IndexRangeError
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import ml_dtypes
@@ -63,6 +64,7 @@ _NP_DTYPES = {
 }
 
 
+@functools.cache  # asked for every tensor of every config the search rates
 def np_dtype(dtype: str) -> np.dtype:
     """The numpy dtype a tensor of ``dtype`` is stored in (bfloat16: ml_dtypes')."""
     return np.dtype(_NP_DTYPES[dtype])

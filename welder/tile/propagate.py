@@ -14,6 +14,7 @@ import functools
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from welder.ir.compute import Compute
 from welder.ir.expr import Load
@@ -28,12 +29,12 @@ class Region:
 
     dims: tuple[Interval, ...]
 
-    @property
+    @cached_property  # regions are immutable, and the tile search asks again and again
     def extents(self) -> tuple[int, ...]:
         return tuple(d.extent for d in self.dims)
 
     def clipped_extents(self, shape: Sequence[int]) -> tuple[int, ...]:
-        return tuple(min(d.extent, s) for d, s in zip(self.dims, shape))
+        return tuple(map(min, self.extents, shape))
 
     def at(self, env: Mapping[str, int]) -> tuple[tuple[int, int], ...]:
         return tuple(d.at(env) for d in self.dims)

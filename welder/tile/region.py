@@ -55,6 +55,8 @@ class Affine:
         return Affine.make({v: k * c for v, k in self.terms}, self.const * c)
 
     def coefs_divisible_by(self, d: int) -> bool:
+        if not self.terms:  # a constant, the common case
+            return True
         return all(c % d == 0 for _, c in self.terms)
 
     def same_terms(self, other: Affine) -> bool:
