@@ -53,7 +53,7 @@ from typing import Any, Protocol
 
 try:
     import fcntl
-except ImportError:  # not on Windows: pipes keep their default size
+except ImportError:  # Windows has none: pipes keep their default size
     fcntl = None  # type: ignore[assignment]
 
 import numpy as np
@@ -1063,11 +1063,10 @@ PIPE_BYTES = 1 << 20
 
 def _widen_pipe(end: Any) -> None:
     """Ask for :data:`PIPE_BYTES` of buffer on a pipe (where the platform can; else as is)."""
-    setsize = getattr(fcntl, "F_SETPIPE_SZ", None) if fcntl is not None else None
-    if setsize is None:
-        return
-    with suppress(OSError, ValueError, AttributeError):
-        fcntl.fcntl(end.fileno(), setsize, PIPE_BYTES)
+    setsize = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
+    if setsize is not None:
+        with suppress(OSError):  # over the system's limit: the pipe keeps its size
+            fcntl.fcntl(end.fileno(), setsize, PIPE_BYTES)
 
 
 def worker_main() -> None:

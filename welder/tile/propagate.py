@@ -14,7 +14,6 @@ import functools
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 from welder.ir.compute import Compute
 from welder.ir.expr import Load
@@ -29,7 +28,7 @@ class Region:
 
     dims: tuple[Interval, ...]
 
-    @cached_property  # regions are immutable, and the tile search asks again and again
+    @functools.cached_property  # regions are immutable, and the tile search asks again and again
     def extents(self) -> tuple[int, ...]:
         return tuple(d.extent for d in self.dims)
 
