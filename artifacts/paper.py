@@ -20,15 +20,19 @@ skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as dt
+import fcntl
 import io
 import json
 import math
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -71,6 +75,9 @@ LABELS = {
 #: The plan a machine without a GPU makes for welder's variants in a smoke run.
 CPU_PLAN_ARGS = ("--cost-model", "--arch", "H100", "--no-build")
 KEY = ("model", "bs", "dtype", "system")
+#: The script whose lines the others take for the same case and system (its welder and
+#: baselines are theirs too) rather than timing them again.
+SHARED = "figure9_10"
 #: The columns every script writes, before its own.
 COMMON_FIELDS = (*KEY, "status", "latency_ms", "build_s", "detail", "gpu", "date")
 LATENCY_FIELDS = (*COMMON_FIELDS, "accuracy", "max_error", "main_test_ms")
@@ -196,6 +203,15 @@ def build_welder(prefix: Path, options: benchmark.WelderOptions) -> tuple[float,
     return tune_s, build_s, False
 
 
+def built_variant(case: Config, system: str, args: argparse.Namespace) -> Path:
+    """RUNS/<system>/<case> holding a build of this welder variant, made here where it is
+    missing (a line taken from SHARED's CSV may have been timed on another machine: the
+    tuning cache makes the same build again)."""
+    prefix = variant_prefix(export_case(case, args), system, Path(args.runs))
+    build_welder(prefix, welder_options(args, system))
+    return prefix
+
+
 def welder_cell(prefix: Path, system: str, args: argparse.Namespace) -> Cell:
     """One welder variant on PREFIX: built (or reused) and measured as benchmark.py does.
     Without a GPU the plan is made from the H100's cost model and the cell is absent: a
@@ -213,29 +229,89 @@ def welder_cell(prefix: Path, system: str, args: argparse.Namespace) -> Cell:
     return cell
 
 
-def measure_case(case: Config, systems: Sequence[str], args: argparse.Namespace) -> dict[str, Cell]:
-    """Every system asked for on one case, welder's variants first and then the peers
-    (the torch module is rebuilt once for all torch systems).  A failed export fails each
-    system with its message; a failing system leaves its error and the others go on."""
+def measure_case(
+    case: Config, systems: Sequence[str], args: argparse.Namespace
+) -> Iterator[tuple[str, Cell]]:
+    """Every system asked for on one case, welder's variants first and then the peers,
+    each (system, cell) yielded as soon as it is measured, so that the caller writes it
+    down before the next begins.  A failed export fails each system with its message; a
+    failing system leaves its error and the others go on."""
     try:
         export = export_case(case, args)
     except Exception as e:
-        return {s: Cell(error=f"export failed: {benchmark._error(e)}") for s in systems}
-    cells: dict[str, Cell] = {}
+        for system in systems:
+            yield system, Cell(error=f"export failed: {benchmark._error(e)}")
+        return
     runs = Path(args.runs)
     for system in systems:
         if system in WELDER_VARIANTS:
-            cells[system] = welder_cell(variant_prefix(export, system, runs), system, args)
-            benchmark._log(case, system, cells[system])
-    plan = TimingPlan(budget_s=args.budget_s)
-    for system, cell in benchmark.run_torch_peers(export, systems, args.device, plan).items():
-        cells[system] = cell
+            cell = welder_cell(variant_prefix(export, system, runs), system, args)
+            benchmark._log(case, system, cell)
+            yield system, cell
+    for system in (s for s in benchmark.TORCH_SYSTEMS if s in systems):
+        cell = torch_peer(export, system, args)
         benchmark._log(case, system, cell)
+        yield system, cell
     if "onnxruntime" in systems:
         provider = benchmark.ort_provider_for(args.device, args.ort_provider)
-        cells["onnxruntime"] = benchmark.run_ort_peer(export, provider, plan)
-        benchmark._log(case, "onnxruntime", cells["onnxruntime"])
-    return cells
+        cell = benchmark.run_ort_peer(export, provider, TimingPlan(budget_s=args.budget_s))
+        benchmark._log(case, "onnxruntime", cell)
+        yield "onnxruntime", cell
+
+
+def torch_peer(export: Path, system: str, args: argparse.Namespace) -> Cell:
+    """One torch system timed by run_torch.py in a process of its own (exact fp32: TF32
+    off): every system starts cold, a crash stays in its process, and --peer-timeout-s
+    bounds a compile that runs on (max-autotune's take minutes), its workers stopped too."""
+    with tempfile.TemporaryDirectory(prefix="welder-peer-") as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, str(ROOT / "artifacts" / "run_torch.py"), str(export), "--systems", system]
+        command += ["--device", args.device, "--budget-s", str(args.budget_s), "--json", str(out)]
+        try:
+            proc = benchmark._run_child(command, args.peer_timeout_s)
+        except benchmark.StepTimeout as e:
+            return Cell(error=f"{system} {e} (--peer-timeout-s)")
+        if not out.is_file():
+            return Cell(error=f"run_torch exit {proc.returncode}: {benchmark._tail(proc, 2)}")
+        result = json.loads(out.read_text())[0]
+    if result["error"]:
+        return Cell(error=result["error"])
+    call = result["call"]
+    return Cell(
+        ms=result["timing"]["median_ms"],
+        call_ms=call["median_ms"] if call else None,
+        build_s=result["compile_s"],
+        detail="; ".join(result["notes"]),
+    )
+
+
+def case_rows(case: Config, todo: Sequence[str], args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """The LATENCY_FIELDS lines of ``todo`` on ``case``, each yielded as it lands: taken
+    from the SHARED script's CSV where it measured the same system on the same case (so
+    the baselines and full welder are timed once for every figure), measured otherwise."""
+    gpu = gpu_folder(args.device)
+    fresh = []
+    for system in todo:
+        row = shared_row(case, system, args)
+        if row is None:
+            fresh.append(system)
+        else:
+            yield row
+    for system, cell in measure_case(case, fresh, args):
+        yield cell_row(case, system, cell, gpu)
+
+
+def shared_row(case: Config, system: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    """SHARED's measured line of this case and system (read afresh: a worker beside this
+    one may have added it), or None when it is not there or --redo or --no-reuse asks
+    for a measurement of this script's own.  (SHARED itself never finds its own: it
+    measures only the lines it lacks.)"""
+    if args.redo or args.no_reuse:
+        return None
+    row = ResultsCsv(args.out / f"{SHARED}.csv", LATENCY_FIELDS).get(case, system)
+    if row is None or row["status"] != "ok":
+        return None
+    return dict(row, detail=f"{row['detail']}; from {SHARED}.csv".lstrip("; "))
 
 
 # -- the CSV ---------------------------------------------------------------------------------
@@ -249,11 +325,7 @@ class ResultsCsv:
     def __init__(self, path: Path, fields: Sequence[str]) -> None:
         self.path = path
         self.fields = list(fields)
-        self._rows: dict[tuple[str, ...], dict[str, str]] = {}
-        if path.is_file():
-            with path.open(newline="") as f:
-                for row in csv.DictReader(f):
-                    self._rows[self.key(row)] = {k: row.get(k) or "" for k in self.fields}
+        self._rows = self._read()
 
     @staticmethod
     def key(row: Mapping[str, Any]) -> tuple[str, ...]:
@@ -268,8 +340,32 @@ class ResultsCsv:
         return row is not None and not (retry_errors and row["status"] == "error")
 
     def put(self, row: Mapping[str, Any]) -> None:
-        self._rows[self.key(row)] = {k: _text(row.get(k)) for k in self.fields}
-        self.save()
+        """Add ``row`` to the lines on disk: the workers of a --gpus run share the file, so
+        it is read again under a lock and what the others wrote meanwhile is kept."""
+        with self._locked():
+            self._rows = self._read()
+            self._rows[self.key(row)] = {k: _text(row.get(k)) for k in self.fields}
+            self.save()
+
+    def _read(self) -> dict[tuple[str, ...], dict[str, str]]:
+        rows: dict[tuple[str, ...], dict[str, str]] = {}
+        if self.path.is_file():
+            with self.path.open(newline="") as f:
+                for row in csv.DictReader(f):
+                    rows[self.key(row)] = {k: row.get(k) or "" for k in self.fields}
+        return rows
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """An exclusive lock on the results folder (a lock on the folder itself leaves no
+        lock file behind)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def drop(self, case: Config, systems: Iterable[str]) -> None:
         for system in systems:
@@ -356,6 +452,14 @@ def build_parser(
         default={},
         help='per-model export options as JSON, e.g. \'{"nerf": {"points": 4096}}\'',
     )
+    p.add_argument(
+        "--peer-timeout-s", type=float, default=1800.0, help="cap on one torch system with its compile (1800)"
+    )
+    p.add_argument(
+        "--no-reuse", action="store_true", help=f"time every system here, none taken from {SHARED}.csv"
+    )
+    p.add_argument("--gpus", type=int, default=1, help="cases at once, a GPU and core slice each (1)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--deadline-s", type=float, help="start no new case after this many seconds")
     p.add_argument("--redo", action="store_true", help="measure the selected cases again though in the CSV")
     p.add_argument("--retry-errors", action="store_true", help="measure again the selected lines that failed")
@@ -385,10 +489,10 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
 def run_cases(
     args: argparse.Namespace,
     store: ResultsCsv,
-    measure: Callable[[Config, list[str]], list[dict[str, Any]]],
+    measure: Callable[[Config, list[str]], Iterable[dict[str, Any]]],
 ) -> None:
-    """Measure every case's systems that the CSV lacks, a case at a time, adding each
-    returned line to the CSV at once; --deadline-s stops before a new case."""
+    """Measure every case's systems that the CSV lacks, a case at a time, adding each line
+    to the CSV as ``measure`` yields it; --deadline-s stops before a new case."""
     start = time.perf_counter()
     for case in cases(args):
         if args.redo:
@@ -402,6 +506,39 @@ def run_cases(
             break
         for row in measure(case, todo):
             store.put(row)
+
+
+def run_on_gpus(args: argparse.Namespace, store: ResultsCsv, argv: Sequence[str]) -> None:
+    """The cases with lines to measure, ``args.gpus`` at a time: each a worker run of this
+    script narrowed to its case, on one GPU and one slice of the cores, the next case
+    taken as one finishes.  The workers share the CSV (ResultsCsv.put); --deadline-s
+    stops the handing out of cases, and a stopped parent stops its workers."""
+    script = Path(sys.argv[0]).resolve()
+    if script.name != "run_all.py":
+        raise SystemExit("--gpus needs the script run as a program (python artifacts/<folder>/run_all.py)")
+    gpus, slices = benchmark.gpu_slots(args.gpus)
+    base = benchmark.worker_argv(argv, options=("--gpus", "--deadline-s"), flags=())
+    pending = [
+        c
+        for c in cases(args)
+        if args.redo or any(not store.done(c, s, args.retry_errors) for s in args.systems)
+    ]
+
+    def start(case: Config, worker: int) -> subprocess.Popen[bytes]:
+        narrow = ["--models", case.model, "--bs", str(case.batch), "--dtype", case.dtype, "--worker"]
+        print(f"[{case.key}] started on GPU {gpus[worker]}", file=sys.stderr, flush=True)
+        return subprocess.Popen(
+            [sys.executable, str(script), *base, *narrow],
+            env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpus[worker]),
+            preexec_fn=lambda cores=slices[worker]: os.sched_setaffinity(0, cores),
+            start_new_session=True,
+        )
+
+    def landed(case: Config, proc: subprocess.Popen[bytes]) -> None:
+        if proc.returncode:
+            print(f"[{case.key}] worker exit {proc.returncode}", file=sys.stderr, flush=True)
+
+    benchmark.run_workers(pending, len(gpus), start, landed, args.deadline_s)
 
 
 def write_meta(args: argparse.Namespace, name: str, argv: Sequence[str] | None) -> None:
@@ -634,7 +771,7 @@ def run_script(
     argv: Sequence[str] | None,
     name: str,
     fields: Sequence[str],
-    measure: Callable[[Config, list[str]], list[dict[str, Any]]],
+    measure: Callable[[Config, list[str]], Iterable[dict[str, Any]]],
     plot: Callable[[Sequence[Mapping[str, str]], argparse.Namespace], None],
     systems: Sequence[str],
     table_fields: Sequence[str] = ("latency_ms",),
@@ -642,11 +779,18 @@ def run_script(
     """What every script does with its parsed ``args``: measure the cases ``<name>.csv``
     lacks (unless ``--plot-only``, recording the run in ``<name>.meta.json``), then draw
     every line (``plot``) and write them as ``<name>.md`` (``table_fields`` per system)."""
+    benchmark.exit_on_sigterm()
     store = ResultsCsv(args.out / f"{name}.csv", fields)
     if not args.plot_only:
-        write_meta(args, name, argv)
-        run_cases(args, store, measure)
-    rows = store.rows()
+        if not args.worker:
+            write_meta(args, name, argv)
+        if args.gpus > 1:
+            run_on_gpus(args, store, sys.argv[1:] if argv is None else list(argv))
+        else:
+            run_cases(args, store, measure)
+    if args.worker:
+        return 0
+    rows = ResultsCsv(store.path, fields).rows()
     plot(rows, args)
     shown = [s for s in systems if s in args.systems]
     (args.out / f"{name}.md").write_text(markdown_table(rows, shown, table_fields))
@@ -674,9 +818,7 @@ def latency_script(
     parser = build_parser(description, models=models, batches=batches, dtypes=dtypes, systems=systems)
     args = parse_args(parser, argv)
 
-    def measure(case: Config, todo: list[str]) -> list[dict[str, Any]]:
-        cells = measure_case(case, todo, args)
-        gpu = gpu_folder(args.device)
-        return [cell_row(case, s, cells[s], gpu) for s in todo if s in cells]
+    def measure(case: Config, todo: list[str]) -> Iterator[dict[str, Any]]:
+        return case_rows(case, todo, args)
 
     return run_script(args, argv, name, LATENCY_FIELDS, measure, plot, systems)

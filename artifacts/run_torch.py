@@ -410,6 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cuda (default when present) or cpu (a smoke test, not the protocol)")
     p.add_argument("--budget-s", type=float, default=15.0, help="measuring time cap per system (default 15)")
     p.add_argument("--json", help="also write the results as JSON to this file")
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="torch's matmul and cuDNN TF32 switches on (default: off, exact fp32)",
+    )
     return p
 
 
@@ -420,10 +425,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = pick_device(args.device)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     try:
-        results = run_systems(args.prefix, systems, device, TimingPlan(budget_s=args.budget_s))
+        with tf32_allowed(args.tf32) as precision:
+            results = run_systems(args.prefix, systems, device, TimingPlan(budget_s=args.budget_s))
     except WelderError as e:
         print(f"run_torch: error: {e}", file=sys.stderr)
         return 2
+    for res in results:
+        res.notes.append(precision)
     for note in [*torch_setup_notes(), *results[0].notes] if results else []:
         print(f"# {note}")
     for res in results:

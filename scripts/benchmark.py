@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -341,15 +341,48 @@ class StepTimeout(RuntimeError):
 def _run_child(
     command: Sequence[str], timeout_s: float, extra_env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """One child step in the project root, this checkout's welder first on the path."""
+    """One child step in the project root, this checkout's welder first on the path.  It
+    leads its own process group, so a timeout stops what it started too (nvcc, Inductor's
+    compile workers), not the child alone."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, **(extra_env or {}))
-    try:
-        return subprocess.run(
-            list(command), capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT
-        )
-    except subprocess.TimeoutExpired:
-        raise StepTimeout(f"timed out after {timeout_s:.0f} s") from None
+    with subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_group(proc)
+            proc.communicate()
+            raise StepTimeout(f"timed out after {timeout_s:.0f} s") from None
+        except BaseException:
+            stop_group(proc)
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop a child that leads its own process group: SIGTERM first, so that a child of
+    ours stops the groups it started in turn (exit_on_sigterm), SIGKILL for what is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (``timeout``'s, a parent's) raises SystemExit, so that the ``finally`` and
+    ``except`` clauses run and stop the steps this process started in groups of their own."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def _tail(proc: subprocess.CompletedProcess[str], lines: int) -> str:
@@ -822,6 +855,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_on_sigterm()
     args = build_parser().parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(args.systems) - set(SYSTEMS))
@@ -865,16 +899,19 @@ _PARENT_OPTIONS = ("--configs", "--json", "--out", "--gpus", "--deadline-s")
 _PARENT_FLAGS = ("--skip-done", "--tf32")
 
 
-def worker_argv(argv: Sequence[str]) -> list[str]:
-    """The command line of one worker: the parent's, less the options the parent decides."""
+def worker_argv(
+    argv: Sequence[str], options: Sequence[str] = _PARENT_OPTIONS, flags: Sequence[str] = _PARENT_FLAGS
+) -> list[str]:
+    """The command line of one worker: the parent's, less the options (value-taking) and
+    flags the parent decides."""
     out: list[str] = []
     skip = False
     for arg in argv:
         if skip:
             skip = False
-        elif arg in _PARENT_OPTIONS:
+        elif arg in options:
             skip = True
-        elif arg not in _PARENT_FLAGS and not any(arg.startswith(f"{o}=") for o in _PARENT_OPTIONS):
+        elif arg not in flags and not any(arg.startswith(f"{o}=") for o in options):
             out.append(arg)
     return out
 
@@ -888,6 +925,14 @@ def core_slices(cores: Sequence[int], n: int) -> list[list[int]]:
     return [list(cores[i * share : (i + 1) * share]) for i in range(n)]
 
 
+def gpu_slots(n: int) -> tuple[list[str], list[list[int]]]:
+    """The first ``n`` GPUs this process may use (CUDA_VISIBLE_DEVICES's, else 0..n-1) and
+    a slice of its cores for each."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = (visible.split(",") if visible else [str(i) for i in range(n)])[:n]
+    return gpus, core_slices(sorted(os.sched_getaffinity(0)), len(gpus))
+
+
 def run_on_gpus(
     configs: Sequence[Config], args: argparse.Namespace, argv: Sequence[str], rows: dict[str, Row], meta: dict
 ) -> None:
@@ -895,42 +940,56 @@ def run_on_gpus(
     one GPU and one slice of the cores, taking the next config when it finishes (the slow
     batch-64 tunes do not hold a queue behind them).  A worker's row joins ``rows`` (and
     the --json file) as it lands; its output goes to ``<config>.log`` beside --json."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    gpus = visible.split(",") if visible else [str(i) for i in range(args.gpus)]
-    gpus = gpus[: args.gpus]
-    slices = core_slices(sorted(os.sched_getaffinity(0)), len(gpus))
+    gpus, slices = gpu_slots(args.gpus)
     logs = Path(args.json).parent if args.json else Path(tempfile.mkdtemp(prefix="welder-bench-"))
     logs.mkdir(parents=True, exist_ok=True)
     base = worker_argv(argv)
-    running: dict[int, tuple[Config, subprocess.Popen[bytes], Path]] = {}
-    # Stopped from outside (timeout's SIGTERM), the workers and their tunes stop too:
-    # each leads its own process group, so nvcc and the timing children go with it.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    parts: dict[str, Path] = {}
+
+    def start(config: Config, worker: int) -> subprocess.Popen[bytes]:
+        proc, parts[config.key] = _start_worker(config, base, gpus[worker], slices[worker], logs)
+        return proc
+
+    def landed(config: Config, proc: subprocess.Popen[bytes]) -> None:
+        rows[config.key] = _landed_row(config, proc, parts[config.key], logs, args.systems)
+        save(rows, meta, args)
+        for system, cell in rows[config.key].cells.items():
+            _log(config, system, cell)
+
+    run_workers(configs, len(gpus), start, landed, args.deadline_s)
+
+
+def run_workers(
+    configs: Sequence[Config],
+    slots: int,
+    start: Callable[[Config, int], subprocess.Popen[bytes]],
+    landed: Callable[[Config, subprocess.Popen[bytes]], None],
+    deadline_s: float | None = None,
+) -> None:
+    """``start(config, slot)`` for each config, ``slots`` at a time, the next started as
+    one finishes (``landed(config, proc)`` then), none started after ``deadline_s``.
+    Stopped from outside (timeout's SIGTERM, through exit_on_sigterm), the running
+    workers are stopped with everything they started."""
+    pending, free = list(configs), list(range(slots))
+    running: dict[int, tuple[Config, subprocess.Popen[bytes]]] = {}
+    begin = time.perf_counter()
     try:
-        pending, free = list(configs), list(range(len(gpus)))
-        start = time.perf_counter()
         while pending or running:
-            if pending and args.deadline_s is not None and time.perf_counter() - start > args.deadline_s:
+            if pending and deadline_s is not None and time.perf_counter() - begin > deadline_s:
                 print(f"deadline reached: {', '.join(c.key for c in pending)} not measured", file=sys.stderr)
                 pending.clear()
             while pending and free:
-                worker, config = free.pop(0), pending.pop(0)
-                proc, part = _start_worker(config, base, gpus[worker], slices[worker], logs)
-                running[worker] = (config, proc, part)
-            time.sleep(1.0)
-            for worker, (config, proc, part) in list(running.items()):
-                if proc.poll() is None:
-                    continue
-                del running[worker]
-                free.append(worker)
-                rows[config.key] = _landed_row(config, proc, part, logs, args.systems)
-                save(rows, meta, args)
-                for system, cell in rows[config.key].cells.items():
-                    _log(config, system, cell)
+                slot, config = free.pop(0), pending.pop(0)
+                running[slot] = config, start(config, slot)
+            time.sleep(0.5)
+            for slot, (config, proc) in list(running.items()):
+                if proc.poll() is not None:
+                    del running[slot]
+                    free.append(slot)
+                    landed(config, proc)
     finally:
-        for _, proc, _ in running.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        for _, proc in running.values():
+            stop_group(proc)
 
 
 def _start_worker(

@@ -13,8 +13,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -53,18 +56,18 @@ def fake_cells(calls: list[tuple[str, tuple[str, ...]]]) -> Any:
     """A measure_case that records its calls: welder 1 ms, eager 4 ms, compile 2 ms,
     max-autotune fails, onnxruntime absent; everything else 3 ms."""
 
-    def measure_case(case: benchmark.Config, systems: list[str], args: Any) -> dict[str, benchmark.Cell]:
+    def measure_case(
+        case: benchmark.Config, systems: list[str], args: Any
+    ) -> Iterator[tuple[str, benchmark.Cell]]:
         calls.append((case.key, tuple(systems)))
         ms = {"welder": 1.0, "welder-no-tc": 1.5, "eager": 4.0 * case.batch, "compile": 2.0}
-        cells = {}
         for s in systems:
             if s == "compile-max-autotune":
-                cells[s] = benchmark.Cell(error="RuntimeError: no triton")
+                yield s, benchmark.Cell(error="RuntimeError: no triton")
             elif s == "onnxruntime":
-                cells[s] = benchmark.Cell(absent="CUDAExecutionProvider absent")
+                yield s, benchmark.Cell(absent="CUDAExecutionProvider absent")
             else:
-                cells[s] = benchmark.Cell(ms=ms.get(s, 3.0), build_s=1.0)
-        return cells
+                yield s, benchmark.Cell(ms=ms.get(s, 3.0), build_s=1.0)
 
     return measure_case
 
@@ -164,6 +167,87 @@ def test_without_matplotlib_the_csv_is_written_and_the_png_skipped(
     assert "welder-no-tc" in (tmp_path / "figure10b.csv").read_text()
 
 
+def test_workers_sharing_a_csv_keep_each_others_lines(tmp_path: Path) -> None:
+    """Two stores opened on one file before either writes (two --gpus workers): every
+    line either puts survives, and processes putting at once lose none under the lock."""
+    first = paper.ResultsCsv(tmp_path / "r.csv", paper.LATENCY_FIELDS)
+    second = paper.ResultsCsv(tmp_path / "r.csv", paper.LATENCY_FIELDS)
+    one, two = benchmark.Config("bert", 1, "fp16"), benchmark.Config("nerf", 1, "fp32")
+    first.put(paper.cell_row(one, "welder", benchmark.Cell(ms=1.0), "H100"))
+    second.put(paper.cell_row(two, "eager", benchmark.Cell(ms=2.0), "H100"))
+    first.put(paper.cell_row(one, "eager", benchmark.Cell(ms=3.0), "H100"))
+    again = paper.ResultsCsv(tmp_path / "r.csv", paper.LATENCY_FIELDS)
+    assert {(r["model"], r["system"]) for r in again.rows()} == {
+        ("bert", "welder"),
+        ("nerf", "eager"),
+        ("bert", "eager"),
+    }
+
+    code = (
+        "import sys; sys.path.insert(0, 'artifacts'); import paper\n"
+        "store = paper.ResultsCsv(paper.Path(sys.argv[1]), paper.LATENCY_FIELDS)\n"
+        "for k in range(40):\n"
+        "    case = paper.Config('m' + sys.argv[2], k, 'fp32')\n"
+        "    store.put(paper.cell_row(case, 'eager', paper.Cell(ms=1.0), 'x'))\n"
+    )
+    csv_path = tmp_path / "many.csv"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(csv_path), str(i)], cwd=ROOT) for i in range(3)
+    ]
+    assert all(proc.wait(120) == 0 for proc in procs)
+    assert len(paper.ResultsCsv(csv_path, paper.LATENCY_FIELDS).rows()) == 120
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.csv", "r.csv"]
+
+
+def test_other_scripts_take_figure9_10_s_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Figure 10b times its own welder but takes the baselines figure9_10.csv measured
+    (an ok line only: a failed one is measured again); --no-reuse times them all."""
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(paper, "measure_case", fake_cells(calls))
+    case = benchmark.Config("bert", 1, "fp16")
+    shared = paper.ResultsCsv(tmp_path / "figure9_10.csv", paper.LATENCY_FIELDS)
+    shared.put(paper.cell_row(case, "eager", benchmark.Cell(ms=7.25, detail="torch x"), "H100"))
+    shared.put(paper.cell_row(case, "compile", benchmark.Cell(error="boom"), "H100"))
+    argv = ["--models", "bert", "--bs", "1", "--device", "cpu", "--out", str(tmp_path)]
+    argv += ["--systems", "welder-no-tc,eager,compile"]
+    assert script("Figure10b").main(argv) == 0
+    assert calls == [("bert_b1_fp16", ("welder-no-tc", "compile"))]
+    rows = {r["system"]: r for r in paper.ResultsCsv(tmp_path / "figure10b.csv", paper.LATENCY_FIELDS).rows()}
+    assert rows["eager"]["latency_ms"] == "7.25" and rows["eager"]["detail"] == "torch x; from figure9_10.csv"
+    assert rows["compile"]["latency_ms"] == "2"
+    assert script("Figure10b").main([*argv, "--redo"]) == 0
+    assert calls[1:] == [("bert_b1_fp16", ("welder-no-tc", "eager", "compile"))]
+
+
+def test_a_child_step_stops_with_what_it_started(tmp_path: Path) -> None:
+    """A step past its limit is stopped with its whole process group: a grandchild
+    (nvcc under welder tune, Inductor's workers under torch.compile) does not run on."""
+    pid_file = tmp_path / "pid"
+    with pytest.raises(benchmark.StepTimeout, match="timed out after"):
+        benchmark._run_child(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], 1.0)
+    pid = int(pid_file.read_text())
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(pid):
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat")
+    return not (state.is_file() and state.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def test_a_torch_peer_past_its_limit_is_an_error_naming_the_option(tmp_path: Path) -> None:
+    parser = paper.build_parser("t", systems=("eager",))
+    args = paper.parse_args(parser, ["--device", "cpu", "--peer-timeout-s", "0.01"])
+    cell = paper.torch_peer(tmp_path, "compile-max-autotune", args)
+    assert cell.ms is None and "timed out after" in cell.error and "--peer-timeout-s" in cell.error
+
+
 NCU_HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
 NCU_OUTPUT = f"""==PROF== Connected to process 123
 some program output
@@ -196,6 +280,10 @@ def test_figure11_profiles_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         return {"kernels": 7, "dram_read_bytes": 2e6, "dram_write_bytes": 1e6, "profile": "ncu"}
 
     monkeypatch.setattr(fig11, "profile", profile)
+    monkeypatch.setattr(
+        paper, "built_variant", lambda case, system, args: Path(args.runs) / system / case.key
+    )
+    monkeypatch.setattr(paper, "export_case", lambda case, args: Path(args.runs) / "exports" / case.key)
     argv = ["--models", "bert", "--bs", "1", "--dtype", "fp16", "--device", "cpu", "--out", str(tmp_path)]
     assert fig11.main([*argv, "--runs", str(tmp_path / "runs")]) == 0
     rows = {r["system"]: r for r in paper.ResultsCsv(tmp_path / "figure11.csv", fig11.FIELDS).rows()}
@@ -271,8 +359,9 @@ def test_table4_tunes_cold_then_warm_on_one_cache(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setattr(benchmark, "tune_and_build", tune_and_build)
     monkeypatch.setattr(paper, "export_case", lambda case, args: export)
-    peers = lambda prefix, systems, device, plan: {s: benchmark.Cell(ms=0.5, build_s=99.0) for s in systems}  # noqa: E731
-    monkeypatch.setattr(benchmark, "run_torch_peers", peers)
+    monkeypatch.setattr(
+        paper, "torch_peer", lambda prefix, system, args: benchmark.Cell(ms=0.5, build_s=99.0)
+    )
     argv = ["--models", "nerf", "--bs", "1", "--dtype", "fp32", "--device", "cpu", "--out", str(tmp_path)]
     (runs / "table4-cache" / "nerf_b1_fp32").mkdir(parents=True)
     (runs / "table4-cache" / "nerf_b1_fp32" / "entry").write_text("stale")
@@ -340,6 +429,28 @@ def test_figure9_10_smoke_run_on_the_cpu(tmp_path: Path) -> None:
     assert (tmp_path / "runs" / "welder" / "nerf_b1_fp32" / "tuned.json").is_file()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0 and "[nerf_b1_fp32] in figure9_10.csv, skipped" in proc.stderr
+
+
+@pytest.mark.slow
+def test_gpus_hands_each_case_to_a_worker_and_they_share_the_csv(tmp_path: Path) -> None:
+    """--gpus 2 on two cases: each runs in a worker of its own on its own GPU index (here
+    timed on the CPU), both lines land in the one CSV, and the parent draws the table."""
+    need("torch")
+    cmd = [sys.executable, "artifacts/Figure9_10/run_all.py", "--models", "nerf", "--bs", "1"]
+    cmd += ["--dtype", "fp32,fp16", "--systems", "eager", "--device", "cpu", "--budget-s", "0.2"]
+    cmd += ["--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"), "--model-options", TINY]
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    proc = subprocess.run(
+        [*cmd, "--gpus", "2"], capture_output=True, text=True, cwd=ROOT, timeout=600, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "[nerf_b1_fp32] started on GPU 0" in proc.stderr and "[nerf_b1_fp16] started on GPU 1" in proc.stderr
+    )
+    rows = paper.ResultsCsv(tmp_path / "out" / "figure9_10.csv", paper.LATENCY_FIELDS).rows()
+    assert sorted((r["dtype"], r["status"]) for r in rows) == [("fp16", "ok"), ("fp32", "ok")]
+    assert "| nerf | 1 | fp16 |" in (tmp_path / "out" / "figure9_10.md").read_text()
+    assert len(json.loads((tmp_path / "out" / "figure9_10.meta.json").read_text())["runs"]) == 1
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ import csv
 import io
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,20 +110,22 @@ def profile(system: str, prefix: Path, args: argparse.Namespace) -> dict[str, An
     return {"kernels": kernels, "dram_read_bytes": read, "dram_write_bytes": written, "profile": "ncu"}
 
 
-def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
-    cells = paper.measure_case(case, todo, args)
-    gpu = paper.gpu_folder(args.device)
-    rows = []
-    for system in todo:
-        row = paper.cell_row(case, system, cells[system], gpu)
-        if row["status"] == "ok":
-            export = Path(args.runs) / "exports" / case.key
-            prefix = Path(args.runs) / system / case.key if system in paper.WELDER_VARIANTS else export
-            row.update(profile(system, prefix, args))
-        else:
+def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """Each system's latency line (from figure9_10.csv where it is there) with its ncu
+    columns: a welder variant profiled on its build (made again from the tuning cache
+    where this machine lacks it), a baseline on the export."""
+    for row in paper.case_rows(case, todo, args):
+        system = row["system"]
+        if row["status"] != "ok":
             row["profile"] = f"not profiled: {row['status']}"
-        rows.append(row)
-    return rows
+        elif system in paper.WELDER_VARIANTS:
+            try:
+                row.update(profile(system, paper.built_variant(case, system, args), args))
+            except Exception as e:
+                row["profile"] = f"error: no build to profile: {benchmark._error(e)}"
+        else:
+            row.update(profile(system, paper.export_case(case, args), args))
+        yield row
 
 
 def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:

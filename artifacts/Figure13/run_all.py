@@ -75,7 +75,7 @@ def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -
     """The welder variants asked for (full welder too when ``per-op`` is: its plan holds
     the per-operator figures), each line completed with its plan's facts."""
     variants = [s for s in ("welder-nofusion", "welder") if s in todo or (s == "welder" and "per-op" in todo)]
-    cells = paper.measure_case(case, variants, args)
+    cells = dict(paper.measure_case(case, variants, args))
     gpu = paper.gpu_folder(args.device)
     rows = []
     for system in variants:

@@ -31,7 +31,7 @@ import argparse
 import json
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -62,17 +62,17 @@ def tune(prefix: Path, cache: Path, args: argparse.Namespace) -> tuple[float, fl
     return benchmark.tune_and_build(prefix, options)
 
 
-def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     gpu = paper.gpu_folder(args.device)
     runs = Path(args.runs)
     try:
         export = paper.export_case(case, args)
     except Exception as e:
         cell = benchmark.Cell(error=f"export failed: {benchmark._error(e)}")
-        return [paper.cell_row(case, s, cell, gpu) for s in todo]
+        yield from (paper.cell_row(case, s, cell, gpu) for s in todo)
+        return
     prefix = paper.variant_prefix(export, "table4", runs)
     cache = runs / "table4-cache" / case.key
-    rows = []
     for system in ("welder-cold", "welder-warm"):
         if system not in todo:
             continue
@@ -90,14 +90,12 @@ def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -
             row.update(status="error", detail=benchmark._error(e))
         what = f"{row['build_s']:.1f} s, {row.get('candidates')} candidates" if row.get("build_s") else ""
         print(f"[{case.key}] {system}: {row['status']} {what} {row['detail'] or ''}", file=sys.stderr)
-        rows.append(row)
+        yield row
     if "compile-max-autotune" in todo:
-        plan = paper.TimingPlan(budget_s=args.budget_s)
         system = "compile-max-autotune"
-        cell = benchmark.run_torch_peers(export, [system], args.device, plan)[system]
+        cell = paper.torch_peer(export, system, args)
         benchmark._log(case, system, cell)
-        rows.append({k: v for k, v in paper.cell_row(case, system, cell, gpu).items() if k in FIELDS})
-    return rows
+        yield {k: v for k, v in paper.cell_row(case, system, cell, gpu).items() if k in FIELDS}
 
 
 def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
