@@ -280,3 +280,89 @@ def test_only_copies_join_a_span() -> None:
     ]
     graph = import_onnx(make_model(nodes, {"q": q, "k": k}, ["s"], {}, opset=13))
     assert _with_copies_in(graph, {"s"}, set()) == {"s", "kt"}
+
+
+def _mlp(rows: int) -> onnx.ModelProto:
+    """A NeRF's last two layers over ``rows`` points: 64 wide, then 3 outputs, with biases
+    and a ReLU between; the input declared, not given, so that two million rows cost
+    nothing to build."""
+    rng = np.random.default_rng(0)
+    weights = [("a", [64, 64]), ("c", [64]), ("b", [3, 64]), ("d", [3])]
+    inits = [
+        helper.make_tensor(n, onnx.TensorProto.FLOAT, s, rng.standard_normal(int(np.prod(s))))
+        for n, s in weights
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "a", "c"], ["h"], transB=1),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Gemm", ["r", "b", "d"], ["y"], transB=1),
+    ]
+    io = [
+        helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [rows, w]) for n, w in (("x", 64), ("y", 3))
+    ]
+    graph = helper.make_graph(nodes, "mlp", [io[0]], [io[1]], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _root_tile_one_by_one(group, att, bm, shape_of):
+    """root_tile's search with each axis shrunk one element at a time: the reference."""
+    from welder.tile.propagate import propagate_group
+
+    members = [group.computes[s] for s in group.stages]
+    s_name, o_name = att.scores.compute.name, att.out.name
+
+    def regions(tile):
+        return propagate_group(members, group.root, tuple(tile), shape_of)
+
+    def one_matrix(r):
+        return all(e == 1 for n in (s_name, o_name) for e in r.members[n].extents[:-2])
+
+    shape = shape_of(group.root)
+    tile = [1] * len(shape)
+    for k, size in enumerate(shape):
+        unit = [1] * len(shape)
+        tile[k] = next(
+            t
+            for t in range(size, 0, -1)
+            if size % t == 0 and one_matrix(regions([*unit[:k], t, *unit[k + 1 :]]))
+        )
+    for k in range(len(shape)):
+        for t in range(tile[k], 0, -1):
+            tile[k] = t
+            found = regions(tile)
+            if one_matrix(found) and found.members[s_name].extents[-2] <= bm:
+                break
+    return tuple(tile)
+
+
+@pytest.mark.parametrize("rows", [300, 2_073_600])
+def test_the_root_tile_is_found_in_few_propagations(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows a block takes are bisected, not counted down: a NeRF's two million points
+    took its plan minutes.  The tile is the one a one-by-one search finds (for 300 rows,
+    where that search is cheap), and the propagations grow with the log of the rows."""
+    graph = import_onnx(_mlp(rows))
+    group = make_group(graph, ["h:product", "h", "r", "y:product"])  # the bias and ReLU inlined
+
+    def shape_of(t):
+        return graph.tensor(t).shape
+
+    att = attention.attention(group, shape_of, fp32=True)
+    assert att is not None
+    calls = []
+    real = attention.propagate_group
+    monkeypatch.setattr(attention, "propagate_group", lambda *a: calls.append(1) or real(*a))
+    for bm in (16, 64, 100, 128):
+        calls.clear()
+        found = attention.root_tile(group, att, bm, shape_of)
+        assert found is not None and len(calls) < 80, (bm, len(calls))
+        if rows < 1000:
+            assert found[0] == _root_tile_one_by_one(group, att, bm, shape_of), bm
+        else:
+            assert found[0] == (bm, 3)
+
+
+def test_largest_agrees_with_counting_down() -> None:
+    for hi in (1, 2, 3, 17, 64, 1000):
+        for bound in range(0, hi + 2):
+            expected = next((t for t in range(hi, 0, -1) if t <= bound), 1)
+            assert attention._largest(hi, lambda t, bound=bound: t <= bound) == expected, (hi, bound)

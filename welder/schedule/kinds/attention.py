@@ -45,7 +45,7 @@ shuffles and multiplies them by its column pairs of V.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -496,7 +496,23 @@ def _config(
 
 def _divisors(n: int) -> list[int]:
     """Divisors of ``n``, largest first."""
-    return [d for d in range(n, 0, -1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)}, reverse=True)
+
+
+def _largest(hi: int, holds: Callable[[int], bool]) -> int:
+    """The largest ``t`` in 1..hi for which ``holds``, 1 where none does; ``holds`` is true
+    up to a bound and false past it (a tile's regions grow with it), so a bisection finds
+    it in log(hi) tests, where a NeRF's two million rows would take as many one by one."""
+    if holds(hi):
+        return hi
+    lo = 1
+    if hi == 1 or not holds(lo):
+        return 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return lo
 
 
 def root_tile(
@@ -527,15 +543,16 @@ def root_tile(
         if fits is None:
             return None  # one root element already spans several matrices
         tile[k] = fits
-    found = regions(tile)
+
+    def fits(k: int, t: int) -> bool:
+        found = regions([*tile[:k], t, *tile[k + 1 :]])
+        return one_matrix(found) and found.members[s_name].extents[-2] <= bm
+
     for k in range(len(root_shape)):
         # Rows fill the block: the last block of a ragged axis is partly empty, and its
         # stages skip rows past the end.
-        for t in range(tile[k], 0, -1):
-            tile[k] = t
-            found = regions(tile)
-            if one_matrix(found) and found.members[s_name].extents[-2] <= bm:
-                break
+        tile[k] = _largest(tile[k], lambda t, k=k: fits(k, t))
+    found = regions(tile)
     s_region, o_region = found.members[s_name].extents, found.members[o_name].extents
     if not one_matrix(found) or s_region[-2] > bm or s_region[-1] != att.keys or o_region[-1] != att.width:
         return None
