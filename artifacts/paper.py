@@ -635,39 +635,55 @@ def grouped_bars(
     *,
     ylabel: str,
     log: bool = False,
+    base: float = 0.0,
 ) -> None:
-    """Bars of ``value(group, series)`` side by side within each group; a missing value
-    (failed, absent, not measured) is an ``x`` on the axis, so it cannot pass for zero."""
+    """Bars of ``value(group, series)`` side by side within each group, drawn from ``base``
+    (a speedup's 1x: a slowdown hangs below it) and labelled with their values.  A missing
+    value (failed, absent, not measured) is an ``x`` on the axis, so it cannot pass for
+    zero.  The legend's entries are square markers in the series' colours (an empty
+    series has no bar to lend its colour)."""
+    from matplotlib.ticker import FuncFormatter
     from matplotlib.transforms import blended_transform_factory
 
     width = 0.8 / max(len(series), 1)
     below = blended_transform_factory(ax.transData, ax.transAxes)
-    drawn = False
+    top = 0.0
     for k, name in enumerate(series):
+        colour = f"C{k}"
         xs = [g + (k - (len(series) - 1) / 2) * width for g in range(len(groups))]
         heights = [value(group, name) for group in groups]
         heights = [h if h is None or h > 0 or not log else None for h in heights]
-        drawn = drawn or any(h is not None for h in heights)
-        ax.bar(
-            [x for x, h in zip(xs, heights) if h is not None],
-            [h for h in heights if h is not None],
-            width,
-            label=LABELS.get(name, name),
-            color=f"C{k}",
-        )
+        bars = [(x, h) for x, h in zip(xs, heights) if h is not None]
+        ax.bar([x for x, _ in bars], [h - base for _, h in bars], width, bottom=base, color=colour)
+        ax.plot([], [], marker="s", linestyle="", markersize=8, color=colour, label=LABELS.get(name, name))
+        for x, h in bars:
+            where = "bottom" if h >= base else "top"
+            ax.text(x, h, f" {h:.3g} ", ha="center", va=where, rotation=90, fontsize=6)
+            top = max(top, h)
         for x, h in zip(xs, heights):
             if h is None:
-                ax.text(x, 0.01, "x", transform=below, ha="center", va="bottom", fontsize=7, color=f"C{k}")
+                ax.text(x, 0.01, "x", transform=below, ha="center", va="bottom", fontsize=7, color=colour)
     ax.set_xlim(-0.5, len(groups) - 0.5)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
-    if not drawn:
+    if not top:
         ax.text(0.5, 0.5, "no values measured", transform=ax.transAxes, ha="center", color="dimgray")
         ax.set_yticks([])
     elif log:
         ax.set_yscale("log")
+        ax.set_ylim(top=top * 2.5)  # room for the labels
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(_minor_label))
+    else:
+        ax.set_ylim(top=top * 1.2)
     ax.grid(axis="y", alpha=0.3, which="both")
+
+
+def _minor_label(v: float, _: int) -> str:
+    """Log-axis minor ticks labelled at 2x and 5x their decade, plainly ("0.2", "50")."""
+    mantissa = v / 10 ** math.floor(math.log10(v)) if v > 0 else 0.0
+    return f"{v:g}" if any(abs(mantissa - m) < 1e-6 for m in (2.0, 5.0)) else ""
 
 
 def latency_of(rows: Sequence[Mapping[str, str]]) -> dict[tuple[str, str, str, str], float]:
@@ -703,8 +719,10 @@ def speedup_figure(
         models_here = [m for m in order if any(r["model"] == m and int(r["bs"]) == batch for r in rows)]
         value = _speedups(latency, models_here, batch, dtype)
         groups = [*models_here, "geomean"]
-        grouped_bars(ax, groups, systems, value, ylabel="speedup over eager (x, log)", log=True)
-        ax.axhline(1.0, color="black", linewidth=0.8)
+        faster = [s for s in systems if s != "eager"]  # eager is the line at 1
+        grouped_bars(ax, groups, faster, value, ylabel="speedup over eager (x, log)", log=True, base=1.0)
+        ax.axhline(1.0, color="black", linewidth=0.8, label=f"{LABELS['eager']} (1x)")
+        ax.set_ylim(bottom=min(ax.get_ylim()[0], 0.5))
         ax.set_title(f"{title} -- {gpu} {dtype}, batch {batch}", fontsize=10)
     finish(fig, axes, png, "x: no latency (failed, absent or not run; the CSV says why)")
     plt.close(fig)
@@ -739,6 +757,13 @@ def _speedups(
         return speedup(group, system)
 
     return value
+
+
+def shown(systems: Sequence[str], rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> list[str]:
+    """The systems a picture or table shows: those asked for and those the CSV holds (a
+    run narrowed by --systems still draws every line the CSV has)."""
+    present = {r["system"] for r in rows}
+    return [s for s in systems if s in args.systems or s in present]
 
 
 def markdown_table(
@@ -792,8 +817,7 @@ def run_script(
         return 0
     rows = ResultsCsv(store.path, fields).rows()
     plot(rows, args)
-    shown = [s for s in systems if s in args.systems]
-    (args.out / f"{name}.md").write_text(markdown_table(rows, shown, table_fields))
+    (args.out / f"{name}.md").write_text(markdown_table(rows, shown(systems, rows, args), table_fields))
     print(f"{store.path}: {len(rows)} lines", file=sys.stderr)
     return 0
 

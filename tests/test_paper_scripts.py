@@ -136,6 +136,10 @@ def test_figure9_10_writes_csv_resumes_and_retries(tmp_path: Path, monkeypatch: 
     assert fig.main([*argv, "--redo", "--models", "nerf", "--systems", "eager"]) == 0
     assert calls[12:] == [("nerf_b1_fp32", ("eager",)), ("nerf_b1_fp16", ("eager",))]
     assert len((tmp_path / "figure9_10.csv").read_text().splitlines()) == 31
+    head = (
+        (tmp_path / "figure9_10.md").read_text().splitlines()[0]
+    )  # every system, though the run asked for one
+    assert head.count("latency_ms") == 5 and "compile-max-autotune latency_ms" in head
     assert len(json.loads((tmp_path / "figure9_10.meta.json").read_text())["runs"]) == 4
 
 

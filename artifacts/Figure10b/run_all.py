@@ -31,7 +31,7 @@ SYSTEMS = ("welder-no-tc", *paper.BASELINES)
 
 
 def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
-    systems = [s for s in SYSTEMS if s in args.systems]
+    systems = paper.shown(SYSTEMS, rows, args)
     for dtype in args.dtype:
         paper.speedup_figure(rows, args.out / f"figure10b_{dtype}.png", dtype, systems, "Figure 10b")
 

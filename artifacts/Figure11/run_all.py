@@ -129,7 +129,7 @@ def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -
 
 
 def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
-    systems = [s for s in SYSTEMS if s in args.systems]
+    systems = paper.shown(SYSTEMS, rows, args)
     for panel in paper.panels(rows, args.out, "figure11"):
 
         def dram(model: str, system: str, panel: paper.Panel = panel) -> float | None:

@@ -34,7 +34,7 @@ TITLES = {"fp32": "Figure 9", "fp16": "Figure 10a"}
 
 
 def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
-    systems = [s for s in SYSTEMS if s in args.systems]
+    systems = paper.shown(SYSTEMS, rows, args)
     for dtype, png in PNGS.items():
         paper.speedup_figure(rows, args.out / png, dtype, systems, TITLES[dtype])
 

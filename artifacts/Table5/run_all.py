@@ -32,7 +32,7 @@ MODELS = ("resnet50", "bert")
 
 
 def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
-    systems = [s for s in SYSTEMS if s in args.systems]
+    systems = paper.shown(SYSTEMS, rows, args)
     for dtype in args.dtype:
         paper.speedup_figure(rows, args.out / f"table5_{dtype}.png", dtype, systems, "Table 5", MODELS)
 
