@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One piece of the paper's figures and tables on a GPU machine lent for minutes at a time:
+# artifacts/$SCRIPT/run_all.py (default Figure9_10) with $ARGS (e.g. "--models nafnet --bs 1"),
+# $GPUS cases at once (default: every visible GPU), stopped after $LIMIT s (default 540),
+# no case started after $DEADLINE s (default LIMIT - 240).
+#
+# The state a run goes on from is .paper-state/ in the checkout, when it is there: the
+# results folder (results/: a run skips the lines its CSVs hold), the tuning cache
+# (cache/tuning.db) and commit (the welder commit, for a copy without git history).  It is
+# copied in before the run, and the state -- results with their PNGs, and a consistent copy
+# of the cache -- goes back as paper-state.tgz in $OUT (or /tmp/welder-paper) every 15 s
+# while the run lasts and once at its end, so a run cut short still returns what it
+# measured.  Unpack it into .paper-state/ for the next run, and copy results/ into
+# artifacts/results/<GPU>/ to commit it.
+#
+#   source .device/setup.sh; SCRIPT=Figure9_10 ARGS="--models nafnet --bs 1" bash scripts/paper_pending.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/welder-paper}
+state=${STATE:-/tmp/welder-paper-state}
+limit=${LIMIT:-540}
+gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+[ "$gpus" -ge 1 ] 2>/dev/null || gpus=1
+mkdir -p "$out" "$state/results" "$state/cache"
+if [ -d .paper-state ]; then
+  cp -rn .paper-state/. "$state/"
+fi
+export WELDER_COMMIT=${WELDER_COMMIT:-$(cat .paper-state/commit 2>/dev/null || git rev-parse --short HEAD)}
+
+pack() {
+  python - "$state" <<'PY'
+import sqlite3
+import sys
+from pathlib import Path
+
+state = Path(sys.argv[1])
+db, copy = state / "cache" / "tuning.db", state / "pack" / "cache" / "tuning.db"
+copy.parent.mkdir(parents=True, exist_ok=True)
+if db.is_file():  # the cache is in WAL mode: a backup is consistent, a file copy may not be
+    with sqlite3.connect(db) as source, sqlite3.connect(copy) as target:
+        source.backup(target)
+PY
+  tar czf "$out/paper-state.tgz.tmp" -C "$state" results -C "$state/pack" cache \
+    && mv "$out/paper-state.tgz.tmp" "$out/paper-state.tgz"
+}
+
+( while sleep 15; do pack; done ) &
+packer=$!
+# shellcheck disable=SC2086
+timeout "$limit" python "artifacts/${SCRIPT:-Figure9_10}/run_all.py" $ARGS --gpus "$gpus" \
+  --out "$state/results" --cache-dir "$state/cache" --deadline-s "${DEADLINE:-$((limit > 300 ? limit - 240 : 60))}"
+echo "run_all: exit $?"
+kill "$packer" 2>/dev/null
+wait "$packer" 2>/dev/null
+pack
+ls -la "$state/results"
