@@ -804,15 +804,15 @@ def run_script(
     """What every script does with its parsed ``args``: measure the cases ``<name>.csv``
     lacks (unless ``--plot-only``, recording the run in ``<name>.meta.json``), then draw
     every line (``plot``) and write them as ``<name>.md`` (``table_fields`` per system)."""
-    benchmark.exit_on_sigterm()
     store = ResultsCsv(args.out / f"{name}.csv", fields)
     if not args.plot_only:
         if not args.worker:
             write_meta(args, name, argv)
-        if args.gpus > 1:
-            run_on_gpus(args, store, sys.argv[1:] if argv is None else list(argv))
-        else:
-            run_cases(args, store, measure)
+        with benchmark.exit_on_sigterm():
+            if args.gpus > 1:
+                run_on_gpus(args, store, sys.argv[1:] if argv is None else list(argv))
+            else:
+                run_cases(args, store, measure)
     if args.worker:
         return 0
     rows = ResultsCsv(store.path, fields).rows()

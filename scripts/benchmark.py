@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -379,10 +379,17 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     proc.wait()
 
 
-def exit_on_sigterm() -> None:
-    """SIGTERM (``timeout``'s, a parent's) raises SystemExit, so that the ``finally`` and
-    ``except`` clauses run and stop the steps this process started in groups of their own."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Inside, SIGTERM (``timeout``'s, a parent's) raises SystemExit, so that the ``finally``
+    and ``except`` clauses run and stop the steps this process started in groups of their
+    own.  The handler before is restored after: a process that forks workers later (a test
+    session) must not hand them one, or their pool's SIGTERM no longer ends them."""
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _tail(proc: subprocess.CompletedProcess[str], lines: int) -> str:
@@ -855,7 +862,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    exit_on_sigterm()
+    with exit_on_sigterm():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(args.systems) - set(SYSTEMS))

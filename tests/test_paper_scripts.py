@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -122,7 +123,10 @@ def test_figure9_10_writes_csv_resumes_and_retries(tmp_path: Path, monkeypatch: 
     fig = script("Figure9_10")
     argv = ["--models", "bert,nerf", "--bs", "1,64", "--dtype", "fp32,fp16", "--device", "cpu"]
     argv += ["--out", str(tmp_path), "--runs", str(tmp_path / "runs")]
+    before = signal.getsignal(signal.SIGTERM)
     assert fig.main(argv) == 0
+    # Its SIGTERM handler is the run's alone: pools forked later must still die of SIGTERM.
+    assert signal.getsignal(signal.SIGTERM) is before
     assert len(calls) == 6 and all(len(systems) == 5 for _, systems in calls)
     lines = (tmp_path / "figure9_10.csv").read_text().splitlines()
     assert lines[0].startswith("model,bs,dtype,system,status,latency_ms") and len(lines) == 1 + 30
