@@ -227,6 +227,30 @@ def test_other_scripts_take_figure9_10_s_lines(tmp_path: Path, monkeypatch: pyte
     assert calls[1:] == [("bert_b1_fp16", ("welder-no-tc", "eager", "compile"))]
 
 
+@pytest.mark.parametrize(
+    ("folder", "systems"), [("Figure9_10", "eager,compile"), ("Figure13", "welder-nofusion,welder")]
+)
+def test_a_line_lands_before_the_next_system_starts(
+    folder: str, systems: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stopped in the middle of a case (the machine's time up) keeps the systems it
+    finished: each line is in the CSV before the next system is measured."""
+    module = script(folder)
+
+    def measure_case(
+        case: benchmark.Config, systems: list[str], args: Any
+    ) -> Iterator[tuple[str, benchmark.Cell]]:
+        yield systems[0], benchmark.Cell(ms=1.0)
+        raise KeyboardInterrupt  # stopped while measuring the second
+
+    monkeypatch.setattr(paper, "measure_case", measure_case)
+    argv = ["--models", "nerf", "--bs", "1", "--dtype", "fp32", "--device", "cpu", "--out", str(tmp_path)]
+    with pytest.raises(KeyboardInterrupt):
+        module.main([*argv, "--runs", str(tmp_path / "runs"), "--systems", systems])
+    rows = paper.ResultsCsv(tmp_path / f"{module.NAME}.csv", paper.COMMON_FIELDS).rows()
+    assert [r["system"] for r in rows] == systems.split(",")[:1] and rows[0]["latency_ms"] == "1"
+
+
 def test_a_child_step_stops_with_what_it_started(tmp_path: Path) -> None:
     """A step past its limit is stopped with its whole process group: a grandchild
     (nvcc under welder tune, Inductor's workers under torch.compile) does not run on."""

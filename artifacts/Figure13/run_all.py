@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,15 +71,13 @@ def _prod(shape: Sequence[int]) -> int:
     return out
 
 
-def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """The welder variants asked for (full welder too when ``per-op`` is: its plan holds
-    the per-operator figures), each line completed with its plan's facts."""
+    the per-operator figures), each line completed with its plan's facts and yielded as
+    its variant lands."""
     variants = [s for s in ("welder-nofusion", "welder") if s in todo or (s == "welder" and "per-op" in todo)]
-    cells = dict(paper.measure_case(case, variants, args))
     gpu = paper.gpu_folder(args.device)
-    rows = []
-    for system in variants:
-        cell = cells[system]
+    for system, cell in paper.measure_case(case, variants, args):
         row = {k: v for k, v in paper.cell_row(case, system, cell, gpu).items() if k in FIELDS}
         facts: dict[str, Any] = {}
         try:
@@ -89,15 +87,14 @@ def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -
         row.update({k: facts.get(k) for k in FACTS})
         row["latency_basis"] = "runtime end to end" if cell.ms is not None else ""
         if system in todo:
-            rows.append(row)
+            yield row
         if system == "welder" and "per-op" in todo:
             per_op = dict(row, system="per-op", build_s=None, latency_ms=facts.get("per_op_latency_ms"))
             per_op.update({k: facts.get(f"per_op_{k}") for k in FACTS})
             per_op["latency_basis"] = facts.get("per_op_basis", "")
             per_op["status"] = "ok" if facts else "error"
             per_op["detail"] = "from full welder's plan" if facts else row["detail"]
-            rows.append(per_op)
-    return rows
+            yield per_op
 
 
 def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
