@@ -163,6 +163,39 @@ def test_figure9_10_draws_speedups_with_a_geomean(tmp_path: Path, monkeypatch: p
     )
 
 
+def test_speedup_bars_stand_on_one_and_every_series_keeps_its_colour() -> None:
+    """A speedup's bar starts at 1x (a slowdown hangs below it) and is labelled with its
+    value; a series with no value still has its own colour in the legend; log ticks read
+    as plain numbers."""
+    need("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    fig, ax = plt.subplots()
+    values = {("a", "welder"): 2.0, ("b", "welder"): 0.5, ("a", "compile"): 1.5}
+    paper.grouped_bars(
+        ax,
+        ["a", "b"],
+        ["welder", "compile", "onnxruntime"],
+        lambda g, s: values.get((g, s)),
+        ylabel="x",
+        log=True,
+        base=1.0,
+    )
+    bars = [(round(r.get_y(), 6), round(r.get_height(), 6)) for r in ax.patches]
+    assert sorted(bars) == [(1.0, -0.5), (1.0, 0.5), (1.0, 1.0)]
+    assert {t.get_text().strip() for t in ax.texts} >= {"2", "0.5", "1.5", "x"}
+    handles, labels = ax.get_legend_handles_labels()
+    assert labels == ["welder", "torch.compile reduce-overhead", "onnxruntime"]
+    assert [to_rgba(h.get_color()) for h in handles] == [to_rgba(f"C{k}") for k in range(3)]
+    assert paper._minor_label(0.2, 0) == "0.2" and paper._minor_label(50.0, 0) == "50"
+    assert paper._minor_label(3.0, 0) == ""
+    plt.close(fig)
+
+
 def test_without_matplotlib_the_csv_is_written_and_the_png_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
