@@ -46,7 +46,7 @@ for _path in (ROOT / "scripts", ROOT / "artifacts", ROOT):
 
 import benchmark  # noqa: E402
 from benchmark import Cell, Config  # noqa: E402
-from run_torch import TimingPlan  # noqa: E402
+from run_torch import AROUND_CALLS, TimingPlan  # noqa: E402
 
 from welder.export import PAPER_MODELS  # noqa: E402
 
@@ -724,7 +724,20 @@ def speedup_figure(
         ax.axhline(1.0, color="black", linewidth=0.8, label=f"{LABELS['eager']} (1x)")
         ax.set_ylim(bottom=min(ax.get_ylim()[0], 0.5))
         ax.set_title(f"{title} -- {gpu} {dtype}, batch {batch}", fontsize=10)
-    finish(fig, axes, png, "x: no latency (failed, absent or not run; the CSV says why)")
+        uncaptured = {
+            r["model"]
+            for r in rows
+            if int(r["bs"]) == batch and r["dtype"] == dtype and AROUND_CALLS in r["detail"]
+        }
+        ax.set_xticklabels(
+            [f"{g}*" if g in uncaptured else g for g in groups], rotation=30, ha="right", fontsize=8
+        )
+    note = "x: no latency (failed, absent or not run; the CSV says why)"
+    if any(AROUND_CALLS in r["detail"] for r in rows if r["dtype"] == dtype):
+        note += (
+            ".  *: a torch system's call could not be captured in a CUDA graph; its time holds host launches"
+        )
+    finish(fig, axes, png, note)
     plt.close(fig)
     return True
 
@@ -732,9 +745,10 @@ def speedup_figure(
 def finish(fig: Any, axes: Sequence[Any], png: Path, note: str) -> None:
     """One legend above the panels (from the first), a footnote, and the PNG written."""
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), fontsize=8, frameon=False)
+    columns = min(len(labels), 6)
+    fig.legend(handles, labels, loc="upper center", ncol=columns, fontsize=8, frameon=False)
     fig.text(0.01, 0.005, note, fontsize=7, color="dimgray")
-    top = 1 - 0.35 / fig.get_size_inches()[1] * (1 + (len(labels) - 1) // 4)
+    top = 1 - 0.3 / fig.get_size_inches()[1] * (1 + (len(labels) - 1) // columns)
     fig.tight_layout(rect=(0, 0.02, 1, top))
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120)

@@ -254,6 +254,9 @@ def _step(fn: Callable[..., object], args: tuple[Any, ...], cudagraphs: bool) ->
 #: What a note says where a system's device time could not be taken by capturing its call
 #: (scripts/benchmark.py lists those notes under the table).
 CAPTURE_FALLBACK = "could not be captured"
+#: What such a note ends with where no capture worked: the device time then holds the host's
+#: launches too (the paper's figures mark those cases).
+AROUND_CALLS = "device time is CUDA events around calls"
 #: The same kernels without torch.compile's own CUDA graphs, for a capture of our own.
 UNGRAPHED_MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
@@ -341,7 +344,7 @@ def time_system(
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         torch.cuda.synchronize()
         if system == "eager":
-            note = f"eager {CAPTURE_FALLBACK} ({why}): device time is CUDA events around calls"
+            note = f"eager {CAPTURE_FALLBACK} ({why}): {AROUND_CALLS}"
             return SystemTiming(measure(call, CudaEventClock(), plan), latency, compile_s, [note])
         ungraphed = UNGRAPHED_MODES[COMPILE_MODES[system]]
         try:
@@ -351,7 +354,7 @@ def time_system(
         except Exception as e:  # a model that syncs with the host (Conformer's lengths) captures in no mode
             why += f"; mode={ungraphed!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         torch.cuda.synchronize()
-        note = f"its callable {CAPTURE_FALLBACK} in any mode ({why}): device time is CUDA events around calls"
+        note = f"its callable {CAPTURE_FALLBACK} in any mode ({why}): {AROUND_CALLS}"
         return SystemTiming(measure(call, CudaEventClock(), plan), latency, compile_s, [note])
 
 

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "artifacts"))
 
 import paper  # noqa: E402
+import run_torch  # noqa: E402
 
 benchmark = paper.benchmark
 SCRIPTS = ("Figure9_10", "Figure10b", "Figure11", "Figure13", "Table4", "Table5")
@@ -193,6 +194,39 @@ def test_speedup_bars_stand_on_one_and_every_series_keeps_its_colour() -> None:
     assert [to_rgba(h.get_color()) for h in handles] == [to_rgba(f"C{k}") for k in range(3)]
     assert paper._minor_label(0.2, 0) == "0.2" and paper._minor_label(50.0, 0) == "50"
     assert paper._minor_label(3.0, 0) == ""
+    plt.close(fig)
+
+
+def test_a_model_whose_torch_call_was_not_captured_is_starred(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a torch system's device time had to be taken around calls (host launches
+    inside), that model's label carries a star and the footnote says why; other models and
+    other batches do not."""
+    need("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for model in ("bert", "conformer"):
+        for bs in ("1", "64"):
+            for system in ("welder", "eager"):
+                uncaptured = model == "conformer" and bs == "1" and system == "eager"
+                detail = f"eager could not be captured (x): {run_torch.AROUND_CALLS}" if uncaptured else ""
+                rows.append(
+                    dict(model=model, bs=bs, dtype="fp32", system=system, status="ok", gpu="G")
+                    | dict(latency_ms="1.0" if system == "welder" else "2.0", detail=detail)
+                )
+    shown: list = []
+    monkeypatch.setattr(plt, "close", shown.append)  # keep the figure to read its labels
+    assert paper.speedup_figure(rows, tmp_path / "f.png", "fp32", ["eager", "welder"], "F")
+    monkeypatch.undo()
+    (fig,) = shown
+    ticks = [[t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes]
+    assert ticks == [["bert", "conformer*", "geomean"], ["bert", "conformer", "geomean"]]
+    assert any("*: a torch system's call could not be captured" in t.get_text() for t in fig.texts)
     plt.close(fig)
 
 
