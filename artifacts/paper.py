@@ -46,7 +46,7 @@ for _path in (ROOT / "scripts", ROOT / "artifacts", ROOT):
 
 import benchmark  # noqa: E402
 from benchmark import Cell, Config  # noqa: E402
-from run_torch import AROUND_CALLS, TimingPlan  # noqa: E402
+from run_torch import UNCAPTURED, TimingPlan  # noqa: E402
 
 from welder.export import PAPER_MODELS  # noqa: E402
 
@@ -725,21 +725,25 @@ def speedup_figure(
         ax.set_ylim(bottom=min(ax.get_ylim()[0], 0.5))
         ax.set_title(f"{title} -- {gpu} {dtype}, batch {batch}", fontsize=10)
         uncaptured = {
-            r["model"]
-            for r in rows
-            if int(r["bs"]) == batch and r["dtype"] == dtype and AROUND_CALLS in r["detail"]
+            r["model"] for r in rows if int(r["bs"]) == batch and r["dtype"] == dtype and _uncaptured(r)
         }
         ax.set_xticklabels(
             [f"{g}*" if g in uncaptured else g for g in groups], rotation=30, ha="right", fontsize=8
         )
     note = "x: no latency (failed, absent or not run; the CSV says why)"
-    if any(AROUND_CALLS in r["detail"] for r in rows if r["dtype"] == dtype):
+    if any(_uncaptured(r) for r in rows if r["dtype"] == dtype):
         note += (
-            ".  *: a torch system's call could not be captured in a CUDA graph; its time holds host launches"
+            ".  *: a torch system's call could not be captured in a CUDA graph; its device time was taken"
+            " another way (the CSV says how)"
         )
     finish(fig, axes, png, note)
     plt.close(fig)
     return True
+
+
+def _uncaptured(row: Mapping[str, str]) -> bool:
+    """Whether the line's device time is not a CUDA graph's replays (run_torch.UNCAPTURED)."""
+    return any(how in row["detail"] for how in UNCAPTURED)
 
 
 def finish(fig: Any, axes: Sequence[Any], png: Path, note: str) -> None:

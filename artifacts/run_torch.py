@@ -17,8 +17,9 @@ and outputs on the GPU, two latencies each:
 ``compile-max-autotune`` is ``mode="max-autotune"`` (Triton templates and their
 autotuning, CUDA graphs too); a compile time is the wall time of the first call.  Where
 a compiled callable cannot be captured, its mode without CUDA graphs (the same kernels)
-is compiled and captured instead, and the notes say so; where eager cannot be captured,
-its device time is CUDA events around back-to-back calls, also noted.
+is compiled and captured instead, and the notes say so; where no capture works (a forward
+that syncs with the host), the device time is the GPU's busy time per call from
+torch.profiler, or failing that CUDA events around back-to-back calls, also noted.
 
 This file also holds that protocol (``measure``, the clocks, ``Timing``) for
 run_onnxrt.py and scripts/benchmark.py.  torch is imported only where it is used.
@@ -254,9 +255,12 @@ def _step(fn: Callable[..., object], args: tuple[Any, ...], cudagraphs: bool) ->
 #: What a note says where a system's device time could not be taken by capturing its call
 #: (scripts/benchmark.py lists those notes under the table).
 CAPTURE_FALLBACK = "could not be captured"
-#: What such a note ends with where no capture worked: the device time then holds the host's
-#: launches too (the paper's figures mark those cases).
+#: What such a note ends with where no capture worked: the GPU's busy time from the
+#: profiler, or (no profiler records) CUDA events around calls, which hold the host's
+#: launches too.  The paper's figures mark both.
+BUSY_TIME = "device time is the GPU's busy time per call (torch.profiler)"
 AROUND_CALLS = "device time is CUDA events around calls"
+UNCAPTURED = (BUSY_TIME, AROUND_CALLS)
 #: The same kernels without torch.compile's own CUDA graphs, for a capture of our own.
 UNGRAPHED_MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
@@ -314,6 +318,61 @@ def _device_time(call: Callable[[], object], plan: TimingPlan | None) -> Timing:
     return timing
 
 
+def busy_ms(spans: Sequence[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) spans, in the spans' unit / 1000: the time the
+    GPU had work, overlapping kernels (several streams) counted once."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy / 1e3
+
+
+def _busy_time(call: Callable[[], object], plan: TimingPlan | None, number: int = 10) -> Timing:
+    """Device time of a call that cannot be captured in a CUDA graph: the GPU's busy time
+    (kernels, copies, memsets) per call, from torch.profiler's device records over
+    ``number`` calls, median of a few repeats.  Unlike CUDA events around the calls, the
+    host's launch gaps stay out -- the gaps inside a graph replay stay out too, so this
+    leans, if anything, towards the peer."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    plan = plan or TimingPlan()
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < plan.min_repeats or (
+        len(samples) < plan.repeats and time.perf_counter() - start < plan.budget_s / 2
+    ):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(number):
+                call()
+            torch.cuda.synchronize()
+        spans = [
+            (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA
+        ]
+        if not spans:
+            raise RuntimeError("torch.profiler recorded no GPU work (CUPTI missing?)")
+        samples.append(busy_ms(spans) / number)
+    return Timing(
+        statistics.median(samples), min(samples), len(samples), number, "torch.profiler, GPU busy time"
+    )
+
+
+def _uncaptured_time(call: Callable[[], object], plan: TimingPlan | None, why: str) -> tuple[Timing, str]:
+    """The device time of a call no mode could capture, and the note saying how it was taken:
+    the profiler's busy time, else CUDA events around back-to-back calls."""
+    import torch
+
+    try:
+        return _busy_time(call, plan), f"{why}: {BUSY_TIME}"
+    except Exception as e:
+        torch.cuda.synchronize()
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return measure(call, CudaEventClock(), plan), f"{why}: {AROUND_CALLS} (profiler: {reason})"
+
+
 def time_system(
     system: str, module: Any, args: tuple[Any, ...], device: str, plan: TimingPlan | None = None
 ) -> SystemTiming:
@@ -344,8 +403,8 @@ def time_system(
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         torch.cuda.synchronize()
         if system == "eager":
-            note = f"eager {CAPTURE_FALLBACK} ({why}): {AROUND_CALLS}"
-            return SystemTiming(measure(call, CudaEventClock(), plan), latency, compile_s, [note])
+            timing, note = _uncaptured_time(call, plan, f"eager {CAPTURE_FALLBACK} ({why})")
+            return SystemTiming(timing, latency, compile_s, [note])
         ungraphed = UNGRAPHED_MODES[COMPILE_MODES[system]]
         try:
             fallback = _step(_compiled(module, ungraphed), args, False)
@@ -354,8 +413,8 @@ def time_system(
         except Exception as e:  # a model that syncs with the host (Conformer's lengths) captures in no mode
             why += f"; mode={ungraphed!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         torch.cuda.synchronize()
-        note = f"its callable {CAPTURE_FALLBACK} in any mode ({why}): {AROUND_CALLS}"
-        return SystemTiming(measure(call, CudaEventClock(), plan), latency, compile_s, [note])
+        timing, note = _uncaptured_time(call, plan, f"its callable {CAPTURE_FALLBACK} in any mode ({why})")
+        return SystemTiming(timing, latency, compile_s, [note])
 
 
 def run_systems(

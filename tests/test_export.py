@@ -658,10 +658,15 @@ def test_the_table_names_the_commit_and_says_when_the_tree_differs(tmp_path: Pat
     assert benchmark._git_commit(tmp_path) == "@ abc1234"
 
 
-def test_a_compiled_model_no_mode_can_capture_is_timed_by_events_around_calls(monkeypatch) -> None:
-    """Where neither the compiled callable nor its CUDA-graph-free twin can be captured (a
-    forward that syncs with the host), compile's device time falls back to CUDA events
-    around calls, as eager's does, with both reasons in the note -- not an error cell."""
+@pytest.mark.parametrize("profiler", [True, False])
+@pytest.mark.parametrize("system", ["compile", "eager"])
+def test_a_model_no_mode_can_capture_is_timed_by_the_profiler_or_events(
+    monkeypatch, system, profiler
+) -> None:
+    """Where neither the callable nor its CUDA-graph-free twin can be captured (a forward
+    that syncs with the host), the device time is the GPU's busy time from the profiler,
+    or CUDA events around calls where the profiler records nothing, with every reason in
+    the note -- not an error cell."""
     need("torch")
     import run_torch
     import torch
@@ -671,14 +676,39 @@ def test_a_compiled_model_no_mode_can_capture_is_timed_by_events_around_calls(mo
     def no_capture(call, plan):
         raise RuntimeError("operation failed due to a previous error during capture")
 
+    def busy(call, plan):
+        if not profiler:
+            raise RuntimeError("torch.profiler recorded no GPU work")
+        return run_torch.Timing(0.5, 0.5, 1, 1, "busy")
+
     monkeypatch.setattr(run_torch, "_device_time", no_capture)
+    monkeypatch.setattr(run_torch, "_busy_time", busy)
     monkeypatch.setattr(run_torch, "_compiled", lambda module, mode: module)
     monkeypatch.setattr(run_torch, "measure_calls", lambda call, sync, plan=None: next(timings))
     monkeypatch.setattr(run_torch, "measure", lambda call, clock, plan=None: next(timings))
     monkeypatch.setattr(run_torch, "CudaEventClock", lambda: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     module = torch.nn.Linear(4, 4)
-    got = time_system("compile", module, (torch.ones(1, 4),), "cuda")
-    assert (got.call.median_ms, got.device.median_ms) == (1.0, 2.0)
+    got = time_system(system, module, (torch.ones(1, 4),), "cuda")
+    assert (got.call.median_ms, got.device.median_ms) == (1.0, 0.5 if profiler else 2.0)
     (note,) = got.notes
-    assert "in any mode" in note and "mode='default'" in note and "events around calls" in note
+    assert note.endswith(run_torch.BUSY_TIME) if profiler else run_torch.AROUND_CALLS in note
+    assert not profiler or run_torch.AROUND_CALLS not in note
+    if system == "compile":
+        assert "in any mode" in note and "mode='default'" in note
+
+
+def test_busy_time_is_the_union_of_the_spans() -> None:
+    """The profiler's spans merged as intervals: against counting the covered microseconds
+    of random integer spans one by one (overlaps, nesting and gaps included)."""
+    import random
+
+    import run_torch
+
+    rng = random.Random(3)
+    for _ in range(200):
+        spans = [
+            (a, a + rng.randint(0, 30)) for a in (rng.randint(0, 200) for _ in range(rng.randint(0, 12)))
+        ]
+        covered = {t for start, end in spans for t in range(start, end)}
+        assert run_torch.busy_ms(spans) == pytest.approx(len(covered) / 1e3)

@@ -214,7 +214,7 @@ def test_a_model_whose_torch_call_was_not_captured_is_starred(
         for bs in ("1", "64"):
             for system in ("welder", "eager"):
                 uncaptured = model == "conformer" and bs == "1" and system == "eager"
-                detail = f"eager could not be captured (x): {run_torch.AROUND_CALLS}" if uncaptured else ""
+                detail = f"eager could not be captured (x): {run_torch.BUSY_TIME}" if uncaptured else ""
                 rows.append(
                     dict(model=model, bs=bs, dtype="fp32", system=system, status="ok", gpu="G")
                     | dict(latency_ms="1.0" if system == "welder" else "2.0", detail=detail)
