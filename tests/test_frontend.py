@@ -2,11 +2,12 @@
 
 import json
 import re
+from collections import Counter
 
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnx_util import assert_matches_ort, make_model
 
 import welder
@@ -203,6 +204,50 @@ def test_constant_subgraphs_fold_and_dead_nodes_vanish():
     np.testing.assert_allclose(graph.constants["c3"], c["c1"] * c["c2"])
     assert "c1" not in graph.constants
     assert_matches_ort(model, {"x": x})
+
+
+def test_repeated_computations_are_computed_once():
+    """What an exporter repeats per layer -- the same ops on the same tensors, with equal
+    constants of their own (BERT's mask made additive in every layer) -- is one node; the
+    results still match onnxruntime.  Different constants, a graph output, and a weight too
+    big to compare keep their nodes."""
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    mask = RNG.random((4, 8)) > 0.5
+    fill = np.array(-1e4, np.float32)
+    big = RNG.standard_normal((4096, 8)).astype(np.float32)
+    nodes = []
+    for k in range(3):
+        nodes += [
+            helper.make_node("Constant", [], [f"fill{k}"], value=numpy_helper.from_array(fill)),
+            helper.make_node("Where", ["mask", f"fill{k}", "zero"], [f"additive{k}"]),
+            helper.make_node("Add", ["x", f"additive{k}"], [f"scores{k}"]),
+            helper.make_node("Softmax", [f"scores{k}"], [f"probs{k}"], axis=-1),
+        ]
+    nodes += [
+        helper.make_node("Where", ["mask", "other_fill", "zero"], ["other"]),
+        helper.make_node("Relu", ["x"], ["out_relu"]),
+        helper.make_node("Relu", ["x"], ["out_relu_again"]),
+        helper.make_node("Gather", ["big", "rows"], ["g0"], axis=0),
+        helper.make_node("Gather", ["big_copy", "rows"], ["g1"], axis=0),
+        helper.make_node("Sum", ["probs0", "probs1", "probs2", "other"], ["y"]),
+        helper.make_node("Sub", ["g0", "g1"], ["gd"]),
+    ]
+    consts = {
+        "zero": np.array(0.0, np.float32),
+        "other_fill": np.array(-2e4, np.float32),
+        "big": big,
+        "big_copy": big.copy(),
+    }
+    feeds = {"x": x, "mask": mask, "rows": np.array([1, 3], np.int64)}
+    model = make_model(nodes, feeds, ["y", "out_relu", "out_relu_again", "gd"], consts)
+    graph = import_onnx(model)
+    ops = Counter(n.op_type for n in graph.topo_order())
+    layer = Counter(
+        n.op_type for n in import_onnx(make_model(nodes[:4], {"x": x, "mask": mask}, ["probs0"], consts))
+    )
+    assert (ops["Add"], ops["Softmax"]) == (1, layer["Softmax"])
+    assert ops["Where"] == 2 and ops["Relu"] == 2 and ops["Gather"] == 2
+    assert_matches_ort(model, feeds)
 
 
 def test_outputs_that_alias_inputs_constants_or_each_other():

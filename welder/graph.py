@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 import numpy as np
 
 from welder.errors import ModelError
 from welder.ir.compute import Compute
+from welder.ir.expr import format_expr
 from welder.ir.interpret import evaluate, np_dtype
 
 
@@ -199,6 +200,33 @@ class Graph:
         nodes = [n for n in self.topo_order() if n.name in live]
         consts = {k: v for k, v in self.constants.items() if k in live}
         return Graph(self.inputs, nodes, self.outputs, consts, name=self.name)
+
+    def eliminate_common_subexpressions(self, max_constant_bytes: int = 1 << 16) -> Graph:
+        """A copy in which a node computing what an earlier node computes -- the same
+        compute on the same tensors -- is dropped and its readers read the earlier one.
+
+        Constants count as the same tensor when their values are equal (up to
+        ``max_constant_bytes`` each: exporters copy small ones -- masks' fill values,
+        scales -- into every layer; weights are not compared).  A graph output keeps its
+        node.  Exporters repeat work per layer that depends on the inputs alone (BERT's
+        attention mask is turned into additive form in each of its twelve layers), and
+        every copy would be a kernel."""
+        same: dict[str, str] = {}
+        by_value: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+        for name, value in self.constants.items():
+            if value.nbytes <= max_constant_bytes:
+                same[name] = by_value.setdefault((value.dtype.str, value.shape, value.tobytes()), name)
+        seen: dict[str, str] = {}
+        nodes: list[Node] = []
+        for node in self.topo_order():
+            c = node.compute.renamed(inputs={t: same[t] for t in node.inputs if t in same})
+            key = f"{c.axes!r}|{c.reduce_axes!r}|{c.reduce_op}|{c.dtype}|{format_expr(c.body)}"
+            first = seen.setdefault(key, c.name)
+            if first != c.name and c.name not in self.outputs:
+                same[c.name] = first
+                continue
+            nodes.append(replace(node, compute=c))
+        return Graph(self.inputs, nodes, self.outputs, self.constants, name=self.name).eliminate_dead_nodes()
 
     # -- evaluation & serialisation -----------------------------------------------------
 

@@ -9,7 +9,8 @@ Stages, each a function so tests and tools can run them one at a time:
 3. ``check_model``: opset range and the list of unsupported operators, before any work;
 4. ``simplify``: graph-level rewrites on ONNX (BatchNormalization folded into Conv);
 5. ``lower``: one registered lowering per node, constant folding as it goes, shapes
-   cross-checked against ONNX shape inference, dead nodes removed.
+   cross-checked against ONNX shape inference, repeated computations merged, dead nodes
+   removed.
 
 Every tensor's size is checked against a :class:`MemoryLimit` as soon as its shape is
 known (inputs, weights, each compute a lowering creates, before anything is allocated),
@@ -538,7 +539,8 @@ class _Builder:
 
 
 def lower(model: onnx.ModelProto, name: str = "model", memory: MemoryLimit | None = None) -> Graph:
-    """Lower every node of a checked model; returns the dead-code-free Graph.  Every
+    """Lower every node of a checked model; returns the Graph free of dead code and of
+    repeated computations (:meth:`Graph.eliminate_common_subexpressions`).  Every
     tensor must fit in ``memory`` (default: :func:`host_memory`), and so must the
     initializers together."""
     memory = memory or host_memory()
@@ -609,7 +611,7 @@ def lower(model: onnx.ModelProto, name: str = "model", memory: MemoryLimit | Non
         for n, c in b.computes.items()
     ]
     graph = Graph(b.inputs.values(), nodes, outputs, b.constants, name=name)
-    return graph.eliminate_dead_nodes()
+    return graph.eliminate_common_subexpressions()
 
 
 def _lower_node(
