@@ -464,6 +464,9 @@ def build_parser(
     p.add_argument("--redo", action="store_true", help="measure the selected cases again though in the CSV")
     p.add_argument("--retry-errors", action="store_true", help="measure again the selected lines that failed")
     p.add_argument("--plot-only", action="store_true", help="draw the PNG from the CSV and measure nothing")
+    p.add_argument(
+        "--pending", action="store_true", help="list the cases and systems a run would measure, and stop"
+    )
     return p
 
 
@@ -497,7 +500,7 @@ def run_cases(
     for case in cases(args):
         if args.redo:
             store.drop(case, args.systems)
-        todo = [s for s in args.systems if not store.done(case, s, args.retry_errors)]
+        todo = missing(args, store, case)
         if not todo:
             print(f"[{case.key}] in {store.path.name}, skipped", file=sys.stderr)
             continue
@@ -506,6 +509,20 @@ def run_cases(
             break
         for row in measure(case, todo):
             store.put(row)
+
+
+def missing(args: argparse.Namespace, store: ResultsCsv, case: Config) -> list[str]:
+    """The systems of ``case`` a run with ``args`` measures: those the CSV lacks (or has
+    failed, with --retry-errors), every one with --redo."""
+    return [s for s in args.systems if args.redo or not store.done(case, s, args.retry_errors)]
+
+
+def print_pending(args: argparse.Namespace, store: ResultsCsv) -> None:
+    """--pending: each case a run with these options would measure, with its systems."""
+    todo = [(case, systems) for case in cases(args) if (systems := missing(args, store, case))]
+    for case, systems in todo:
+        print(f"{case.key}: {', '.join(systems)}")
+    print(f"{len(todo)} case(s) to measure, {sum(len(s) for _, s in todo)} line(s), in {store.path}")
 
 
 def run_on_gpus(args: argparse.Namespace, store: ResultsCsv, argv: Sequence[str]) -> None:
@@ -518,11 +535,7 @@ def run_on_gpus(args: argparse.Namespace, store: ResultsCsv, argv: Sequence[str]
         raise SystemExit("--gpus needs the script run as a program (python artifacts/<folder>/run_all.py)")
     gpus, slices = benchmark.gpu_slots(args.gpus)
     base = benchmark.worker_argv(argv, options=("--gpus", "--deadline-s"), flags=())
-    pending = [
-        c
-        for c in cases(args)
-        if args.redo or any(not store.done(c, s, args.retry_errors) for s in args.systems)
-    ]
+    pending = [c for c in cases(args) if missing(args, store, c)]
 
     def start(case: Config, worker: int) -> subprocess.Popen[bytes]:
         narrow = ["--models", case.model, "--bs", str(case.batch), "--dtype", case.dtype, "--worker"]
@@ -821,8 +834,12 @@ def run_script(
 ) -> int:
     """What every script does with its parsed ``args``: measure the cases ``<name>.csv``
     lacks (unless ``--plot-only``, recording the run in ``<name>.meta.json``), then draw
-    every line (``plot``) and write them as ``<name>.md`` (``table_fields`` per system)."""
+    every line (``plot``) and write them as ``<name>.md`` (``table_fields`` per system).
+    ``--pending`` only lists what a run would measure."""
     store = ResultsCsv(args.out / f"{name}.csv", fields)
+    if args.pending:
+        print_pending(args, store)
+        return 0
     if not args.plot_only:
         if not args.worker:
             write_meta(args, name, argv)

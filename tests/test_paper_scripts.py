@@ -103,6 +103,42 @@ def test_cases_leave_nerf_at_batch_one_and_unknown_names_are_refused(
             paper.parse_args(parser, [*bad, "--device", "cpu"])
 
 
+def test_pending_lists_what_a_run_would_measure_and_measures_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--pending names each case and system the CSV lacks (failed lines too with
+    --retry-errors), writes nothing, and a run with the same options then measures exactly
+    those."""
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(paper, "measure_case", fake_cells(calls))
+    fig = script("Figure9_10")
+    argv = ["--device", "cpu", "--out", str(tmp_path), "--runs", str(tmp_path / "runs")]
+    assert fig.main([*argv, "--models", "bert", "--bs", "1", "--dtype", "fp32"]) == 0
+    csv_before = (tmp_path / "figure9_10.csv").read_text()
+    calls.clear()
+    wider = [*argv, "--models", "bert,nerf", "--bs", "1,64"]
+
+    def pending(*extra: str) -> list[str]:
+        capsys.readouterr()
+        assert fig.main([*wider, "--pending", *extra]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    listed = pending("--systems", "welder,compile-max-autotune")
+    assert listed[:-1] == [
+        "bert_b1_fp16: welder, compile-max-autotune",
+        "bert_b64_fp32: welder, compile-max-autotune",
+        "bert_b64_fp16: welder, compile-max-autotune",
+        "nerf_b1_fp32: welder, compile-max-autotune",
+        "nerf_b1_fp16: welder, compile-max-autotune",
+    ]
+    assert listed[-1].startswith("5 case(s) to measure, 10 line(s)")
+    assert pending("--retry-errors")[0] == "bert_b1_fp32: compile-max-autotune"
+    assert calls == [] and (tmp_path / "figure9_10.csv").read_text() == csv_before
+    listed = pending()
+    assert fig.main(wider) == 0
+    assert [f"{key}: {', '.join(systems)}" for key, systems in calls] == listed[:-1]
+
+
 def test_results_csv_round_trip_and_retry(tmp_path: Path) -> None:
     store = paper.ResultsCsv(tmp_path / "r.csv", paper.LATENCY_FIELDS)
     case = benchmark.Config("bert", 1, "fp16")
