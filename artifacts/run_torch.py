@@ -350,7 +350,7 @@ def _busy_time(call: Callable[[], object], plan: TimingPlan | None, number: int 
                 call()
             torch.cuda.synchronize()
         spans = [
-            (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA
+            (e.time_range.start, e.time_range.end) for e in prof.events() if _gpu_work(e, DeviceType.CUDA)
         ]
         if not spans:
             raise RuntimeError("torch.profiler recorded no GPU work (CUPTI missing?)")
@@ -358,6 +358,20 @@ def _busy_time(call: Callable[[], object], plan: TimingPlan | None, number: int 
     return Timing(
         statistics.median(samples), min(samples), len(samples), number, "torch.profiler, GPU busy time"
     )
+
+
+#: The profiler's device records that are the GPU working; its GPU-side annotations span
+#: a region's kernels with the gaps between them, and are left out.
+GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _gpu_work(event: Any, cuda: Any) -> bool:
+    """Whether a torch.profiler event is a kernel, copy or memset (older torch, without
+    ``activity_type``: a device event that is not a user annotation)."""
+    if event.device_type != cuda:
+        return False
+    kind = getattr(event, "activity_type", None)
+    return kind in GPU_WORK if kind else not getattr(event, "is_user_annotation", False)
 
 
 def _uncaptured_time(call: Callable[[], object], plan: TimingPlan | None, why: str) -> tuple[Timing, str]:

@@ -698,6 +698,23 @@ def test_a_model_no_mode_can_capture_is_timed_by_the_profiler_or_events(
         assert "in any mode" in note and "mode='default'" in note
 
 
+def test_busy_time_counts_kernels_copies_and_memsets_not_annotations() -> None:
+    """A GPU-side annotation spans its region's kernels and the gaps between them, so it is
+    no work of its own; nor is a host event.  Without ``activity_type`` (older torch) a
+    device event counts unless it is a user annotation."""
+    from types import SimpleNamespace as Event
+
+    import run_torch
+
+    def work(**kw) -> bool:
+        return run_torch._gpu_work(Event(**kw), "cuda")
+
+    assert all(work(device_type="cuda", activity_type=k) for k in ("kernel", "gpu_memcpy", "gpu_memset"))
+    assert not work(device_type="cuda", activity_type="gpu_user_annotation")
+    assert not work(device_type="cpu", activity_type="kernel")
+    assert work(device_type="cuda") and not work(device_type="cuda", is_user_annotation=True)
+
+
 def test_busy_time_is_the_union_of_the_spans() -> None:
     """The profiler's spans merged as intervals: against counting the covered microseconds
     of random integer spans one by one (overlaps, nesting and gaps included)."""
