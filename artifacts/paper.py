@@ -46,7 +46,7 @@ for _path in (ROOT / "scripts", ROOT / "artifacts", ROOT):
 
 import benchmark  # noqa: E402
 from benchmark import Cell, Config  # noqa: E402
-from run_torch import UNCAPTURED, TimingPlan  # noqa: E402
+from run_torch import COLD_ENV, UNCAPTURED, TimingPlan  # noqa: E402
 
 from welder.export import PAPER_MODELS  # noqa: E402
 
@@ -259,16 +259,23 @@ def measure_case(
         yield "onnxruntime", cell
 
 
+#: The environment of every torch peer: Inductor's on-disk caches off, so that a compile
+#: time is a cold compile's however many cases ran on the machine before (Table 4 takes
+#: Figure 9's max-autotune line for that reason).
+COLD_INDUCTOR = {COLD_ENV: "1"}
+
+
 def torch_peer(export: Path, system: str, args: argparse.Namespace) -> Cell:
     """One torch system timed by run_torch.py in a process of its own (exact fp32: TF32
-    off): every system starts cold, a crash stays in its process, and --peer-timeout-s
-    bounds a compile that runs on (max-autotune's take minutes), its workers stopped too."""
+    off; Inductor's caches off): every system starts cold, a crash stays in its process,
+    and --peer-timeout-s bounds a compile that runs on (max-autotune's take minutes), its
+    workers stopped too."""
     with tempfile.TemporaryDirectory(prefix="welder-peer-") as tmp:
         out = Path(tmp) / "result.json"
         command = [sys.executable, str(ROOT / "artifacts" / "run_torch.py"), str(export), "--systems", system]
         command += ["--device", args.device, "--budget-s", str(args.budget_s), "--json", str(out)]
         try:
-            proc = benchmark._run_child(command, args.peer_timeout_s)
+            proc = benchmark._run_child(command, args.peer_timeout_s, COLD_INDUCTOR)
         except benchmark.StepTimeout as e:
             return Cell(error=f"{system} {e} (--peer-timeout-s)")
         if not out.is_file():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -225,6 +226,11 @@ def load(prefix: str | Path, device: str) -> tuple[Any, tuple[Any, ...], Any, li
     return module.to(device), args, info, version_mismatches(info)
 
 
+#: Inductor's switch for its on-disk caches, and the note a compile made with them off
+#: carries: its compile time is a cold compile's.
+COLD_ENV = "TORCHINDUCTOR_FORCE_DISABLE_CACHES"
+COLD_NOTE = "Inductor caches off: a cold compile"
+
 #: The torch.compile systems and their modes.
 COMPILE_MODES = {"compile": "reduce-overhead", "compile-max-autotune": "max-autotune"}
 TORCH_SYSTEMS = ("eager", *COMPILE_MODES)
@@ -409,26 +415,27 @@ def time_system(
             call()
             compile_s = clock.stop() / 1e3
         latency = measure_calls(call, sync, plan)
+        setup = [COLD_NOTE] if compile_s is not None and os.environ.get(COLD_ENV) == "1" else []
         if not cuda:
-            return SystemTiming(measure(call, clock_for(device), plan), latency, compile_s)
+            return SystemTiming(measure(call, clock_for(device), plan), latency, compile_s, setup)
         try:
-            return SystemTiming(_device_time(call, plan), latency, compile_s)
+            return SystemTiming(_device_time(call, plan), latency, compile_s, setup)
         except Exception as e:  # any capture failure falls back, with its reason noted
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         torch.cuda.synchronize()
         if system == "eager":
             timing, note = _uncaptured_time(call, plan, f"eager {CAPTURE_FALLBACK} ({why})")
-            return SystemTiming(timing, latency, compile_s, [note])
+            return SystemTiming(timing, latency, compile_s, [*setup, note])
         ungraphed = UNGRAPHED_MODES[COMPILE_MODES[system]]
         try:
             fallback = _step(_compiled(module, ungraphed), args, False)
             note = f"its callable {CAPTURE_FALLBACK} ({why}): device time of mode={ungraphed!r}, captured"
-            return SystemTiming(_device_time(fallback, plan), latency, compile_s, [note])
+            return SystemTiming(_device_time(fallback, plan), latency, compile_s, [*setup, note])
         except Exception as e:  # a model that syncs with the host (Conformer's lengths) captures in no mode
             why += f"; mode={ungraphed!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         torch.cuda.synchronize()
         timing, note = _uncaptured_time(call, plan, f"its callable {CAPTURE_FALLBACK} in any mode ({why})")
-        return SystemTiming(timing, latency, compile_s, [note])
+        return SystemTiming(timing, latency, compile_s, [*setup, note])
 
 
 def run_systems(

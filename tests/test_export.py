@@ -715,6 +715,25 @@ def test_busy_time_counts_kernels_copies_and_memsets_not_annotations() -> None:
     assert work(device_type="cuda") and not work(device_type="cuda", is_user_annotation=True)
 
 
+@pytest.mark.parametrize("cold", [True, False])
+def test_a_compile_made_with_inductor_s_caches_off_says_so(monkeypatch, cold) -> None:
+    """The note that lets Table 4 take a compile time as a cold one: on a compiled system
+    whose process had Inductor's caches off, on no other."""
+    need("torch")
+    import run_torch
+    import torch
+
+    monkeypatch.setattr(run_torch, "_compiled", lambda module, mode: module)
+    if cold:
+        monkeypatch.setenv(run_torch.COLD_ENV, "1")
+    else:
+        monkeypatch.delenv(run_torch.COLD_ENV, raising=False)
+    plan = TimingPlan(warmup=1, warmup_s=0.0, repeats=3, min_repeats=1, repeat_ms=1.0, budget_s=0.1)
+    module, args = torch.nn.Linear(4, 4), (torch.ones(1, 4),)
+    assert time_system("compile", module, args, "cpu", plan).notes == ([run_torch.COLD_NOTE] if cold else [])
+    assert time_system("eager", module, args, "cpu", plan).notes == []
+
+
 def test_busy_time_is_the_union_of_the_spans() -> None:
     """The profiler's spans merged as intervals: against counting the covered microseconds
     of random integer spans one by one (overlaps, nesting and gaps included)."""

@@ -509,6 +509,47 @@ def test_table4_tunes_cold_then_warm_on_one_cache(tmp_path: Path, monkeypatch: p
     assert table4.main([*argv, "--runs", str(runs)]) == 0 and len(tunes) == 2  # resumed: nothing new
 
 
+def test_table4_takes_figure9_s_max_autotune_line_only_if_it_compiled_cold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Figure 9 max-autotune line whose note says Inductor's caches were off is Table 4's
+    cold compile (no export, no compile of its own); one without that note, or --no-reuse,
+    is compiled again.  Every torch peer runs with the caches off."""
+    table4 = script("Table4")
+    figure9 = paper.ResultsCsv(tmp_path / "figure9_10.csv", paper.LATENCY_FIELDS)
+    cold = benchmark.Cell(ms=0.7, build_s=310.0, detail=f"{run_torch.COLD_NOTE}; tf32=False")
+    figure9.put(paper.cell_row(benchmark.Config("nerf", 1, "fp32"), "compile-max-autotune", cold, "G"))
+    warm = benchmark.Cell(ms=0.7, build_s=31.0, detail="tf32=False")
+    figure9.put(paper.cell_row(benchmark.Config("nerf", 1, "fp16"), "compile-max-autotune", warm, "G"))
+    peers: list[tuple[str, dict[str, str] | None]] = []
+
+    def run_child(command, timeout_s, extra_env=None):
+        peers.append((command[command.index("--systems") + 1], extra_env))
+        raise benchmark.StepTimeout("stopped here")
+
+    exports: list[str] = []
+    (tmp_path / "export").mkdir()
+    for name in ("export.json", "model.onnx"):
+        (tmp_path / "export" / name).write_text("{}")
+
+    def export_case(case, args):
+        exports.append(case.key)
+        return tmp_path / "export"
+
+    monkeypatch.setattr(benchmark, "_run_child", run_child)
+    monkeypatch.setattr(paper, "export_case", export_case)
+    argv = ["--models", "nerf", "--bs", "1", "--device", "cpu", "--out", str(tmp_path)]
+    argv += ["--systems", "compile-max-autotune", "--runs", str(tmp_path / "runs")]
+    assert table4.main(argv) == 0
+    rows = {r["dtype"]: r for r in paper.ResultsCsv(tmp_path / "table4.csv", table4.FIELDS).rows()}
+    assert rows["fp32"]["build_s"] == "310" and rows["fp32"]["status"] == "ok"
+    assert "from figure9_10.csv" in rows["fp32"]["detail"]
+    assert rows["fp16"]["status"] == "error" and exports == ["nerf_b1_fp16"]
+    assert peers == [("compile-max-autotune", {run_torch.COLD_ENV: "1"})]
+    assert table4.main([*argv, "--no-reuse", "--redo", "--dtype", "fp32"]) == 0
+    assert len(peers) == 2 and exports[-1] == "nerf_b1_fp32"
+
+
 def test_table5_defaults_are_the_compute_intensive_cases(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
