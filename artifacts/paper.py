@@ -656,12 +656,14 @@ def grouped_bars(
     ylabel: str,
     log: bool = False,
     base: float = 0.0,
+    labels: Sequence[str] | None = None,
 ) -> None:
     """Bars of ``value(group, series)`` side by side within each group, drawn from ``base``
     (a speedup's 1x: a slowdown hangs below it) and labelled with their values.  A missing
     value (failed, absent, not measured) is an ``x`` on the axis, so it cannot pass for
     zero.  The legend's entries are square markers in the series' colours (an empty
-    series has no bar to lend its colour)."""
+    series has no bar to lend its colour).  ``labels`` name the groups on the axis (the
+    groups themselves by default)."""
     from matplotlib.ticker import FuncFormatter
     from matplotlib.transforms import blended_transform_factory
 
@@ -685,7 +687,7 @@ def grouped_bars(
                 ax.text(x, 0.01, "x", transform=below, ha="center", va="bottom", fontsize=7, color=colour)
     ax.set_xlim(-0.5, len(groups) - 0.5)
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
+    ax.set_xticklabels(groups if labels is None else labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
     if not top:
         ax.text(0.5, 0.5, "no values measured", transform=ax.transAxes, ha="center", color="dimgray")
@@ -740,16 +742,15 @@ def speedup_figure(
         value = _speedups(latency, models_here, batch, dtype)
         groups = [*models_here, "geomean"]
         faster = [s for s in systems if s != "eager"]  # eager is the line at 1
-        grouped_bars(ax, groups, faster, value, ylabel="speedup over eager (x, log)", log=True, base=1.0)
+        starred = {
+            r["model"] for r in rows if int(r["bs"]) == batch and r["dtype"] == dtype and _uncaptured(r)
+        }
+        labels = [f"{g}*" if g in starred else g for g in groups]
+        ylabel = "speedup over eager (x, log)"
+        grouped_bars(ax, groups, faster, value, ylabel=ylabel, log=True, base=1.0, labels=labels)
         ax.axhline(1.0, color="black", linewidth=0.8, label=f"{LABELS['eager']} (1x)")
         ax.set_ylim(bottom=min(ax.get_ylim()[0], 0.5))
         ax.set_title(f"{title} -- {gpu} {dtype}, batch {batch}", fontsize=10)
-        uncaptured = {
-            r["model"] for r in rows if int(r["bs"]) == batch and r["dtype"] == dtype and _uncaptured(r)
-        }
-        ax.set_xticklabels(
-            [f"{g}*" if g in uncaptured else g for g in groups], rotation=30, ha="right", fontsize=8
-        )
     note = "x: no latency (failed, absent or not run; the CSV says why)"
     if any(_uncaptured(r) for r in rows if r["dtype"] == dtype):
         note += (

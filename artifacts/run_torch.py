@@ -339,8 +339,8 @@ def _busy_time(call: Callable[[], object], plan: TimingPlan | None, number: int 
     """Device time of a call that cannot be captured in a CUDA graph: the GPU's busy time
     (kernels, copies, memsets) per call, from torch.profiler's device records over
     ``number`` calls, median of a few repeats.  Unlike CUDA events around the calls, the
-    host's launch gaps stay out -- the gaps inside a graph replay stay out too, so this
-    leans, if anything, towards the peer."""
+    host's launch gaps stay out; so do the small gaps between kernels that a graph replay
+    keeps (welder's figure holds them), so this leans, if anything, towards the peer."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -380,6 +380,11 @@ def _gpu_work(event: Any, cuda: Any) -> bool:
     return kind in GPU_WORK if kind else not getattr(event, "is_user_annotation", False)
 
 
+def _first_line(e: BaseException) -> str:
+    """An exception as its type and the first line of its message, for a note."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 def _uncaptured_time(call: Callable[[], object], plan: TimingPlan | None, why: str) -> tuple[Timing, str]:
     """The device time of a call no mode could capture, and the note saying how it was taken:
     the profiler's busy time, else CUDA events around back-to-back calls."""
@@ -389,8 +394,7 @@ def _uncaptured_time(call: Callable[[], object], plan: TimingPlan | None, why: s
         return _busy_time(call, plan), f"{why}: {BUSY_TIME}"
     except Exception as e:
         torch.cuda.synchronize()
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        return measure(call, CudaEventClock(), plan), f"{why}: {AROUND_CALLS} (profiler: {reason})"
+        return measure(call, CudaEventClock(), plan), f"{why}: {AROUND_CALLS} (profiler: {_first_line(e)})"
 
 
 def time_system(
@@ -421,7 +425,7 @@ def time_system(
         try:
             return SystemTiming(_device_time(call, plan), latency, compile_s, setup)
         except Exception as e:  # any capture failure falls back, with its reason noted
-            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            why = _first_line(e)
         torch.cuda.synchronize()
         if system == "eager":
             timing, note = _uncaptured_time(call, plan, f"eager {CAPTURE_FALLBACK} ({why})")
@@ -432,7 +436,7 @@ def time_system(
             note = f"its callable {CAPTURE_FALLBACK} ({why}): device time of mode={ungraphed!r}, captured"
             return SystemTiming(_device_time(fallback, plan), latency, compile_s, [*setup, note])
         except Exception as e:  # a model that syncs with the host (Conformer's lengths) captures in no mode
-            why += f"; mode={ungraphed!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            why += f"; mode={ungraphed!r}: {_first_line(e)}"
         torch.cuda.synchronize()
         timing, note = _uncaptured_time(call, plan, f"its callable {CAPTURE_FALLBACK} in any mode ({why})")
         return SystemTiming(timing, latency, compile_s, [*setup, note])
