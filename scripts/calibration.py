@@ -2,8 +2,9 @@
 
     python scripts/calibration.py runs/bench/*/tuned.json [--json out.json]
 
-Reads ``tuned.json`` files written by ``welder tune`` on a GPU and, for every group that
-was measured, the ratio of its measured latency to its predicted one.  The ratios are
+Reads ``tuned.json`` files written by ``welder tune`` on a GPU, plain or gzipped
+(``.json.gz``, as the recorded ones under artifacts/results are kept), and, for every group
+that was measured, the ratio of its measured latency to its predicted one.  The ratios are
 grouped by the kind of the group's first stage and the model's precision, and summarised
 as the median and the deciles: the calibration target is a median within 1.3x and a worst
 decile within 2x.  The precision is ``fp16`` where the file's path says so (the benchmark
@@ -15,6 +16,7 @@ are skipped.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
@@ -53,11 +55,18 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def read_tuned(path: str | Path) -> dict:
+    """A tuned.json, plain or gzipped (``.gz``): the recorded rounds are kept compressed."""
+    path = Path(path)
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return json.loads(data)
+
+
 def ratios(paths: Iterable[Path]) -> dict[tuple[str, str], list[float]]:
     """measured / predicted of every measured group, by (first stage's kind, precision)."""
     found: dict[tuple[str, str], list[float]] = {}
     for path in paths:
-        doc = json.loads(Path(path).read_text())
+        doc = read_tuned(path)
         precision = "fp16" if "fp16" in str(path) else doc.get("precision", "fp32")
         for group in doc.get("groups", []):
             measured, predicted = group.get("measured_latency_us"), group.get("predicted_latency_us")
@@ -94,7 +103,9 @@ def format_table(stats: Sequence[KindStats]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("tuned", nargs="+", help="tuned.json files written by `welder tune` on a GPU")
+    p.add_argument(
+        "tuned", nargs="+", help="tuned.json (or .json.gz) files written by `welder tune` on a GPU"
+    )
     p.add_argument("--json", help="also write the figures as JSON here")
     args = p.parse_args(argv)
     missing = [t for t in args.tuned if not Path(t).is_file()]

@@ -49,22 +49,23 @@ timeout "${LIMIT:-540}" python scripts/benchmark.py --configs "$configs" --syste
   --cache-dir "$state/cache" ${DEADLINE:+--deadline-s "$DEADLINE"} 2>&1 | grep -v "^\[.*\] started on GPU" | tail -n "${TAIL:-4}"
 kill "$copier" 2>/dev/null
 cp "$state/$name.json" "$state/$name.md" "$out/" 2>/dev/null
-# Everything else goes back in one archive: the workers' logs, each row's tuned.json, and
-# the state a fresh machine goes on from (.table-state/).
+# Everything else goes back in one archive: the workers' logs, each row's tuned.json (gzipped,
+# as artifacts/results keeps it), and the state a fresh machine goes on from (.table-state/).
 bundle=$(mktemp -d)
 mkdir -p "$bundle/logs" "$bundle/tuned" "$bundle/state/cache"
 cp "$state"/*.log "$bundle/logs/" 2>/dev/null
 cp "$state/$name.json" "$bundle/state/" 2>/dev/null
 cp "$state"/cache/tuning.db* "$bundle/state/cache/" 2>/dev/null
 python - "$runs" "$bundle/tuned" <<'PY'
+import gzip
 import json
-import shutil
 import sys
 from pathlib import Path
 
 for tuned in sorted(Path(sys.argv[1]).glob("*/tuned.json")):
     totals = json.loads(tuned.read_text())["totals"]
-    shutil.copy(tuned, Path(sys.argv[2]) / f"tuned_{tuned.parent.name}.json")
+    record = Path(sys.argv[2]) / f"tuned_{tuned.parent.name}.json.gz"
+    record.write_bytes(gzip.compress(tuned.read_bytes(), compresslevel=9, mtime=0))
     phases = ", ".join(f"{k} {v:.0f}" for k, v in totals.get("tuning_phase_seconds", {}).items())
     work = ", ".join(f"{k} {v:.0f}" for k, v in totals.get("tuning_work", {}).items())
     print(f"{tuned.parent.name}: tune {totals['tuning_seconds']:.0f} s ({phases}; {work}), {totals['kernels']} kernels")

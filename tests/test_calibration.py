@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -63,10 +64,24 @@ def test_missing_or_unmeasured_files_are_usage_errors(tmp_path: Path, capsys) ->
     assert "no measured group" in capsys.readouterr().err
 
 
+def test_a_gzipped_record_reads_as_its_plain_json(tmp_path: Path) -> None:
+    """The recorded rounds are kept as .json.gz, a fresh tuned.json plain: both read alike."""
+    plain = _tuned(tmp_path / "tuned_bert_b64_fp16.json", [("simt", 3.0, 2.0), ("mma", 1.0, 4.0)])
+    packed = tmp_path / "gz" / "tuned_bert_b64_fp16.json.gz"
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress(plain.read_bytes(), mtime=0))
+    assert calibration.read_tuned(packed) == calibration.read_tuned(plain) == json.loads(plain.read_text())
+    assert (
+        calibration.ratios([packed])
+        == calibration.ratios([plain])
+        == {("simt", "fp16"): [1.5], ("mma", "fp16"): [0.25]}
+    )
+
+
 # -- the factors the cost model applies (welder/schedule/calibration.py) -----------------------
 
 #: The tuned.json files of the round the factors were fitted to (docs/results.md).
-ROUND = sorted((ROOT / "artifacts" / "results" / "H100").glob("tuned_*_online_round.json"))
+ROUND = sorted((ROOT / "artifacts" / "results" / "H100").glob("tuned_*_online_round.json.gz"))
 
 
 def test_the_factors_put_the_rounds_medians_on_target() -> None:
@@ -88,7 +103,7 @@ def test_the_factors_put_the_rounds_medians_on_target() -> None:
 #: tuned.json files record the estimates corrected by the factors of their commits, the
 #: same at both and listed here (docs/results.md).
 CORRECTED_ROUNDS = {
-    name: sorted((ROOT / "artifacts" / "results" / "H100").glob(f"tuned_*_{name}.json"))
+    name: sorted((ROOT / "artifacts" / "results" / "H100").glob(f"tuned_*_{name}.json.gz"))
     for name in ("one_commit", "full_table")
 }
 FACTORS_AT_ROUNDS = {
