@@ -2,7 +2,8 @@
 # One piece of the paper's figures and tables on a GPU machine lent for minutes at a time:
 # artifacts/$SCRIPT/run_all.py (default Figure9_10) with $ARGS (e.g. "--models nafnet --bs 1"),
 # $GPUS cases at once (default: every visible GPU), stopped after $LIMIT s (default 540),
-# no case started after $DEADLINE s (default LIMIT - 240).
+# no case started after $DEADLINE s (default LIMIT - 240); $RUNS is the scripts' --runs
+# (default runs/paper).
 #
 # The state a run goes on from is .paper-state/ in the checkout, when it is there: the
 # results folder (results/: a run skips the lines its CSVs hold), the tuning cache
@@ -11,7 +12,10 @@
 # of the cache -- goes back as paper-state.tgz in $OUT (or /tmp/welder-paper) every 15 s
 # while the run lasts and once at its end, so a run cut short still returns what it
 # measured.  Unpack it into .paper-state/ for the next run, and copy results/ into
-# artifacts/results/<GPU>/ to commit it.
+# artifacts/results/<GPU>/ to commit it.  Each welder build's tuned.json (every group's
+# measured and predicted latency) comes back beside it, gzipped, as
+# tuned/tuned_<variant>_<case>.json.gz: what scripts/calibration.py and a look at the
+# slowest kernels read, kept out of the state a next run carries.
 #
 #   source .device/setup.sh; SCRIPT=Figure9_10 ARGS="--models nafnet --bs 1" bash scripts/paper_pending.sh
 set -uo pipefail
@@ -28,17 +32,23 @@ fi
 export WELDER_COMMIT=${WELDER_COMMIT:-$(cat .paper-state/commit 2>/dev/null || git rev-parse --short HEAD)}
 
 pack() {
-  python - "$state" <<'PY'
+  python - "$state" "${RUNS:-runs/paper}" "$out/tuned" <<'PY'
 import sqlite3
 import sys
+from gzip import compress
 from pathlib import Path
 
-state = Path(sys.argv[1])
+state, runs, tuned = (Path(a) for a in sys.argv[1:4])
 db, copy = state / "cache" / "tuning.db", state / "pack" / "cache" / "tuning.db"
 copy.parent.mkdir(parents=True, exist_ok=True)
 if db.is_file():  # the cache is in WAL mode: a backup is consistent, a file copy may not be
     with sqlite3.connect(db) as source, sqlite3.connect(copy) as target:
         source.backup(target)
+for path in sorted(runs.glob("*/*/tuned.json")):
+    record = tuned / f"tuned_{path.parent.parent.name}_{path.parent.name}.json.gz"
+    if not record.is_file() or record.stat().st_mtime < path.stat().st_mtime:
+        tuned.mkdir(parents=True, exist_ok=True)
+        record.write_bytes(compress(path.read_bytes(), compresslevel=9, mtime=0))
 PY
   tar czf "$out/paper-state.tgz.tmp" -C "$state" results -C "$state/pack" cache \
     && mv "$out/paper-state.tgz.tmp" "$out/paper-state.tgz"
