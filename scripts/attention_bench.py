@@ -65,14 +65,18 @@ def bias_shape(case: Case) -> tuple[int, ...] | None:
     return None
 
 
-def attention_model(case: Case, seed: int = 0, dtype: type = np.float16) -> onnx.ModelProto:
+def attention_model(
+    case: Case, seed: int = 0, dtype: type = np.float16, sdpa: bool = False
+) -> onnx.ModelProto:
     """One layer's attention as torch.onnx writes it (see the module docstring); a relative
-    bias is a constant of the model, a mask an input; in fp16, or in ``dtype``."""
+    bias is a constant of the model, a mask an input; in fp16, or in ``dtype``.  ``sdpa``
+    scales as ``scaled_dot_product_attention``'s export does: the queries and the keys
+    each by the scale's square root, before their product."""
     elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     b, h, n, d = case.batch, case.heads, case.tokens, case.width
     heads = numpy_helper.from_array(np.array([b, n, h, d], np.int64), "heads")
     merged = numpy_helper.from_array(np.array([b, n, h * d], np.int64), "merged")
-    scale = numpy_helper.from_array(np.array(d**-0.5, dtype), "scale")
+    scale = numpy_helper.from_array(np.array(d ** (-0.25 if sdpa else -0.5), dtype), "scale")
     consts = [heads, merged, scale]
     nodes = []
     for x, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
@@ -80,10 +84,17 @@ def attention_model(case: Case, seed: int = 0, dtype: type = np.float16) -> onnx
             helper.make_node("Reshape", [x, "heads"], [f"{x}4"]),
             helper.make_node("Transpose", [f"{x}4"], [f"{x}h"], perm=perm),
         ]
-    nodes += [
-        helper.make_node("MatMul", ["qh", "kh"], ["s"]),
-        helper.make_node("Mul", ["s", "scale"], ["scaled"]),
-    ]
+    if sdpa:
+        nodes += [
+            helper.make_node("Mul", ["qh", "scale"], ["qs"]),
+            helper.make_node("Mul", ["kh", "scale"], ["ks"]),
+            helper.make_node("MatMul", ["qs", "ks"], ["scaled"]),
+        ]
+    else:
+        nodes += [
+            helper.make_node("MatMul", ["qh", "kh"], ["s"]),
+            helper.make_node("Mul", ["s", "scale"], ["scaled"]),
+        ]
     inputs = [helper.make_tensor_value_info(x, elem, [b, n, h * d]) for x in ("q", "k", "v")]
     logits = "scaled"
     if case.bias != "none":

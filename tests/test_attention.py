@@ -238,6 +238,27 @@ def test_fusion_finds_the_attention_group_behind_a_projection() -> None:
     assert graph.nodes["k:tmp"].compute.reduce_axes
 
 
+@needs_emulator
+def test_queries_and_keys_scaled_before_their_product_are_one_attention_kernel() -> None:
+    """The scaled queries and keys are views again once their scales follow the product
+    (Graph.move_scales_past_products): the fusion search makes the layer one group, the
+    attention rule takes it, and every config it proposes computes softmax(q k^T / sqrt(d)) v
+    (numpy, in fp32)."""
+    graph = import_onnx(attention_model(Case(2, 2, 40, 32, "none"), sdpa=True)).move_scales_past_products()
+    (group,) = fuse(graph, CostModel(graph, get_arch("H100"))).groups
+    assert {"scaled:unscaled", "o"} <= set(group.members)
+    configs = attention.KIND.propose(group, _context(graph, topk=4))
+    assert configs and all(isinstance(c.stages[0], AttentionConfig) for c in configs)
+    feeds = _feeds(graph)
+    q, k, v = (feeds[x].astype(np.float32).reshape(2, 40, 2, 32).transpose(0, 2, 1, 3) for x in "qkv")
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(32)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = ((p / p.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3).reshape(2, 40, 64)
+    for cfg, (outputs,) in zip(configs, emulate_configs(graph, group, configs, feeds)):
+        err = error_metric(outputs["y"], expected.astype(np.float16))
+        assert err <= threshold_for("float16"), f"{cfg.stages[0]}: error {err:.3e}"
+
+
 def test_check_inputs_of_a_product_of_two_inputs_have_unit_variance() -> None:
     """Queries and keys from the tuner's random inputs: scaled by K^-1/4 each, so that their
     scores have unit variance; a product with a weight keeps its input as drawn."""

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-from onnx_util import assert_matches_ort, make_model
+from onnx_util import assert_close, assert_matches_ort, make_model, onnxruntime_outputs
 
 import welder
 from welder.cli import parse_input_shape
@@ -248,6 +248,77 @@ def test_repeated_computations_are_computed_once():
     assert (ops["Add"], ops["Softmax"]) == (1, layer["Softmax"])
     assert ops["Where"] == 2 and ops["Relu"] == 2 and ops["Gather"] == 2
     assert_matches_ort(model, feeds)
+
+
+def _sdpa_scores(extra: list, outputs: list[str]) -> tuple:
+    """Attention scores as PyTorch's scaled_dot_product_attention exports them -- queries
+    and transposed keys each multiplied by a scalar, then their product -- with ``extra``
+    nodes beside them."""
+    q, k = (RNG.standard_normal((2, 3, 5, 8)).astype(np.float32) for _ in range(2))
+    nodes = [
+        helper.make_node("Mul", ["q", "root_scale"], ["qs"], name="scale_q"),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["kt", "root_scale"], ["ks"], name="scale_k"),
+        helper.make_node("MatMul", ["qs", "ks"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        *extra,
+    ]
+    consts = {
+        "root_scale": np.array(8**-0.25, np.float32),
+        "two": np.array([2.0], np.float32),
+        "per_row": RNG.standard_normal((5, 1)).astype(np.float32),
+    }
+    return make_model(nodes, {"q": q, "k": k}, outputs, consts), {"q": q, "k": k}
+
+
+def test_scales_move_past_the_products_they_feed():
+    """A product of scaled operands sums the unscaled ones and scales the sum: the scaled
+    queries and keys (a view of the keys) are no nodes any more; results match onnxruntime.
+    A factor that is not one scalar, a scaled tensor something else reads too, and a graph
+    output keep their nodes.  The import itself leaves the scales where the model has them
+    (the rewrite rounds differently: ``welder tune`` applies it)."""
+    model, feeds = _sdpa_scores([], ["p"])
+    assert {"qs", "ks"} <= set(import_onnx(model).nodes)
+    graph = import_onnx(model).move_scales_past_products()
+    (product,) = [n for n in graph.topo_order() if n.compute.is_product]
+    assert product.name == "s:unscaled" and set(product.inputs) <= {"q", "k", "kt"}
+    assert not {"qs", "ks"} & set(graph.nodes)
+    _assert_graph_matches_ort(graph, model, feeds)
+
+    divided = [
+        helper.make_node("Div", ["q", "two"], ["qd"]),
+        helper.make_node("MatMul", ["qd", "kt"], ["by_div"]),
+        helper.make_node("Mul", ["q", "per_row"], ["qr"]),
+        helper.make_node("MatMul", ["qr", "kt"], ["by_rows"]),
+        helper.make_node("Mul", ["q", "two"], ["shared"]),
+        helper.make_node("MatMul", ["shared", "kt"], ["by_shared"]),
+        helper.make_node("Relu", ["shared"], ["shared_relu"]),
+        helper.make_node("Mul", ["kt", "two"], ["out"]),
+        helper.make_node("MatMul", ["q", "out"], ["by_output"]),
+    ]
+    outputs = ["p", "by_div", "by_rows", "by_shared", "shared_relu", "out", "by_output"]
+    model, feeds = _sdpa_scores(divided, outputs)
+    graph = import_onnx(model).move_scales_past_products()
+    assert "by_div:unscaled" in graph.nodes and "qd" not in graph.nodes
+    assert {"qr", "shared", "out"} <= set(graph.nodes)
+    assert not {"by_rows:unscaled", "by_shared:unscaled", "by_output:unscaled"} & set(graph.nodes)
+    _assert_graph_matches_ort(graph, model, feeds)
+
+
+def test_integer_division_stays_before_the_product():
+    """Integers' division truncates, so ``(x // 3) . y`` is not ``(x . y) // 3``: the
+    division keeps its node, and the rewritten graph computes what the import does."""
+    x = RNG.integers(-20, 20, (4, 5)).astype(np.int64)
+    y = RNG.integers(-20, 20, (5, 3)).astype(np.int64)
+    nodes = [helper.make_node("Div", ["x", "three"], ["xd"]), helper.make_node("MatMul", ["xd", "y"], ["z"])]
+    graph = import_onnx(make_model(nodes, {"x": x, "y": y}, ["z"], {"three": np.array(3, np.int64)}))
+    moved = graph.move_scales_past_products()
+    assert "xd" in moved.nodes and "z:unscaled" not in moved.nodes
+    np.testing.assert_array_equal(moved.run({"x": x, "y": y})["z"], np.trunc(x / 3).astype(np.int64) @ y)
+
+
+def _assert_graph_matches_ort(graph, model, feeds) -> None:
+    assert_close(graph.run(feeds), onnxruntime_outputs(model, feeds, [o.name for o in model.graph.output]))
 
 
 def test_outputs_that_alias_inputs_constants_or_each_other():

@@ -30,6 +30,7 @@ from welder.cli import main as welder_main
 from welder.codegen import generate_model
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
+from welder.pipeline import planned_graph
 from welder.runtime.build import RuntimeBuildError, build_runtime
 from welder.runtime.emit import emit_runtime
 from welder.runtime.layout import kernel_sources, main_test_path, runtime_dir, runtime_sources
@@ -115,7 +116,7 @@ def tune(prefix: Path, build: Callable[[], tuple[onnx.ModelProto, Feeds]]) -> Bu
             ]
         )
     assert code == 0
-    graph = import_onnx(model)
+    graph = planned_graph(import_onnx(model))
     plan = plan_model(graph, ARCH, topk=1, skip_dot=True)
     groups = [(g.group, g.configs[0]) for g in plan.groups]
     spec = runtime_spec(graph, groups, generate_model(graph, groups))

@@ -71,6 +71,22 @@ def test_tune_of_a_file_elsewhere_copies_the_model(tmp_path: Path, capsys) -> No
     assert (tmp_path / "mbv2" / "model.onnx").is_file() and (tmp_path / "mbv2" / "tuned.json").is_file()
 
 
+def test_tune_moves_the_scales_of_queries_and_keys_past_their_product(tmp_path: Path) -> None:
+    """`welder tune` plans the graph whose products read unscaled queries and keys (the
+    import keeps the model's scales; Graph.move_scales_past_products): model.json and
+    tuned.json show the product of views and the scale after it."""
+    model, _ = bert_encoder_layer(sdpa=True)
+    onnx.save(model, tmp_path / "bert.onnx")
+    assert main(["tune", str(tmp_path / "bert.onnx"), "--cost-model", "--arch", "H100", "--no-build"]) == 0
+    nodes = {n["name"]: n for n in json.loads((tmp_path / "bert" / "model.json").read_text())["nodes"]}
+    (scores,) = [name for name in nodes if name.endswith("self/MatMul_output_0:unscaled")]
+    assert not any(nodes[i]["op_type"] == "Mul" for i in nodes[scores]["inputs"] if i in nodes)
+    members = {
+        m for g in json.loads((tmp_path / "bert" / "tuned.json").read_text())["groups"] for m in g["members"]
+    }
+    assert scores in members
+
+
 def test_tune_without_gpu_asks_for_the_cost_model(bert_prefix: Path, capsys) -> None:
     pytest.importorskip("welder.device.gpu")
     from welder.device.gpu import gpu_available
@@ -105,14 +121,15 @@ class Tuned:
 
 @pytest.fixture(scope="module")
 def emulated_bert(tmp_path_factory: pytest.TempPathFactory) -> Tuned:
-    """The CI path of the design, once per module: `welder tune --cost-model --topk 1`
-    generates the runtime and builds it with nvcc (where nvcc is), then `welder build
-    --emulate` rebuilds the same sources for the CPU emulator so they can run here."""
+    """The CI path of the design, once per module: `welder tune --cost-model --topk 1` on a
+    BERT layer exported through scaled_dot_product_attention generates the runtime and
+    builds it with nvcc (where nvcc is), then `welder build --emulate` rebuilds the same
+    sources for the CPU emulator so they can run here."""
     if not (emulator_available() and shutil.which("cmake")):
         pytest.skip("needs g++ and cmake")
     prefix = tmp_path_factory.mktemp("tuned") / "bert"
     prefix.mkdir()
-    onnx.save(bert_encoder_layer()[0], prefix / "model.onnx")
+    onnx.save(bert_encoder_layer(sdpa=True)[0], prefix / "model.onnx")
     build = ["--cuda-arch", "90"] if HAS_TOOLCHAIN else ["--no-build"]
     assert main(["tune", str(prefix), "--arch", "H100", "--cost-model", "--topk", "1", *build]) == 0
     nvcc_built = library_path(prefix).is_file() and main_test_path(prefix).is_file()

@@ -16,7 +16,7 @@ import numpy as np
 
 from welder.errors import ModelError
 from welder.ir.compute import Compute
-from welder.ir.expr import format_expr
+from welder.ir.expr import INDEX, Binary, Const, Expr, Load, format_expr, is_float, substitute
 from welder.ir.interpret import evaluate, np_dtype
 
 
@@ -227,6 +227,74 @@ class Graph:
                 continue
             nodes.append(replace(node, compute=c))
         return Graph(self.inputs, nodes, self.outputs, self.constants, name=self.name).eliminate_dead_nodes()
+
+    def move_scales_past_products(self) -> Graph:
+        """A copy in which a product of a scaled operand -- ``(x * c) . y`` or ``(x / c) .
+        y``, ``c`` a scalar constant, the scaled tensor read by nothing else -- sums ``x .
+        y`` into ``<name>:unscaled`` and the node ``<name>`` scales that sum.
+
+        Exporters scale attention's queries and keys before their product (PyTorch's
+        ``scaled_dot_product_attention`` multiplies each by the square root of the scale):
+        scaled, each is an elementwise kernel's output of its own; unscaled, both are views
+        of the projection that the attention kernel loads directly, and the scale joins the
+        row stages it already computes in registers."""
+        uses = {name: len(self.consumers(name)) for name in self.nodes}
+        nodes: list[Node] = []
+        for node in self.topo_order():
+            c = node.compute
+            if not c.is_product:
+                nodes.append(node)
+                continue
+            operands, factors = [], []
+            for load in (c.body.a, c.body.b):
+                found = self._unscaled(load, node.name, uses)
+                operands.append(load if found is None else found[0])
+                factors += [] if found is None else [found[1:]]
+            if not factors:
+                nodes.append(node)
+                continue
+            sum_name = f"{node.name}:unscaled"
+            body = Binary("mul", *operands)
+            nodes.append(replace(node, compute=replace(c, name=sum_name, body=body)))
+            scaled: Expr = Load(sum_name, tuple(a.var for a in c.axes), c.dtype)
+            for op, factor in factors:
+                scaled = Binary(op, scaled, factor)
+            nodes.append(Node(Compute(node.name, c.axes, scaled, c.dtype), "Mul", node.source))
+        return Graph(self.inputs, nodes, self.outputs, self.constants, name=self.name).eliminate_dead_nodes()
+
+    def _unscaled(self, load: Expr, reader: str, uses: Mapping[str, int]) -> tuple[Load, str, Expr] | None:
+        """``load``'s tensor unscaled (``x`` of ``x * c`` or ``x / c``, loaded at the same
+        point) with the op and the scalar ``c``, where only ``reader`` reads the tensor."""
+        if not isinstance(load, Load) or load.tensor not in self.nodes or load.tensor in self.outputs:
+            return None
+        if uses[load.tensor] != 1 or self.consumers(load.tensor)[0].name != reader:
+            return None
+        p = self.nodes[load.tensor].compute
+        body = p.body
+        if (
+            p.is_reduction
+            or not is_float(p.dtype)
+            or not isinstance(body, Binary)
+            or body.op not in ("mul", "div")
+        ):
+            return None  # integers' division truncates: (x / c) . y is not (x . y) / c
+        pairs = [(body.a, body.b)] + ([(body.b, body.a)] if body.op == "mul" else [])
+        for x, factor in pairs:
+            if isinstance(x, Load) and x.dtype == p.dtype and self._is_scalar(factor):
+                at = {a.name: i for a, i in zip(p.axes, load.indices)}
+                return substitute(x, at), body.op, factor
+        return None
+
+    def _is_scalar(self, e: Expr) -> bool:
+        """A float constant, or a one-element constant tensor loaded at a fixed point."""
+        if isinstance(e, Const):
+            return e.dtype != INDEX
+        return (
+            isinstance(e, Load)
+            and e.tensor in self.constants
+            and self.constants[e.tensor].size == 1
+            and all(isinstance(i, Const) for i in e.indices)
+        )
 
     # -- evaluation & serialisation -----------------------------------------------------
 

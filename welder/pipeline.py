@@ -143,13 +143,20 @@ def tune(
     arch = get_arch(options.arch)
     _check_cuda_arch(options)
     device = MemoryLimit(arch.memory_bytes, f"device memory of the {arch.name} (--arch)")
-    graph = import_onnx(proto, options.input_shapes, name=Path(model).stem, memory=device)
+    graph = planned_graph(import_onnx(proto, options.input_shapes, name=Path(model).stem, memory=device))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise WelderError(f"cannot create the output folder {out}: {e.strerror}") from None
     with prefix_lock(out, "welder tune"):
         return _tune_into(out, str(model), source, proto, graph, arch, options, progress, start, notes)
+
+
+def planned_graph(graph: Graph) -> Graph:
+    """The graph ``tune`` plans: the imported one after the rewrites that change only the
+    rounding (docs/frontend.md, "Before scheduling").  They are the compiler's, not the
+    import's, which keeps the model's semantics to the last bit."""
+    return graph.move_scales_past_products()
 
 
 def _tune_into(
