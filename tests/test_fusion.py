@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import networkx as nx
 import numpy as np
 import pytest
+from models import conformer_conv_module
 from onnx import helper
 from onnx_util import make_model
 
@@ -20,6 +22,7 @@ from welder.runtime.emulate import EmulatedModel
 from welder.runtime.spec import find_views
 from welder.schedule.engine import MAX_GROUP_MEMBERS, MAX_GROUP_STAGES, CostModel, fuse
 from welder.schedule.group import Group, InvalidGroup, make_group
+from welder.schedule.kinds import Options
 from welder.schedule.plan import plan_model
 
 RNG = np.random.default_rng(5)
@@ -473,3 +476,94 @@ def test_no_worker_processes_while_other_threads_run() -> None:
     finally:
         stop.set()
         thread.join()
+
+
+# -- members a window reads ------------------------------------------------------------------------
+
+
+def _window_reads(activation: str, then: str) -> Graph:
+    """``activation`` over [1, 8, 24], then ``then``: a depthwise convolution of 5 taps or a
+    product with a weight."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 8, 24)).astype(np.float32)
+    if then == "conv":
+        last = helper.make_node("Conv", ["a", "w"], ["y"], group=8, pads=[2, 2])
+        consts = {"w": rng.standard_normal((8, 1, 5)).astype(np.float32)}
+    else:
+        last = helper.make_node("MatMul", ["a", "w"], ["y"])
+        consts = {"w": rng.standard_normal((24, 6)).astype(np.float32)}
+    return import_onnx(
+        make_model([helper.make_node(activation, ["x"], ["a"]), last], {"x": x}, ["y"], consts)
+    )
+
+
+def test_a_call_a_window_reads_is_a_stage():
+    """A sigmoid that a convolution reads through its window is computed once a point (a
+    stage), not at every tap; a ReLU (no call) and a sigmoid a product reads point by point
+    stay inlined.  Along GLU -> depthwise convolution, the GLU's product is the stage, the
+    sigmoid inside it stays inlined."""
+    for activation, then, staged in (
+        ("Sigmoid", "conv", True),
+        ("Relu", "conv", False),
+        ("Sigmoid", "matmul", False),
+    ):
+        graph = _window_reads(activation, then)
+        group = make_group(graph, graph.nodes)
+        assert ("a" in group.stages) == staged, (activation, then, group.stages)
+    graph = import_onnx(conformer_conv_module(kernel=15)[0])
+    group = _glu_and_depthwise(graph)
+    glu = [s for s in group.stages if s.endswith("sequential.1/Mul_output_0")]
+    assert glu and not any("Sigmoid" in s for s in group.stages)
+
+
+def _glu_and_depthwise(graph: Graph) -> Group:
+    """Conformer's GLU (its split and sigmoid) with the depthwise convolution reading it."""
+    root = next(n for n in graph.nodes if n.endswith("sequential.3/BatchNormalization_output_0"))
+    pointwise = next(n for n in graph.nodes if n.endswith("sequential.0/Conv_output_0"))
+    before = nx.ancestors(graph.nx, pointwise) | {pointwise}
+    return make_group(graph, [n for n in nx.ancestors(graph.nx, root) if n not in before] + [root])
+
+
+def _silu_then_strided_depthwise() -> tuple[Graph, dict[str, np.ndarray]]:
+    """MobileViT's inverted residual: SiLU, then a 3 x 3 depthwise convolution of stride 2
+    (a two-dimensional window with a halo on both axes)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 8, 13, 13)).astype(np.float32)
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["s"]),
+        helper.make_node("Mul", ["x", "s"], ["a"]),
+        helper.make_node("Conv", ["a", "w"], ["y"], group=8, pads=[1, 1, 1, 1], strides=[2, 2]),
+    ]
+    consts = {"w": rng.standard_normal((8, 1, 3, 3)).astype(np.float32)}
+    graph = import_onnx(make_model(nodes, {"x": x}, ["y"], consts))
+    return graph, {"x": x}
+
+
+@pytest.mark.skipif(not emulator_available(), reason="needs g++ for the emulator")
+@pytest.mark.parametrize("case", ["glu, 31 taps", "silu, 3 x 3 stride 2"])
+def test_a_staged_call_computes_what_the_interpreter_does(case: str):
+    """Every config the cost model proposes for a group whose windowed call is a stage
+    (its tile with the window's halo, zero padding at the edges), emulated against the
+    interpreter: Conformer's GLU and 31-tap depthwise convolution, MobileViT's SiLU and
+    strided 3 x 3 one."""
+    from test_mma import emulate_configs
+
+    from welder.ir.interpret import evaluate
+
+    if case.startswith("glu"):
+        model, feeds = conformer_conv_module(batch=2, frames=40, channels=16, kernel=31)
+        graph = import_onnx(model)
+        group = _glu_and_depthwise(graph)
+    else:
+        graph, feeds = _silu_then_strided_depthwise()
+        group = make_group(graph, graph.nodes)
+        assert "a" in group.stages
+    values = {**graph.constants, **feeds}
+    for node in graph.topo_order():
+        values[node.name] = evaluate(node.compute, values)
+    configs = CostModel(graph, get_arch("H100"), Options(topk=4)).configs(group)
+    assert configs
+    inputs = {t: values[t] for t in group.inputs if t not in graph.constants}
+    for cfg, (outputs,) in zip(configs, emulate_configs(graph, group, configs, inputs)):
+        for name, got in outputs.items():
+            np.testing.assert_allclose(got, values[name], rtol=1e-4, atol=1e-5, err_msg=str(cfg.block_tile))

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from welder.graph import Graph
 from welder.ir.compute import Compute
-from welder.ir.inline import inline_compute
+from welder.ir.expr import Call, Load, free_vars, walk
+from welder.ir.inline import inline_compute, inline_expr
 
 
 class InvalidGroup(ValueError):
@@ -61,7 +62,50 @@ def make_group(graph: Graph, names: Iterable[str]) -> Group:
     stages = [n.name for n in order if n.compute.is_reduction or n.name in outputs]
     inlined = {n.name: n.compute for n in order if n.name not in stages}
     computes = {s: inline_compute(graph.nodes[s].compute, inlined) for s in stages}
+    windowed = _recomputed_by_windows(graph, order, computes)
+    if windowed:
+        stages = sorted([*stages, *windowed], key=graph.topo_rank)
+        inlined = {n.name: n.compute for n in order if n.name not in stages}
+        computes = {s: inline_compute(graph.nodes[s].compute, inlined) for s in stages}
     return Group(tuple(n.name for n in order), root, tuple(outputs), tuple(inputs), tuple(stages), computes)
+
+
+def _recomputed_by_windows(graph: Graph, order: Sequence, computes: dict[str, Compute]) -> list[str]:
+    """Injective members that are stages too: those with a function call (a sigmoid, an
+    exponential) that a reduction reads through a window.  Inlined, such a member would be
+    computed again at every tap for every output point (Conformer's GLU before its 31-tap
+    depthwise convolution: 31 sigmoids an output); as a stage it is computed once per point
+    of the block's tile and its halo, into shared memory.  The latest such member along a
+    chain is taken: the members before it are read at its own points, not through the
+    window."""
+    chosen: list[str] = []
+    reductions = [s for s, c in computes.items() if c.is_reduction and _calls_through_window(c)]
+    if not reductions:
+        return chosen
+    injective = [n for n in order if n.name not in computes]
+    for member in reversed(injective):
+        others = {n.name: n.compute for n in injective if n.name != member.name and n.name not in chosen}
+        if not any(isinstance(e, Call) for e in walk(inline_expr(member.compute.body, others))):
+            continue
+        for s in reductions:
+            c = inline_compute(graph.nodes[s].compute, others)
+            if any(ld.tensor == member.name and _through_window(ld, c) for ld in c.loads()):
+                chosen.append(member.name)
+                break
+    return chosen
+
+
+def _calls_through_window(c: Compute) -> bool:
+    """Whether ``c`` has a function call and reads something through a window."""
+    return any(isinstance(e, Call) for e in walk(c.body)) and any(_through_window(ld, c) for ld in c.loads())
+
+
+def _through_window(load: Load, c: Compute) -> bool:
+    """Whether ``c`` reads ``load`` through a window: an index moving with an output axis
+    and a reduced one together (``x[i + r]``), so that output points share elements."""
+    outputs = {a.name for a in c.axes}
+    reduced = {a.name for a in c.reduce_axes}
+    return any(free_vars(i) & outputs and free_vars(i) & reduced for i in load.indices)
 
 
 def _check_convex(graph: Graph, members: set[str], order: list) -> None:
