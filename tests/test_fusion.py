@@ -498,13 +498,15 @@ def _window_reads(activation: str, then: str) -> Graph:
 
 
 def test_a_call_a_window_reads_is_a_stage():
-    """A sigmoid that a convolution reads through its window is computed once a point (a
-    stage), not at every tap; a ReLU (no call) and a sigmoid a product reads point by point
-    stay inlined.  Along GLU -> depthwise convolution, the GLU's product is the stage, the
-    sigmoid inside it stays inlined."""
+    """A sigmoid or tanh that a convolution reads through its window is computed once a
+    point (a stage), not at every tap; a ReLU or a negation (cheap) and a sigmoid a product
+    reads point by point stay inlined.  Along GLU -> depthwise convolution, the GLU's
+    product is the stage, the sigmoid inside it stays inlined."""
     for activation, then, staged in (
         ("Sigmoid", "conv", True),
+        ("Tanh", "conv", True),
         ("Relu", "conv", False),
+        ("Neg", "conv", False),
         ("Sigmoid", "matmul", False),
     ):
         graph = _window_reads(activation, then)

@@ -238,7 +238,6 @@ class Graph:
         scaled, each is an elementwise kernel's output of its own; unscaled, both are views
         of the projection that the attention kernel loads directly, and the scale joins the
         row stages it already computes in registers."""
-        uses = {name: len(self.consumers(name)) for name in self.nodes}
         nodes: list[Node] = []
         for node in self.topo_order():
             c = node.compute
@@ -247,7 +246,7 @@ class Graph:
                 continue
             operands, factors = [], []
             for load in (c.body.a, c.body.b):
-                found = self._unscaled(load, node.name, uses)
+                found = self._unscaled(load, node.name)
                 operands.append(load if found is None else found[0])
                 factors += [] if found is None else [found[1:]]
             if not factors:
@@ -262,12 +261,12 @@ class Graph:
             nodes.append(Node(Compute(node.name, c.axes, scaled, c.dtype), "Mul", node.source))
         return Graph(self.inputs, nodes, self.outputs, self.constants, name=self.name).eliminate_dead_nodes()
 
-    def _unscaled(self, load: Expr, reader: str, uses: Mapping[str, int]) -> tuple[Load, str, Expr] | None:
+    def _unscaled(self, load: Expr, reader: str) -> tuple[Load, str, Expr] | None:
         """``load``'s tensor unscaled (``x`` of ``x * c`` or ``x / c``, loaded at the same
         point) with the op and the scalar ``c``, where only ``reader`` reads the tensor."""
         if not isinstance(load, Load) or load.tensor not in self.nodes or load.tensor in self.outputs:
             return None
-        if uses[load.tensor] != 1 or self.consumers(load.tensor)[0].name != reader:
+        if [c.name for c in self.consumers(load.tensor)] != [reader]:
             return None
         p = self.nodes[load.tensor].compute
         body = p.body

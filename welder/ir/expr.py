@@ -59,6 +59,9 @@ CALLS: dict[str, int] = {
     "fmod": 2,
 }
 PREDICATE_CALLS = frozenset({"not", "isnan", "isinf"})
+#: Calls that GPUs evaluate on their special-function units or as polynomials: many times
+#: the cost of an add, worth computing once rather than again for every reader.
+TRANSCENDENTAL_CALLS = frozenset({"exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "sin", "cos"})
 
 
 def is_float(dtype: str) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from welder.graph import Graph
 from welder.ir.compute import Compute
-from welder.ir.expr import Call, Load, free_vars, walk
+from welder.ir.expr import TRANSCENDENTAL_CALLS, Call, Expr, Load, free_vars, walk
 from welder.ir.inline import inline_compute, inline_expr
 
 
@@ -71,8 +71,8 @@ def make_group(graph: Graph, names: Iterable[str]) -> Group:
 
 
 def _recomputed_by_windows(graph: Graph, order: Sequence, computes: dict[str, Compute]) -> list[str]:
-    """Injective members that are stages too: those with a function call (a sigmoid, an
-    exponential) that a reduction reads through a window.  Inlined, such a member would be
+    """Injective members that are stages too: those with a transcendental call (a sigmoid,
+    an exponential) that a reduction reads through a window.  Inlined, such a member would be
     computed again at every tap for every output point (Conformer's GLU before its 31-tap
     depthwise convolution: 31 sigmoids an output); as a stage it is computed once per point
     of the block's tile and its halo, into shared memory.  The latest such member along a
@@ -85,7 +85,7 @@ def _recomputed_by_windows(graph: Graph, order: Sequence, computes: dict[str, Co
     injective = [n for n in order if n.name not in computes]
     for member in reversed(injective):
         others = {n.name: n.compute for n in injective if n.name != member.name and n.name not in chosen}
-        if not any(isinstance(e, Call) for e in walk(inline_expr(member.compute.body, others))):
+        if not _transcendental(inline_expr(member.compute.body, others)):
             continue
         for s in reductions:
             c = inline_compute(graph.nodes[s].compute, others)
@@ -96,8 +96,12 @@ def _recomputed_by_windows(graph: Graph, order: Sequence, computes: dict[str, Co
 
 
 def _calls_through_window(c: Compute) -> bool:
-    """Whether ``c`` has a function call and reads something through a window."""
-    return any(isinstance(e, Call) for e in walk(c.body)) and any(_through_window(ld, c) for ld in c.loads())
+    """Whether ``c`` has a transcendental call and reads something through a window."""
+    return _transcendental(c.body) and any(_through_window(ld, c) for ld in c.loads())
+
+
+def _transcendental(e: Expr) -> bool:
+    return any(isinstance(n, Call) and n.fn in TRANSCENDENTAL_CALLS for n in walk(e))
 
 
 def _through_window(load: Load, c: Compute) -> bool:
