@@ -13,9 +13,10 @@
 # while the run lasts and once at its end, so a run cut short still returns what it
 # measured.  Unpack it into .paper-state/ for the next run, and copy results/ into
 # artifacts/results/<GPU>/ to commit it.  Each welder build's tuned.json (every group's
-# measured and predicted latency) comes back beside it, gzipped, as
-# tuned/tuned_<variant>_<case>.json.gz: what scripts/calibration.py and a look at the
-# slowest kernels read, kept out of the state a next run carries.
+# measured and predicted latency) comes back beside it in tuned.tar, gzipped, as
+# tuned/tuned_<variant>_<case>.json.gz (one file, as a machine may return only a few):
+# what scripts/calibration.py and a look at the slowest kernels read, kept out of the
+# state a next run carries.
 #
 #   source .device/setup.sh; SCRIPT=Figure9_10 ARGS="--models nafnet --bs 1" bash scripts/paper_pending.sh
 set -uo pipefail
@@ -32,7 +33,7 @@ fi
 export WELDER_COMMIT=${WELDER_COMMIT:-$(cat .paper-state/commit 2>/dev/null || git rev-parse --short HEAD)}
 
 pack() {
-  python - "$state" "${RUNS:-runs/paper}" "$out/tuned" <<'PY'
+  python - "$state" "${RUNS:-runs/paper}" "$state/tuned" <<'PY'
 import sqlite3
 import sys
 from gzip import compress
@@ -50,6 +51,7 @@ for path in sorted(runs.glob("*/*/tuned.json")):
         tuned.mkdir(parents=True, exist_ok=True)
         record.write_bytes(compress(path.read_bytes(), compresslevel=9, mtime=0))
 PY
+  [ -d "$state/tuned" ] && tar cf "$out/tuned.tar" -C "$state" tuned
   tar czf "$out/paper-state.tgz.tmp" -C "$state" results -C "$state/pack" cache \
     && mv "$out/paper-state.tgz.tmp" "$out/paper-state.tgz"
 }

@@ -238,10 +238,12 @@ def test_nofusion_is_one_group_per_reduction():
     # Head splits inline into the matmuls that read them; the scaling is the scores' epilogue.
     scores = _group_of(result, "scores")
     assert {"q4", "qt", "k4", "kt", "scaled"} <= set(scores.members) and scores.root == "scaled"
-    assert {"v4", "vt", "probs"} <= set(_group_of(result, "ctx").members)
-    # The softmax's two reductions are two kernels; exp is the epilogue of the max.
+    assert {"v4", "vt"} <= set(_group_of(result, "ctx").members)
+    # The softmax's two reductions are two kernels; exp is the epilogue of the max and the
+    # division the epilogue of the sum, not a prologue of the product that reads it.
     assert _group_of(result, "probs:max") is _group_of(result, "probs:exp")
     assert _group_of(result, "probs:sum") is not _group_of(result, "probs:max")
+    assert _group_of(result, "probs:sum") is _group_of(result, "probs")
 
 
 def test_nofusion_leaves_an_injective_node_read_by_two_kernels_alone():
@@ -262,6 +264,22 @@ def test_nofusion_writes_an_injective_graph_output_from_its_producers_kernel():
     _check_nofusion(g, result.groups)
     assert [grp.members for grp in result.groups] == [("a", "r"), ("y",)]
     assert result.groups[0].outputs == ("r",)
+
+
+def test_nofusion_makes_arithmetic_between_products_the_epilogue_of_the_first():
+    """A bias and activation between two matmuls is the first one's epilogue: as the second
+    one's prologue it would be recomputed at every read of its operand."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"]),
+        helper.make_node("Add", ["a", "b"], ["ab"]),
+        helper.make_node("Erf", ["ab"], ["e"]),
+        helper.make_node("MatMul", ["e", "w2"], ["y"]),
+    ]
+    inits = {"w1": _w(16, 8), "b": _w(8), "w2": _w(8, 4)}
+    g = import_onnx(make_model(nodes, {"x": _w(8, 16)}, ["y"], inits))
+    result = fuse(g, launch_bound(g), nofusion=True)
+    _check_nofusion(g, result.groups)
+    assert [grp.members for grp in result.groups] == [("a", "ab", "e"), ("y",)]
 
 
 def test_nofusion_leaves_a_view_alone_for_a_computed_epilogue():

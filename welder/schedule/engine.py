@@ -26,7 +26,8 @@ from typing import Any, Protocol, TypeVar
 from welder.arch import Arch
 from welder.graph import Graph
 from welder.hostcpu import usable_cores
-from welder.ir.expr import Load, format_expr, rename_tensors
+from welder.ir.compute import Compute
+from welder.ir.expr import Binary, Call, Load, format_expr, is_float, rename_tensors, walk
 from welder.ir.views import aliased_input
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
@@ -368,9 +369,14 @@ def nofusion_partition(
 
     1. Prologues, walking backwards: an injective node whose readers all lie in one group
        joins that group, where ``make_group`` inlines it (chains of reshapes, transposes,
-       bias adds and activations in front of a matmul).  A graph output does not: it must
-       be written whole, which a consumer's tiles need not cover.  Every other node anchors
-       a group: each reduction, and each injective node read by several groups or none.
+       padding and casts in front of a matmul).  A graph output does not: it must be
+       written whole, which a consumer's tiles need not cover.  Nor does arithmetic on a
+       reduction's result (a bias add, an activation) in front of another reduction: a
+       product reads each operand element many times, so a prologue would recompute it at
+       every read, and it would keep the product off its tensor-core and FFMA kinds, which
+       take their operands as loads; it waits to be the epilogue of the reduction it comes
+       from (step 2), as rule-based fusion does.  Every other node anchors a group: each
+       reduction, and each injective node read by several groups or none.
     2. Epilogues, walking forwards: a group anchored at an injective node joins a group
        holding a reduction whose sink it reads, becoming that group's sink, if the union is
        still one convex kernel the measure can schedule.  The latest such sink is tried
@@ -379,7 +385,10 @@ def nofusion_partition(
        (a reshape that moves no data) joins only if it is its producer's only reader: left
        alone it is an alias that launches nothing, and the producer's sink stays free for a
        computation that would otherwise be a kernel of its own.
-    3. The groups left anchored at an injective node (nothing upstream to join, or the sink
+    3. Arithmetic that step 1 kept out of a prologue and that no epilogue took becomes
+       the prologue it would have been after all (a scaling of one head of a shared
+       projection, say), rather than a kernel of its own.
+    4. The groups left anchored at an injective node (nothing upstream to join, or the sink
        taken) are kernels of their own; a group that cannot be scheduled as one kernel
        falls back to one group per node.
     """
@@ -389,14 +398,29 @@ def nofusion_partition(
     def shape_of(t: str) -> tuple[int, ...]:
         return graph.tensor(t).shape
 
+    after_reduction: dict[str, bool] = {}  # an injective node a reduction's epilogue could take
+    for name in order:
+        producers = [graph.nodes[t] for t in graph.nodes[name].inputs if t in rank]
+        after_reduction[name] = graph.nodes[name].compute.is_injective and any(
+            p.compute.is_reduction or after_reduction[p.name] for p in producers
+        )
     home: dict[str, int] = {}
     parts: list[set[str]] = []
+    anchored_by_reduction: set[int] = set()
+    deferred: set[int] = set()  # arithmetic kept out of a reduction's prologue
     for name in reversed(order):
         readers = {home.get(c.name, -1) for c in graph.consumers(name)}  # -1: a fixed node
-        inlined = not graph.nodes[name].compute.is_reduction and name not in graph.outputs
+        compute = graph.nodes[name].compute
+        inlined = compute.is_injective and name not in graph.outputs
         if inlined and len(readers) == 1 and -1 not in readers:
             part = readers.pop()
+            if part in anchored_by_reduction and after_reduction[name] and _arithmetic(compute):
+                part = len(parts)
+                parts.append(set())
+                deferred.add(part)
         else:
+            if compute.is_reduction:
+                anchored_by_reduction.add(len(parts))
             part = len(parts)
             parts.append(set())
         parts[part].add(name)
@@ -423,6 +447,20 @@ def nofusion_partition(
             home.update(dict.fromkeys(part, target))
             parts[k] = set()
             break
+    for k in sorted(deferred, key=lambda k: rank[root[k]], reverse=True):
+        part = parts[k]
+        readers = {home.get(c.name, -1) for m in part for c in graph.consumers(m) if c.name not in part}
+        if not part or len(readers) != 1 or -1 in readers or any(m in graph.outputs for m in part):
+            continue
+        target = readers.pop()
+        try:
+            group = make_group(graph, parts[target] | part)
+        except InvalidGroup:
+            continue
+        if measure(group) is not None:
+            parts[target] |= part
+            home.update(dict.fromkeys(part, target))
+            parts[k] = set()
     found = []
     for part in filter(None, parts):
         if len(part) > 1 and measure(make_group(graph, part)) is None:
@@ -432,6 +470,11 @@ def nofusion_partition(
         else:
             found.append(part)
     return found
+
+
+def _arithmetic(compute: Compute) -> bool:
+    """Whether the body computes on values (float arithmetic or a call), not only moves them."""
+    return any(isinstance(n, (Binary, Call)) and is_float(n.dtype) for n in walk(compute.body))
 
 
 def _grow(
