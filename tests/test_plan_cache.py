@@ -62,6 +62,23 @@ def test_a_plan_is_not_taken_for_other_settings(tmp_path, change):
     assert not any(line.startswith("fusion from the tuning cache") for line in plan.log)
 
 
+def test_a_plan_from_another_fusion_search_is_not_taken(tmp_path, monkeypatch):
+    """A changed fusion search or --nofusion partition (FUSION_VERSION) forms its groups
+    again instead of taking those the older one stored."""
+    from welder.tune import plan_cache
+
+    graph = layernorm_gelu()
+    cache = TuningCache(tmp_path)
+    for nofusion in (False, True):
+        tune_model(graph, ARCH, 2, cache, ScriptedDevice(graph), nofusion=nofusion)
+        again = tune_model(graph, ARCH, 2, cache, ScriptedDevice(graph), nofusion=nofusion)
+        assert again.log[-1].startswith("fusion from the tuning cache")
+    monkeypatch.setattr(plan_cache, "FUSION_VERSION", plan_cache.FUSION_VERSION + 1)
+    for nofusion in (False, True):
+        plan = tune_model(graph, ARCH, 2, cache, ScriptedDevice(graph), nofusion=nofusion)
+        assert not any(line.startswith("fusion from the tuning cache") for line in plan.log)
+
+
 def test_a_plan_is_not_taken_for_another_graph_or_gpu(tmp_path):
     graph, other = bert(1), bert(2)
     assert graph_signature(graph) != graph_signature(other)

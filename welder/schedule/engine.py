@@ -34,6 +34,9 @@ from welder.schedule.group import Group, InvalidGroup, execution_order, make_gro
 from welder.schedule.kinds import Options, ScheduleContext, propose
 from welder.schedule.kinds.library import LibraryGroup
 
+#: Bumped when the fusion search or ``nofusion_partition`` changes which groups it forms: a
+#: model's plan stored before (``welder.tune.plan_cache``) is no answer for it now.
+FUSION_VERSION = 2  # 2: --nofusion's arithmetic is the epilogue of its reduction
 MAX_GROUP_MEMBERS = 48
 MAX_GROUP_STAGES = 8
 #: Groups the parent of CostModel's worker processes memoises before it forks them again.

@@ -8,8 +8,8 @@ final groups -- each one's members, in execution order -- are stored beside the 
 entries, under a key that holds everything the outcome depends on:
 
 * the graph's structure, tensor names included (``engine.graph_signature``),
-* the fusion checks' and the search's versions (:data:`PLAN_VERSION`,
-  ``kinds.SEARCH_VERSION``), the cost model's arch, the kernel kinds, ``topk`` and
+* the fusion checks', the fusion search's and the kinds' versions (:data:`PLAN_VERSION`,
+  ``engine.FUSION_VERSION``, ``kinds.SEARCH_VERSION``), the cost model's arch, the kernel kinds, ``topk`` and
   ``--nofusion``, the groups a library computes (``--skip-dot``),
 * the GPU and the compiler whose measurements decided the fusion checks.
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from welder.arch import Arch
 from welder.graph import Graph
-from welder.schedule.engine import graph_signature
+from welder.schedule.engine import FUSION_VERSION, graph_signature
 from welder.schedule.group import Group, InvalidGroup, make_group
 from welder.schedule.kinds import SEARCH_VERSION
 from welder.schedule.plan import SplitFailure
@@ -57,6 +57,7 @@ def plan_key(
     settings = [
         graph_signature(graph),
         PLAN_VERSION,
+        FUSION_VERSION,
         SEARCH_VERSION,
         arch.name,
         gpu,
