@@ -19,6 +19,10 @@
 # state a next run carries.
 #
 #   source .device/setup.sh; SCRIPT=Figure9_10 ARGS="--models nafnet --bs 1" bash scripts/paper_pending.sh
+#
+# Two scripts at once, each on two of four GPUs and half the cores, sharing the state:
+#   CUDA_VISIBLE_DEVICES=0,1 GPUS=2 SCRIPT=Figure13 ARGS=... taskset -c 0-31 bash scripts/paper_pending.sh &
+#   CUDA_VISIBLE_DEVICES=2,3 GPUS=2 SCRIPT=Figure10b ARGS=... taskset -c 32-63 bash scripts/paper_pending.sh; wait
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/welder-paper}
@@ -33,6 +37,9 @@ fi
 export WELDER_COMMIT=${WELDER_COMMIT:-$(cat .paper-state/commit 2>/dev/null || git rev-parse --short HEAD)}
 
 pack() {
+  # two runs may share one state (two scripts, each on some of the GPUs): one pack at a time
+  exec 9>"$state/pack.lock"
+  flock 9
   python - "$state" "${RUNS:-runs/paper}" "$state/tuned" <<'PY'
 import sqlite3
 import sys
@@ -54,6 +61,7 @@ PY
   [ -d "$state/tuned" ] && tar cf "$out/tuned.tar" -C "$state" tuned
   tar czf "$out/paper-state.tgz.tmp" -C "$state" results -C "$state/pack" cache \
     && mv "$out/paper-state.tgz.tmp" "$out/paper-state.tgz"
+  flock -u 9
 }
 
 ( while sleep 15; do pack; done ) &
