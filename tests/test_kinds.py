@@ -25,7 +25,7 @@ from welder.schedule.kinds import (
     stage_from_json,
 )
 from welder.schedule.kinds.library import LibraryConfig, find_gemm_groups, library_call
-from welder.schedule.kinds.simt import SimtConfig, schedule_group
+from welder.schedule.kinds.simt import SimtConfig, schedule_group, stream_twin
 
 ARCH = get_arch("H100")
 
@@ -49,17 +49,24 @@ def test_registry_names_match_config_kinds() -> None:
 
 def test_simt_rule_is_the_policy(bert: Graph) -> None:
     """The cost model asks the registered kinds; with SIMT alone its candidates are the
-    SIMT policy's, unchanged."""
-    softmax = next(n for n in bert.nodes if "Softmax" in n)
-    for name in (softmax, list(bert.nodes)[-1]):
+    SIMT policy's, unchanged, and their twins: a softmax's reduction reads its row once, so
+    its configs have streaming twins; a matmul's have none."""
+    shape_of, dtype_of = (lambda t: bert.tensor(t).shape), (lambda t: bert.tensor(t).dtype)
+    softmax = next(n for n in bert.nodes if "Softmax" in n and n.endswith(":sum"))
+    for name, streams in ((softmax, True), (list(bert.nodes)[-1], False)):
         group = make_group(bert, [name])
         options = Options(topk=4)
-        direct = schedule_group(
-            group, lambda t: bert.tensor(t).shape, lambda t: bert.tensor(t).dtype, ARCH, options
-        )
+        direct = schedule_group(group, shape_of, dtype_of, ARCH, options)
         assert direct and all(isinstance(st, SimtConfig) for c in direct for st in c.stages)
-        assert CostModel(bert, ARCH, options).configs(group) == direct
-        assert propose(group, context(bert, options)) == direct
+        twins = [t for c in direct if (t := stream_twin(group, c, shape_of, dtype_of, ARCH)) is not None]
+        assert bool(twins) == streams
+        proposed = propose(group, context(bert, options))
+        assert CostModel(bert, ARCH, options).configs(group) == proposed
+        plain = [c for c in proposed if c.stages[0].family == "simt"]
+        assert plain and plain == direct[: len(plain)]
+        streamed = [c for c in proposed if c.stages[0].family == "simt_stream"]
+        assert bool(streamed) == streams and all(c in twins for c in streamed)
+        assert len(plain) + len(streamed) == len(proposed)
 
 
 def test_library_rule_applies_only_to_products(bert: Graph) -> None:

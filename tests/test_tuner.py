@@ -540,11 +540,40 @@ def test_results_of_an_older_search_are_retuned(tmp_path, monkeypatch):
     tune_group(graph, group, ARCH, 2, cache, ScriptedDevice(graph))
     same = ScriptedDevice(graph)
     assert tune_group(graph, group, ARCH, 2, cache, same).from_cache and same.compiles == []
-    monkeypatch.setattr(tuner, "SEARCH_VERSION", tuner.SEARCH_VERSION + 1)
+    monkeypatch.setattr(tuner, "search_version", lambda *args: tuner.SEARCH_VERSION + 1)
     newer = ScriptedDevice(graph)
     result = tune_group(graph, group, ARCH, 2, cache, newer)
     assert result is not None and not result.from_cache and newer.compiles
     assert len(cache.entries()) == 2
+
+
+def test_a_search_change_retunes_only_the_groups_it_offers_more(tmp_path):
+    """Version 7's streaming twins apply to row reductions: a layer norm is keyed (and so
+    tuned) afresh, while a matmul keeps the entry version 6 stored for it."""
+    from welder.schedule import kinds
+    from welder.tune import tuner
+
+    ln = import_onnx(
+        make_model(
+            [helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1)],
+            {"x": _w(20, 48)},
+            ["y"],
+            {"s": _w(48), "b": _w(48)},
+            opset=20,
+        )
+    )
+    device = ScriptedDevice(ln)
+    keys = {
+        name: tuner.group_cache_key(g, whole_group(g), ARCH, device, Options.kinds)
+        for name, g in (("ln", ln), ("matmul", matmul_graph()))
+    }
+    assert keys["ln"].arch.endswith(f"/s{kinds.SEARCH_VERSION}") and kinds.SEARCH_VERSION == 7
+    assert keys["matmul"].arch.endswith("/s6")
+    graph = matmul_graph()
+    cache = TuningCache(tmp_path)
+    older = tuner.cache_key(group_signature(graph, whole_group(graph)), ARCH, device, Options.kinds, 6)
+    tune_group(graph, whole_group(graph), ARCH, 2, cache, ScriptedDevice(graph))
+    assert [e.key for e in cache.entries()] == [older]
 
 
 def test_unreadable_cache_entry_is_retuned(tmp_path):

@@ -54,7 +54,7 @@ from welder.hostcpu import usable_cores
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, downstream_within, fuse, group_signature
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
-from welder.schedule.kinds import SEARCH_VERSION, Options, config_from_json
+from welder.schedule.kinds import SEARCH_VERSION, Options, config_from_json, search_version
 from welder.schedule.kinds.library import LibraryGroup, find_gemm_groups
 from welder.schedule.kinds.mma import config_precision
 from welder.schedule.plan import Plan, PlannedGroup, SplitFailure, library_planned, traffic_of
@@ -122,13 +122,25 @@ class TunedConfig:
 # -- the cache ------------------------------------------------------------------------------------
 
 
-def cache_key(signature: str, arch: Arch, device: Device, kinds: Sequence[str] = Options.kinds) -> CacheKey:
+def cache_key(
+    signature: str,
+    arch: Arch,
+    device: Device,
+    kinds: Sequence[str] = Options.kinds,
+    version: int = SEARCH_VERSION,
+) -> CacheKey:
     """The key of a group's tuning result; the kernel kinds that proposed the candidates are
     part of it (a tune without tensor cores must not reuse one with them), and so is the
-    search's version (:data:`~welder.schedule.kinds.SEARCH_VERSION`): results from a search
-    that offered fewer candidates are tuned again."""
-    search = f"{arch.name}/{'+'.join(kinds)}/s{SEARCH_VERSION}"
+    search's version for the group (:func:`~welder.schedule.kinds.search_version`): results
+    from a search that offered the group fewer candidates are tuned again."""
+    search = f"{arch.name}/{'+'.join(kinds)}/s{version}"
     return CacheKey(signature, search, device.name, device.compiler)
+
+
+def group_cache_key(graph: Graph, group: Group, arch: Arch, device: Device, kinds: Sequence[str]) -> CacheKey:
+    """:func:`cache_key` of ``group`` in ``graph``, at the search version for that group."""
+    version = search_version(group, lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, arch)
+    return cache_key(group_signature(graph, group), arch, device, kinds, version)
 
 
 def _to_canonical(cfg: GroupConfig, group: Group) -> GroupConfig:
@@ -256,8 +268,7 @@ def tune_group(
     if device is None:
         with default_device() as dev:
             return tune_group(graph, group, arch, topk, cache, dev, seed=seed, configs=configs, kinds=kinds)
-    signature = group_signature(graph, group)
-    key = cache_key(signature, arch, device, kinds)
+    key = group_cache_key(graph, group, arch, device, kinds)
     hit, result = _cached(cache, key, group, topk)
     if hit:
         return result
@@ -319,7 +330,7 @@ class GpuMeasure:
     def tuned(self, group: Group) -> TunedConfig | None:
         signature = group_signature(self.graph, group)
         if signature not in self._results:
-            key = cache_key(signature, self.arch, self.device, self.cost.options.kinds)
+            key = group_cache_key(self.graph, group, self.arch, self.device, self.cost.options.kinds)
             hit, result, depth = _cached_entry(self.cache, key, group, self.topk)
             dropped: list[Dropped] | None = None
             if not hit:
@@ -364,7 +375,7 @@ class GpuMeasure:
         return [result.config] if result is not None else []
 
     def cache_key(self, group: Group) -> CacheKey:
-        return cache_key(group_signature(self.graph, group), self.arch, self.device, self.cost.options.kinds)
+        return group_cache_key(self.graph, group, self.arch, self.device, self.cost.options.kinds)
 
     @staticmethod
     def _own(result: TunedConfig | None, group: Group) -> TunedConfig | None:

@@ -38,19 +38,30 @@ import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from welder.arch import Arch
 from welder.errors import WelderError
 from welder.schedule.calibration import calibrated, precision_of
 from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
 from welder.schedule.group import Group
 from welder.schedule.kinds import attention, ffma, library, mma, simt, wgmma
-from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top_by_family
+from welder.schedule.kinds.base import DtypeOf, KernelKind, Options, ScheduleContext, ShapeOf, top_by_family
 
 #: Bumped whenever a kind starts proposing candidates it did not before (a new family, such
 #: as the SIMT kind's sliding-window twins; new tile shapes).  It is part of the tuning
 #: cache's key (``welder.tune.tuner.cache_key``): a cached winner was the best of what the
 #: search offered then, so a search that offers more must tune again.
-SEARCH_VERSION = 6  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
-# 6: a family's tied estimates spread over block shapes (base.spread_ties)
+SEARCH_VERSION = 7  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
+# 6: a family's tied estimates spread over block shapes (base.spread_ties); 7: SIMT streaming twins
+
+
+def search_version(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> int:
+    """The search version ``group``'s tuning is cached under: :data:`SEARCH_VERSION` where
+    the last change offers it something new, else the version before it, whose winner is
+    still the best of what the search offers.  Version 7 added streaming twins, which only
+    groups with a reduction that reads its inputs once have (:func:`simt.streams`), so the
+    products and windows tuned before keep their entries."""
+    return SEARCH_VERSION if simt.streams(group, shape_of, dtype_of, arch) else 6
+
 
 KINDS: dict[str, KernelKind] = {
     simt.KIND.name: simt.KIND,

@@ -114,10 +114,13 @@ class SimtConfig(StageConfig):
     # register tile is contiguous (element ``t * reg + j``) and the reduction loops are
     # unrolled, so the taps of neighbouring outputs read the same elements.
     window: bool = False
+    # Global inputs read once per element staged all the same (:func:`stream_twin`): the
+    # staging loads move 16 bytes each, where a reduction's own reads move one element.
+    stream: bool = False
 
     @property
     def family(self) -> str:
-        return "simt_window" if self.window else self.kind
+        return "simt_window" if self.window else "simt_stream" if self.stream else self.kind
 
     def renamed(self, names: Mapping[str, str]) -> SimtConfig:
         staged = [replace(sd, tensor=names.get(sd.tensor, sd.tensor)) for sd in self.staged]
@@ -141,10 +144,17 @@ class SimtKind:
     config_type = SimtConfig
 
     def propose(self, group: Group, ctx: ScheduleContext) -> list[GroupConfig]:
-        """The best configs, each followed by its sliding-window twin where it has one (a
-        family of its own: :func:`~.propose` keeps places for both)."""
-        found = schedule_group(group, ctx.shape_of, ctx.dtype_of, ctx.arch, ctx.options)
-        return [x for c in found for x in (c, window_twin(group, c)) if x is not None]
+        """The best configs, each followed by its sliding-window twin and its streaming twin
+        where it has them (families of their own: :func:`~.propose` keeps places for each)."""
+        shape_of, dtype_of = _memo(ctx.shape_of), _memo(ctx.dtype_of)
+        found = schedule_group(group, shape_of, dtype_of, ctx.arch, ctx.options)
+        info = group_info(group, shape_of, dtype_of, ctx.arch) if found else None
+        return [
+            x
+            for c in found
+            for x in (c, window_twin(group, c), stream_twin(group, c, shape_of, dtype_of, ctx.arch, info))
+            if x is not None
+        ]
 
 
 KIND = SimtKind()
@@ -398,8 +408,8 @@ class StepOptions:
     (``reduction_step``), keeping a staged input's innermost axis a whole number of
     transactions long (or whole) as long as the budget allows."""
 
-    def __init__(self, stage: _StageInfo, region: Region, shape_of: ShapeOf) -> None:
-        self.stage, self.region, self.shape_of = stage, region, shape_of
+    def __init__(self, stage: _StageInfo, region: Region, shape_of: ShapeOf, stream: bool = False) -> None:
+        self.stage, self.region, self.shape_of, self.stream = stage, region, shape_of, stream
         self.whole = tuple(a.extent for a in stage.compute.reduce_axes)
         self.steps: list[tuple[tuple[int, ...], bool]] = []
         for budget in _halvings(STEP_LINES * LINE_BYTES // stage.stage_elem):
@@ -424,8 +434,8 @@ class StepOptions:
         for tensor, elem in self.stage.stageable:
             reg = per_step[tensor]
             shape = self.shape_of(tensor)
-            if step_points < 2 * math.prod(reg.clipped_extents(shape)):
-                continue  # read about once per element: staging buys nothing
+            if not self.stream and step_points < 2 * math.prod(reg.clipped_extents(shape)):
+                continue  # read about once per element: staging buys nothing but wider loads
             # The buffer spans the whole region, halo outside the tensor included (zero-filled),
             # so kernels index it with the same offsets the region was computed with.
             extents, vector, shift = reg.extents, vector_width(reg, shape, reg.extents), 0
@@ -512,7 +522,7 @@ class _Tile:
     compulsory: int
     dram_bytes: float
     flops_block: int
-    steps: dict[str, StepOptions] = field(default_factory=dict)
+    steps: dict[tuple[str, bool], StepOptions] = field(default_factory=dict)
 
 
 def block_bytes(
@@ -634,8 +644,16 @@ def _tile_facts(
 
 
 def _config(
-    group: Group, info: _GroupInfo, facts: _Tile, threads: int, shape_of: ShapeOf, arch: Arch
+    group: Group,
+    info: _GroupInfo,
+    facts: _Tile,
+    threads: int,
+    shape_of: ShapeOf,
+    arch: Arch,
+    stream: bool = False,
 ) -> GroupConfig | None:
+    """The config of one tile and block size; with ``stream``, every reduction stage stages
+    its global inputs whatever their reuse (:func:`stream_twin`)."""
     stages: list[SimtConfig] = []
     for s in group.stages:
         stage = plan_stage(group, s, facts.regions, threads)
@@ -645,13 +663,16 @@ def _config(
     staging = {}
     for k, st in enumerate(stages):
         si = info.stages[st.node]
-        if si.stageable and st.reduce_threads == 1:
-            if st.node not in facts.steps:
-                facts.steps[st.node] = StepOptions(si, facts.regions.members[st.node], shape_of)
-            staging[k] = facts.steps[st.node]
+        if si.stageable and (st.reduce_threads == 1 or stream):
+            key = (st.node, stream)
+            if key not in facts.steps:
+                facts.steps[key] = StepOptions(si, facts.regions.members[st.node], shape_of, stream)
+            staging[k] = facts.steps[key]
     smem = choose_steps(info, stages, staging, threads, arch)
     if smem is None:
         return None
+    if stream:
+        stages = [replace(st, stream=bool(st.staged)) for st in stages]
     regs = max(registers(st) for st in stages)
     if regs > arch.max_regs_per_thread:
         return None
@@ -764,6 +785,70 @@ def window_twin(group: Group, cfg: GroupConfig) -> GroupConfig | None:
             twin = replace(st, window=True, thread_shape=tshape, reg_tile=reg, reduce_threads=1)
             return replace(cfg, stages=[twin, *cfg.stages[1:]])
     return None
+
+
+def stream_twin(
+    group: Group,
+    cfg: GroupConfig,
+    shape_of: ShapeOf,
+    dtype_of: DtypeOf,
+    arch: Arch,
+    info: _GroupInfo | None = None,
+) -> GroupConfig | None:
+    """``cfg`` with the global inputs of its reductions staged through shared memory even
+    where each element is read once, or None where that stages nothing more.
+
+    A reduction split over threads reads its row one element per thread and instruction: a
+    LayerNorm over 512 halves moves 2 bytes a load, too few in flight to stream from DRAM
+    (Conformer's, at batch 64 fp16, ran at 2.8 times its traffic floor).  Staged, the same
+    bytes arrive in 16-byte vectors from every thread of the block, and the reduction reads
+    them from shared memory.  The estimate does not model load widths, so the twin is a
+    family of its own (``simt_stream``) that the tuner measures beside the original.  A
+    group whose reductions reuse an input (a product's operand, a window's halo) gets none
+    (:func:`streams`)."""
+    if any(not isinstance(st, SimtConfig) or st.window for st in cfg.stages):
+        return None
+    info = info or group_info(group, shape_of, dtype_of, arch)
+    if not _streams(info) or not any(info.stages[st.node].stageable and not st.staged for st in cfg.stages):
+        return None
+    facts = _tile_facts(group, info, tuple(cfg.block_tile), shape_of, dtype_of, arch)
+    twin = None if facts is None else _config(group, info, facts, cfg.threads, shape_of, arch, stream=True)
+    if twin is None or not any(st.stream for st in twin.stages):
+        return None
+    if cfg.stages[-1].vector > 1:
+        twin = vector_twin(group, twin, shape_of, dtype_of) or twin
+    return twin
+
+
+def streams(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> bool:
+    """Whether ``group``'s configs may have streaming twins (:func:`stream_twin`)."""
+    return _streams(group_info(group, shape_of, dtype_of, arch))
+
+
+def _streams(info: _GroupInfo) -> bool:
+    """A reduction stage with global inputs to stage, and no stage that reuses one (a
+    product's operand: staging already serves it, and the places the twin would take in
+    the measurement belong to the kinds built for products)."""
+    stages = info.stages.values()
+    return any(si.stageable for si in stages) and not any(_reuses_inputs(si) for si in stages)
+
+
+def _reuses_inputs(stage: _StageInfo) -> bool:
+    """Whether a reduction stage reads some global input element for several outputs: a
+    load whose indices leave out an output axis (a matmul's operands) or move with a
+    reduce axis along an output axis (a convolution's window)."""
+    c = stage.compute
+    if not c.is_reduction:
+        return False
+    outputs = {a.name for a in c.axes if a.extent > 1}
+    reduce = {a.name for a in c.reduce_axes}
+    staged = {t for t, _ in stage.stageable}
+    for ld in walk(c.body):
+        if isinstance(ld, Load) and ld.tensor in staged:
+            used = [free_vars(i) for i in ld.indices]
+            if not outputs <= set().union(*used) or any(v & outputs and v & reduce for v in used):
+                return True
+    return False
 
 
 def vector_twin(group: Group, cfg: GroupConfig, shape_of: ShapeOf, dtype_of: DtypeOf) -> GroupConfig | None:

@@ -1,0 +1,124 @@
+"""Streaming twins on the SIMT kind (``SimtConfig.stream``, :func:`simt.stream_twin`).
+
+A reduction whose threads split a row reads it one element per load; its streaming twin
+stages the row through shared memory in 16-byte vectors even though each element is read
+once.  The twins must be proposed as a family of their own, stage with the widest vectors,
+and compute what onnxruntime computes: a LayerNorm (three stages, the input staged by two
+of them) and a softmax, in fp16 and fp32, emulated on the CPU.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+from onnx_util import make_model
+from test_mma import emulate_configs
+from test_mma_tf32 import ptx_of
+
+from welder.arch import get_arch
+from welder.check import error_metric, threshold_for
+from welder.codegen import generate_kernel
+from welder.frontend.onnx import import_onnx
+from welder.runtime.emu import available
+from welder.schedule.group import make_group
+from welder.schedule.kinds import Options, ScheduleContext, propose, simt
+
+ARCH = get_arch("H100")
+RNG = np.random.default_rng(5)
+
+needs_emulator = pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
+
+
+def _layernorm(dtype: type) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    x = RNG.standard_normal((2, 24, 512)).astype(dtype)
+    consts = {"g": RNG.standard_normal(512).astype(dtype), "b": RNG.standard_normal(512).astype(dtype)}
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+    return make_model(nodes, {"x": x}, ["y"], consts), {"x": x}
+
+
+def _softmax(dtype: type) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    x = RNG.standard_normal((3, 20, 256)).astype(dtype)
+    return make_model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": x}, ["y"], {}), {"x": x}
+
+
+CASES = {
+    "layernorm_fp16": lambda: _layernorm(np.float16),
+    "layernorm_fp32": lambda: _layernorm(np.float32),
+    "softmax_fp16": lambda: _softmax(np.float16),
+    "softmax_fp32": lambda: _softmax(np.float32),
+}
+
+
+def _proposed(model: onnx.ModelProto):
+    graph = import_onnx(model)
+    group = make_group(graph, list(graph.nodes))
+    shape_of, dtype_of = (lambda t: graph.tensor(t).shape), (lambda t: graph.tensor(t).dtype)
+    found = propose(group, ScheduleContext(shape_of, dtype_of, ARCH, Options(topk=12)), kinds=("simt",))
+    return graph, group, found, shape_of, dtype_of
+
+
+@pytest.mark.parametrize("label", list(CASES))
+def test_streaming_twins_are_proposed_and_stage_whole_vectors(label: str) -> None:
+    """Some of the measured places go to streaming twins; each stages the input its
+    reductions read in 16-byte vectors, the original stages nothing, and a twin has no twin."""
+    graph, group, found, shape_of, dtype_of = _proposed(CASES[label]()[0])
+    streams = [c for c in found if c.stages[0].family == "simt_stream"]
+    plain = [c for c in found if c.stages[0].family == "simt"]
+    assert streams and plain
+    wide = "uint4" if graph.tensor("x").dtype == "float16" else "float4"  # 16 bytes
+    for cfg in streams:
+        staged = [sd for st in cfg.stages for sd in st.staged]
+        assert staged and all(sd.tensor == "x" and sd.vector > 1 for sd in staged)
+        assert all(st.stream == bool(st.staged) for st in cfg.stages)
+        assert simt.stream_twin(group, cfg, shape_of, dtype_of, ARCH) is None
+        assert f"welder_vload<{wide}>(p0," in generate_kernel(graph, group, cfg, "probe").source  # p0: x
+    assert all(not st.staged for c in plain for st in c.stages if st.reduce_threads > 1)
+
+
+@pytest.mark.parametrize("op", ["Relu", "MatMul"])
+def test_no_twin_without_a_reduction_that_reads_once(op: str) -> None:
+    """An elementwise group has no reduction to stream; a matmul reuses its operands (each
+    element of x feeds every column), which staging already serves when it pays."""
+    x = RNG.standard_normal((8, 512)).astype(np.float32)
+    if op == "Relu":
+        model = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": x}, ["y"], {})
+    else:
+        w = RNG.standard_normal((512, 16)).astype(np.float32)
+        model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": x}, ["y"], {"w": w})
+    _, group, found, shape_of, dtype_of = _proposed(model)
+    plain = [c for c in found if isinstance(c.stages[0], simt.SimtConfig)]
+    assert plain and all(simt.stream_twin(group, c, shape_of, dtype_of, ARCH) is None for c in plain)
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(CASES))
+def test_streaming_twins_match_onnxruntime(label: str) -> None:
+    model, feeds = CASES[label]()
+    graph, group, found, _, _ = _proposed(model)
+    streams = [c for c in found if c.stages[0].family == "simt_stream"][:4]
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        ["y"], feeds
+    )[0]
+    dtype = graph.tensor("y").dtype
+    for cfg, runs in zip(streams, emulate_configs(graph, group, streams, feeds)):
+        err = error_metric(runs[0]["y"], reference)
+        assert err <= threshold_for(dtype), f"{label}: {[str(st) for st in cfg.stages]} error {err:.3e}"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_streaming_twins_load_128_bits(tmp_path: Path) -> None:
+    """nvcc builds a layer norm's streaming twins for sm_80 and sm_90 without warnings, and
+    their PTX reads the input in 128-bit global loads, which the original's does not."""
+    graph, group, found, _, _ = _proposed(CASES["layernorm_fp16"]()[0])
+    for family, wide in (("simt_stream", True), ("simt", False)):
+        cfg = next(c for c in found if c.stages[0].family == family and c.stages[-1].vector == 1)
+        kernel = generate_kernel(graph, group, cfg, f"ln_{family}")
+        for text in ptx_of([kernel], tmp_path):
+            assert bool(re.search(r"ld\.global(\.nc)?\.v4\.(u32|b32)", text)) == wide, family
