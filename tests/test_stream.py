@@ -4,7 +4,8 @@ A reduction whose threads split a row reads it one element per load; its streami
 stages the row through shared memory in 16-byte vectors even though each element is read
 once.  The twins must be proposed as a family of their own, stage with the widest vectors,
 and compute what onnxruntime computes: a LayerNorm (three stages, the input staged by two
-of them) and a softmax, in fp16 and fp32, emulated on the CPU.
+of them), one with a residual add in front (two inputs staged) and a softmax, in fp16 and
+fp32, emulated on the CPU.
 """
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ def _layernorm(dtype: type) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     return make_model(nodes, {"x": x}, ["y"], consts), {"x": x}
 
 
+def _residual_layernorm(dtype: type) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A residual add in front of the norm: two inputs staged by each reduction."""
+    x, r = (RNG.standard_normal((2, 16, 768)).astype(dtype) for _ in range(2))
+    consts = {"g": RNG.standard_normal(768).astype(dtype), "b": RNG.standard_normal(768).astype(dtype)}
+    nodes = [
+        helper.make_node("Add", ["x", "r"], ["s"]),
+        helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=1e-5),
+    ]
+    return make_model(nodes, {"x": x, "r": r}, ["y"], consts), {"x": x, "r": r}
+
+
 def _softmax(dtype: type) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     x = RNG.standard_normal((3, 20, 256)).astype(dtype)
     return make_model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": x}, ["y"], {}), {"x": x}
@@ -51,6 +63,7 @@ def _softmax(dtype: type) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 CASES = {
     "layernorm_fp16": lambda: _layernorm(np.float16),
     "layernorm_fp32": lambda: _layernorm(np.float32),
+    "residual_layernorm_fp16": lambda: _residual_layernorm(np.float16),
     "softmax_fp16": lambda: _softmax(np.float16),
     "softmax_fp32": lambda: _softmax(np.float32),
 }
@@ -75,7 +88,7 @@ def test_streaming_twins_are_proposed_and_stage_whole_vectors(label: str) -> Non
     wide = "uint4" if graph.tensor("x").dtype == "float16" else "float4"  # 16 bytes
     for cfg in streams:
         staged = [sd for st in cfg.stages for sd in st.staged]
-        assert staged and all(sd.tensor == "x" and sd.vector > 1 for sd in staged)
+        assert staged and all(sd.tensor in ("x", "r") and sd.vector > 1 for sd in staged)
         assert all(st.stream == bool(st.staged) for st in cfg.stages)
         assert simt.stream_twin(group, cfg, shape_of, dtype_of, ARCH) is None
         assert f"welder_vload<{wide}>(p0," in generate_kernel(graph, group, cfg, "probe").source  # p0: x
