@@ -95,17 +95,23 @@ def test_streaming_twins_are_proposed_and_stage_whole_vectors(label: str) -> Non
     assert all(not st.staged for c in plain for st in c.stages if st.reduce_threads > 1)
 
 
-@pytest.mark.parametrize("op", ["Relu", "MatMul"])
+@pytest.mark.parametrize("op", ["Relu", "MatMul", "MaxPool"])
 def test_no_twin_without_a_reduction_that_reads_once(op: str) -> None:
     """An elementwise group has no reduction to stream; a matmul reuses its operands (each
-    element of x feeds every column), which staging already serves when it pays."""
+    element of x feeds every column) and a 3x3 max pool its windows' overlap, which
+    staging already serves when it pays."""
     x = RNG.standard_normal((8, 512)).astype(np.float32)
     if op == "Relu":
         model = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": x}, ["y"], {})
-    else:
+    elif op == "MatMul":
         w = RNG.standard_normal((512, 16)).astype(np.float32)
         model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": x}, ["y"], {"w": w})
+    else:  # a window over one input: only the overlap of neighbouring windows reuses it
+        x = RNG.standard_normal((1, 8, 16, 16)).astype(np.float32)
+        pool = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+        model = make_model([pool], {"x": x}, ["y"], {})
     _, group, found, shape_of, dtype_of = _proposed(model)
+    assert not simt.streams(group, shape_of, dtype_of, ARCH)
     plain = [c for c in found if isinstance(c.stages[0], simt.SimtConfig)]
     assert plain and all(simt.stream_twin(group, c, shape_of, dtype_of, ARCH) is None for c in plain)
 

@@ -50,6 +50,15 @@ _OPS: dict[str, Callable[[int, int], int]] = {
 }
 
 
+def reads_through_window(load: Load, c: Compute) -> bool:
+    """Whether ``c`` reads ``load`` through a window: an index moving with an output axis
+    and a reduced one together (``x[i + r]``), so that output points share elements.  A
+    looser test than :func:`sliding_window`'s: any such index, whatever its step."""
+    outputs = {a.name for a in c.axes}
+    reduced = {a.name for a in c.reduce_axes}
+    return any(free_vars(i) & outputs and free_vars(i) & reduced for i in load.indices)
+
+
 @dataclass(frozen=True)
 class SlidingWindow:
     """``compute.body`` is ``factor(x) * other`` (``x`` the operand index 0 or 1 of the

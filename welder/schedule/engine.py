@@ -429,6 +429,20 @@ def nofusion_partition(
         parts[part].add(name)
         home[name] = part
     root = {k: max(part, key=rank.__getitem__) for k, part in enumerate(parts)}
+
+    def join(k: int, target: int) -> bool:
+        """Part ``k`` into part ``target``, if the union is one group the measure schedules."""
+        try:
+            group = make_group(graph, parts[target] | parts[k])
+        except InvalidGroup:
+            return False
+        if measure(group) is None:
+            return False
+        parts[target] |= parts[k]
+        home.update(dict.fromkeys(parts[k], target))
+        parts[k] = set()
+        return True
+
     reducing = {k for k, part in enumerate(parts) if any(graph.nodes[m].compute.is_reduction for m in part)}
     for k in sorted(set(range(len(parts))) - reducing, key=lambda k: rank[root[k]]):
         part = parts[k]
@@ -439,31 +453,14 @@ def nofusion_partition(
             if lone_view and len(graph.consumers(t)) > 1:
                 continue
             target = home[t]
-            try:
-                group = make_group(graph, parts[target] | part)
-            except InvalidGroup:
-                continue
-            if measure(group) is None:
-                continue
-            parts[target] |= part
-            root[target] = root[k]
-            home.update(dict.fromkeys(part, target))
-            parts[k] = set()
-            break
+            if join(k, target):
+                root[target] = root[k]
+                break
     for k in sorted(deferred, key=lambda k: rank[root[k]], reverse=True):
         part = parts[k]
         readers = {home.get(c.name, -1) for m in part for c in graph.consumers(m) if c.name not in part}
-        if not part or len(readers) != 1 or -1 in readers or any(m in graph.outputs for m in part):
-            continue
-        target = readers.pop()
-        try:
-            group = make_group(graph, parts[target] | part)
-        except InvalidGroup:
-            continue
-        if measure(group) is not None:
-            parts[target] |= part
-            home.update(dict.fromkeys(part, target))
-            parts[k] = set()
+        if part and len(readers) == 1 and -1 not in readers and not any(m in graph.outputs for m in part):
+            join(k, readers.pop())
     found = []
     for part in filter(None, parts):
         if len(part) > 1 and measure(make_group(graph, part)) is None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from welder.graph import Graph
 from welder.ir.compute import Compute
-from welder.ir.expr import TRANSCENDENTAL_CALLS, Call, Expr, Load, free_vars, walk
+from welder.ir.expr import TRANSCENDENTAL_CALLS, Call, Expr, walk
 from welder.ir.inline import inline_compute, inline_expr
+from welder.ir.window import reads_through_window
 
 
 class InvalidGroup(ValueError):
@@ -79,7 +80,7 @@ def _recomputed_by_windows(graph: Graph, order: Sequence, computes: dict[str, Co
     chain is taken: the members before it are read at its own points, not through the
     window."""
     chosen: list[str] = []
-    reductions = [s for s, c in computes.items() if c.is_reduction and _calls_through_window(c)]
+    reductions = [s for s, c in computes.items() if c.is_reduction and _callsreads_through_window(c)]
     if not reductions:
         return chosen
     injective = [n for n in order if n.name not in computes]
@@ -89,27 +90,19 @@ def _recomputed_by_windows(graph: Graph, order: Sequence, computes: dict[str, Co
             continue
         for s in reductions:
             c = inline_compute(graph.nodes[s].compute, others)
-            if any(ld.tensor == member.name and _through_window(ld, c) for ld in c.loads()):
+            if any(ld.tensor == member.name and reads_through_window(ld, c) for ld in c.loads()):
                 chosen.append(member.name)
                 break
     return chosen
 
 
-def _calls_through_window(c: Compute) -> bool:
+def _callsreads_through_window(c: Compute) -> bool:
     """Whether ``c`` has a transcendental call and reads something through a window."""
-    return _transcendental(c.body) and any(_through_window(ld, c) for ld in c.loads())
+    return _transcendental(c.body) and any(reads_through_window(ld, c) for ld in c.loads())
 
 
 def _transcendental(e: Expr) -> bool:
     return any(isinstance(n, Call) and n.fn in TRANSCENDENTAL_CALLS for n in walk(e))
-
-
-def _through_window(load: Load, c: Compute) -> bool:
-    """Whether ``c`` reads ``load`` through a window: an index moving with an output axis
-    and a reduced one together (``x[i + r]``), so that output points share elements."""
-    outputs = {a.name for a in c.axes}
-    reduced = {a.name for a in c.reduce_axes}
-    return any(free_vars(i) & outputs and free_vars(i) & reduced for i in load.indices)
 
 
 def _check_convex(graph: Graph, members: set[str], order: list) -> None:

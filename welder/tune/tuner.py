@@ -330,7 +330,7 @@ class GpuMeasure:
     def tuned(self, group: Group) -> TunedConfig | None:
         signature = group_signature(self.graph, group)
         if signature not in self._results:
-            key = group_cache_key(self.graph, group, self.arch, self.device, self.cost.options.kinds)
+            key = self.cache_key(group)
             hit, result, depth = _cached_entry(self.cache, key, group, self.topk)
             dropped: list[Dropped] | None = None
             if not hit:

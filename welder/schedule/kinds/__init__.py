@@ -52,6 +52,9 @@ from welder.schedule.kinds.base import DtypeOf, KernelKind, Options, ScheduleCon
 #: search offered then, so a search that offers more must tune again.
 SEARCH_VERSION = 7  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
 # 6: a family's tied estimates spread over block shapes (base.spread_ties); 7: SIMT streaming twins
+#: The version before streaming twins: what groups without them stay cached under.  A later
+#: bump must revisit :func:`search_version`.
+BEFORE_STREAMING = 6
 
 
 def search_version(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> int:
@@ -60,7 +63,7 @@ def search_version(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arc
     still the best of what the search offers.  Version 7 added streaming twins, which only
     groups with a reduction that reads its inputs once have (:func:`simt.streams`), so the
     products and windows tuned before keep their entries."""
-    return SEARCH_VERSION if simt.streams(group, shape_of, dtype_of, arch) else 6
+    return SEARCH_VERSION if simt.streams(group, shape_of, dtype_of, arch) else BEFORE_STREAMING
 
 
 KINDS: dict[str, KernelKind] = {

@@ -32,7 +32,7 @@ from welder.arch import Arch
 from welder.ir.compute import Compute
 from welder.ir.expr import Load, free_vars, walk
 from welder.ir.interpret import np_dtype
-from welder.ir.window import sliding_window
+from welder.ir.window import reads_through_window, sliding_window
 from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
 from welder.schedule.group import Group
 from welder.schedule.kinds.base import LAUNCH_OVERHEAD_US, DtypeOf, Options, ScheduleContext, ShapeOf
@@ -841,14 +841,12 @@ def _reuses_inputs(stage: _StageInfo) -> bool:
     if not c.is_reduction:
         return False
     outputs = {a.name for a in c.axes if a.extent > 1}
-    reduce = {a.name for a in c.reduce_axes}
     staged = {t for t, _ in stage.stageable}
-    for ld in walk(c.body):
-        if isinstance(ld, Load) and ld.tensor in staged:
-            used = [free_vars(i) for i in ld.indices]
-            if not outputs <= set().union(*used) or any(v & outputs and v & reduce for v in used):
-                return True
-    return False
+    return any(
+        not outputs <= set().union(*(free_vars(i) for i in ld.indices)) or reads_through_window(ld, c)
+        for ld in c.loads()
+        if ld.tensor in staged
+    )
 
 
 def vector_twin(group: Group, cfg: GroupConfig, shape_of: ShapeOf, dtype_of: DtypeOf) -> GroupConfig | None:
