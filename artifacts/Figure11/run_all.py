@@ -5,11 +5,12 @@ without tile-graph fusion (``--nofusion``) and the baselines.
 
 Each case is measured as in Figure 9 (RUNS/welder and RUNS/welder-nofusion, the persistent
 tuning cache and earlier builds reused), then every system that ran is profiled once with
-Nsight Compute: ``ncu --profile-from-start off --metrics dram__bytes_read.sum,
-dram__bytes_write.sum`` around one warmed-up inference (profile_once.py), which gives the
-number of kernels launched and the bytes read from and written to DRAM.  A system ncu
-cannot profile (no ncu, no permission for the GPU counters, a failure) keeps its latency
-and says why in the ``profile`` column.
+Nsight Compute: ``ncu --clock-control none --profile-from-start off --metrics
+dram__bytes_read.sum,dram__bytes_write.sum`` (the clocks left as the timing runs had them)
+around one warmed-up inference (profile_once.py), which gives the number of kernels
+launched and the bytes read from and written to DRAM.  A system ncu cannot profile (no ncu,
+no permission for the GPU counters, a failure) keeps its latency and says why in the
+``profile`` column.
 
 Writes to artifacts/results/<GPU>/: figure11.csv (latency, kernels, dram_read_bytes,
 dram_write_bytes per case and system), figure11.md, figure11.meta.json and
@@ -46,6 +47,8 @@ UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB":
 def ncu_command(ncu: str, system: str, prefix: Path) -> list[str]:
     return [
         ncu,
+        "--clock-control",
+        "none",
         "--profile-from-start",
         "off",
         "--metrics",
