@@ -469,6 +469,18 @@ def test_figure13_reads_kernels_and_intermediate_bytes_from_the_plan(
     assert rows["welder"]["latency_ms"] == "1" and rows["welder"]["latency_basis"] == "runtime end to end"
 
 
+def test_table4_counts_the_candidates_the_tuner_timed(tmp_path: Path) -> None:
+    """The tuner's own count wins; a warm run that timed nothing says 0, not the counts
+    its cached groups carry."""
+    table4 = script("Table4")
+    prefix = _plan_dir(tmp_path)
+    tuned = json.loads((prefix / "tuned.json").read_text())
+    for work, want in (({"candidates timed": 40.0}, 40), ({"groups tuned": 0.0}, 0)):
+        tuned["totals"]["tuning_work"] = work
+        (prefix / "tuned.json").write_text(json.dumps(tuned))
+        assert table4.plan_counts(prefix)["candidates"] == want
+
+
 def _plan_dir(tmp_path: Path) -> Path:
     _fake_plan(tmp_path / "plan")
     return tmp_path / "plan"
@@ -504,7 +516,8 @@ def test_table4_tunes_cold_then_warm_on_one_cache(tmp_path: Path, monkeypatch: p
     assert [warm for _, warm in tunes] == [False, True]
     rows = {r["system"]: r for r in paper.ResultsCsv(tmp_path / "table4.csv", table4.FIELDS).rows()}
     assert rows["welder-cold"]["build_s"] == "12" and rows["welder-cold"]["tune_s"] == "10"
-    assert rows["welder-cold"]["candidates"] == "15" and rows["welder-warm"]["cached_groups"] == "1"
+    # the cached group's 3 candidates were timed by another run
+    assert rows["welder-cold"]["candidates"] == "12" and rows["welder-warm"]["cached_groups"] == "1"
     assert rows["compile-max-autotune"]["build_s"] == "99" and rows["compile-max-autotune"]["status"] == "ok"
     assert table4.main([*argv, "--runs", str(runs)]) == 0 and len(tunes) == 2  # resumed: nothing new
 

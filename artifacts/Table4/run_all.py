@@ -46,10 +46,19 @@ FIELDS = (*paper.COMMON_FIELDS, "tune_s", "candidates", "cached_groups", "groups
 
 
 def plan_counts(prefix: Path) -> dict[str, Any]:
-    """What tuned.json says of the tuning: candidates measured, groups from the cache."""
-    groups = json.loads((prefix / "tuned.json").read_text())["groups"]
+    """What tuned.json says of the tuning: candidates this run timed (the tuner's count,
+    else those of the groups it did not take from the cache: a cached group's count is of
+    the run that measured it), groups from the cache."""
+    tuned = json.loads((prefix / "tuned.json").read_text())
+    groups = tuned["groups"]
+    work = tuned.get("totals", {}).get("tuning_work")
+    timed = (
+        int(work.get("candidates timed", 0))
+        if work is not None
+        else sum(int(g.get("candidates") or 0) for g in groups if not g.get("from_cache"))
+    )
     return {
-        "candidates": sum(int(g.get("candidates") or 0) for g in groups),
+        "candidates": timed,
         "cached_groups": sum(1 for g in groups if g.get("from_cache")),
         "groups": len(groups),
     }
