@@ -239,6 +239,53 @@ def test_an_fp32_patch_embedding_is_an_exact_product() -> None:
     assert all(len(n.compute.shape) == 4 for n in image.nodes.values())
 
 
+def _deep_conv32(shape: tuple[int, int, int, int], out: int, kernel: int, pad: int):
+    """An fp32 Conv with a bias and a ReLU after it."""
+    x = RNG_PAD.standard_normal(shape).astype(np.float32)
+    w = (RNG_PAD.standard_normal((out, shape[1], kernel, kernel)) / np.sqrt(shape[1] * kernel**2)).astype(
+        np.float32
+    )
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kernel] * 2, pads=[pad] * 4),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    consts = {"w": w, "b": RNG_PAD.standard_normal(out).astype(np.float32)}
+    return make_model(nodes, {"x": x}, ["y"], consts, opset=17), {"x": x}
+
+
+#: (input, output channels, kernel, pad): reductions of at least FP32_PRODUCT_MIN_DEPTH.
+DEEP_CONVS = {
+    "3x3 p1 over 32 channels (K = 288)": ((2, 32, 10, 10), 32, 3, 1),
+    "1x1 over 256 channels (K = 256)": ((1, 256, 6, 6), 32, 1, 0),
+}
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", list(DEEP_CONVS))
+def test_a_deep_fp32_conv_is_an_exact_ffma_product(label: str) -> None:
+    """An fp32 Conv reducing over at least FP32_PRODUCT_MIN_DEPTH products per output is a
+    flat product (an implicit GEMM, or a batched product for a 1x1), which the ffma kind
+    computes with the bias and ReLU after it, exact; a shallower one keeps the image form."""
+    from welder.frontend.ops.nn import FP32_PRODUCT_MIN_DEPTH
+
+    shape, out, kernel, pad = DEEP_CONVS[label]
+    assert shape[1] * kernel * kernel >= FP32_PRODUCT_MIN_DEPTH
+    model, feeds = _deep_conv32(shape, out, kernel, pad)
+    graph = import_onnx(model)
+    shape_of = lambda t: graph.tensor(t).shape  # noqa: E731
+    found = [c for n in graph.nodes.values() if (c := contraction(n.compute, shape_of, gather_32bit=True))]
+    assert len(found) == 1 and (found[0].m, found[0].k_extent) == (out, shape[1] * kernel * kernel)
+    group = _whole_group(graph)
+    configs = ffma.KIND.propose(group, _context(graph, topk=4, kinds=FFMA_KINDS))
+    assert configs and all(cfg.stages[0].kind == "ffma" for cfg in configs)
+    exact = _evaluate64(graph, {k: v.astype(np.float64) for k, v in {**graph.constants, **feeds}.items()})
+    for cfg, outputs in zip(configs[:2], _emulate(graph, group, configs[:2], feeds)):
+        assert outputs["y"].shape == exact["y"].shape
+        assert error_metric(outputs["y"], exact["y"]) <= EXACT, cfg.stages[0]
+    shallow = import_onnx(_deep_conv32((2, 16, 10, 10), 32, 3, 1)[0])  # K = 144
+    assert all(len(n.compute.shape) == 4 for n in shallow.nodes.values())
+
+
 @needs_emulator
 def test_a_rolled_fp32_operand_is_gathered_and_exact() -> None:
     """Swin's shifted windows in fp32: A read through a roll gathers whole rows."""

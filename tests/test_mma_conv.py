@@ -4,8 +4,9 @@ with its consumers (bias, ReLU6, a residual Add) fused after it.  Any other fp16
 groups are wide enough is an implicit GEMM: the same flat product with one reduce axis over
 (input channels, taps), the image a gathered operand that the ``mma`` and ``wgmma`` stages
 copy element by element (also an affine image whose rows no aligned copy reaches).
-Depthwise and narrow-group convs, and fp32 ones (but for patch embeddings,
-tests/test_ffma.py), keep the image form and the CUDA cores.  Results are compared with onnxruntime."""
+Depthwise and narrow-group convs, and fp32 ones (but for patch embeddings and deep
+reductions, tests/test_ffma.py), keep the image form and the CUDA cores.  Results are
+compared with onnxruntime."""
 
 from __future__ import annotations
 
@@ -184,12 +185,14 @@ def test_narrow_group_convs_stay_off_tensor_cores_and_match(label: str, tmp_path
 
 
 @pytest.mark.parametrize("kernel", [1, 3])
-def test_fp32_conv_keeps_the_image_form_and_exact_arithmetic(kernel: int) -> None:
-    """fp32 convolutions are not flattened (the CUDA-core kind tiles the image form
-    better), so no tensor-core stage computes them, with or without TF32 allowed."""
+def test_fp32_conv_keeps_exact_arithmetic(kernel: int) -> None:
+    """A shallow fp32 convolution (64 products an output) keeps the image form, which the
+    CUDA-core kind tiles better; a deep one (576) is a flat product for the exact ``ffma``
+    kind, its image gathered in fp32, which the tensor-core stages do not gather.  So no
+    tensor-core stage computes either, with or without TF32 allowed."""
     model, _ = _conv_model((8, 64, 28, 28), 128, "relu6", dtype=np.float32, kernel=kernel, pad=kernel // 2)
     graph = import_onnx(model)
-    assert all(len(n.compute.shape) == 4 for n in graph.nodes.values())
+    assert all(len(n.compute.shape) == 4 for n in graph.nodes.values()) == (kernel == 1)
     assert _mma_stages(plan_model(graph, ARCH, topk=1)) == []
     assert _mma_stages(plan_model(graph, ARCH, topk=1, kinds=(*Options.kinds, "mma_tf32"))) == []
 

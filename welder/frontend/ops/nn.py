@@ -34,6 +34,9 @@ POINTWISE_AS_PRODUCT = frozenset({"float16", "bfloat16"})
 #: per group times kernel taps (K) of at least one m16n8k16 instruction's M and K.  Narrower
 #: groups (depthwise, ShuffleNet's) would be mostly padding on tensor cores.
 PRODUCT_MIN_GROUP = 16
+#: Shortest reduction (input channels per group times kernel taps) over which an fp32
+#: convolution is lowered as a flat product, for the ``ffma`` kind (:func:`_deep_fp32`).
+FP32_PRODUCT_MIN_DEPTH = 256
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,12 @@ def conv(ctx: LowerContext) -> Tensor:
         )
     windows = sliding_windows(ctx, x.shape[2:], _kernel_shape(ctx, x.rank - 2, w.shape[2:]))
     m_per_group = m // group
-    if x.dtype in POINTWISE_AS_PRODUCT or _patchify(windows, group, m_per_group):
+    depth = per_group * math.prod(win.kernel for win in windows)
+    if (
+        x.dtype in POINTWISE_AS_PRODUCT
+        or _patchify(windows, group, m_per_group)
+        or _deep_fp32(x.dtype, depth, group, m_per_group)
+    ):
         pointwise = group == 1 and all(map(_pointwise, windows))
         if pointwise and len(windows) > 1:
             return _with_bias(ctx, _pointwise_conv(ctx, x, w))
@@ -350,6 +358,15 @@ def _patchify(windows: Sequence[Window], group: int, m_per_group: int) -> bool:
     return disjoint and group == 1 and m_per_group >= PRODUCT_MIN_GROUP
 
 
+def _deep_fp32(dtype: str, depth: int, group: int, m_per_group: int) -> bool:
+    """Whether an fp32 convolution reduces over enough products per output to be bound by
+    its arithmetic, where the ``ffma`` kind's register tiles beat the CUDA-core kind's
+    window kernels.  A shallow one is bound by its traffic, and there the image form keeps
+    what fusion saves (a 1x1 convolution tiled with its depthwise consumer)."""
+    wide = group == 1 and m_per_group >= PRODUCT_MIN_GROUP
+    return dtype == "float32" and wide and depth >= FP32_PRODUCT_MIN_DEPTH
+
+
 def _pointwise(win: Window) -> bool:
     """Whether the window reads exactly the output's own position (1-wide, stride 1, no
     padding; a 1-wide kernel's dilation moves nothing)."""
@@ -369,9 +386,9 @@ def _pointwise_conv(ctx: LowerContext, x: Tensor, w: Tensor) -> Tensor:
     axis.  Lowered flat, fp32 MobileNetV2's cost-model plans were estimated faster (H100
     189.8 -> 165.4 us, V100 312.3 -> 284.3 us) but grew from 27 to 34 kernels and from 38.8
     to 47.2 MB of compulsory traffic, so exact fp32 keeps the image form.  The cost is that
-    ``--tf32`` cannot put fp32 1x1 convolutions on tensor cores: the lowering does not
-    know the options a graph is tuned with.  fp32 patch embeddings are the exception
-    (:func:`_patchify`)."""
+    ``--tf32`` cannot put shallow fp32 1x1 convolutions on tensor cores: the lowering does
+    not know the options a graph is tuned with.  fp32 patch embeddings and deep reductions
+    are the exceptions (:func:`_patchify`, :func:`_deep_fp32`)."""
     spatial = x.shape[2:]
     flat = math.prod(spatial)
     zeros = (0,) * len(spatial)
