@@ -23,6 +23,7 @@
 # Two scripts at once, each on two of four GPUs and half the cores, sharing the state:
 #   CUDA_VISIBLE_DEVICES=0,1 GPUS=2 SCRIPT=Figure13 ARGS=... taskset -c 0-31 bash scripts/paper_pending.sh &
 #   CUDA_VISIBLE_DEVICES=2,3 GPUS=2 SCRIPT=Figure10b ARGS=... taskset -c 32-63 bash scripts/paper_pending.sh; wait
+# or four, one a GPU (CUDA_VISIBLE_DEVICES=k GPUS=1 taskset -c 16k-16k+15, each its own log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/welder-paper}
@@ -32,7 +33,8 @@ gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 [ "$gpus" -ge 1 ] 2>/dev/null || gpus=1
 mkdir -p "$out" "$state/results" "$state/cache"
 if [ -d .paper-state ]; then
-  cp -rn .paper-state/. "$state/"
+  # under the pack lock: a script started beside another must not open a half-copied cache
+  ( flock 9; cp -rn .paper-state/. "$state/" ) 9>"$state/pack.lock"
 fi
 export WELDER_COMMIT=${WELDER_COMMIT:-$(cat .paper-state/commit 2>/dev/null || git rev-parse --short HEAD)}
 
