@@ -23,7 +23,7 @@
 # Two scripts at once, each on two of four GPUs and half the cores, sharing the state:
 #   CUDA_VISIBLE_DEVICES=0,1 GPUS=2 SCRIPT=Figure13 ARGS=... taskset -c 0-31 bash scripts/paper_pending.sh &
 #   CUDA_VISIBLE_DEVICES=2,3 GPUS=2 SCRIPT=Figure10b ARGS=... taskset -c 32-63 bash scripts/paper_pending.sh; wait
-# or four, one a GPU (CUDA_VISIBLE_DEVICES=k GPUS=1 taskset -c 16k-16k+15, each its own log).
+# or one a GPU, each with its own log: scripts/paper_side_by_side.sh "0|Table5|ARGS" "1|Figure11|ARGS" ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/welder-paper}
