@@ -731,3 +731,20 @@ def test_each_plot_draws_the_csv_s_values(tmp_path: Path, monkeypatch: pytest.Mo
         f"{module.NAME}_fp16_b1.png",
         f"{module.NAME}_fp16_b64.png",
     ]
+
+
+def test_side_by_side_refuses_a_spec_it_cannot_run(tmp_path: Path) -> None:
+    """Each argument must name a GPU and a script of artifacts/: a bad one stops the run
+    before any script starts (exit 2, naming it), and no argument prints the usage."""
+    runner = ROOT / "scripts" / "paper_side_by_side.sh"
+    env = dict(os.environ, OUT=str(tmp_path))
+    for args, said in (
+        ([], "usage:"),
+        (["0|Figure99|--bs 1"], "'0|Figure99|--bs 1'"),
+        (["x|Table5|"], "'x|Table5|'"),
+    ):
+        proc = subprocess.run(
+            ["bash", str(runner), *args], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert proc.returncode == 2 and said in proc.stderr
+    assert not list(tmp_path.glob("log_*.txt"))
