@@ -319,7 +319,7 @@ def conv(ctx: LowerContext) -> Tensor:
         )
     windows = sliding_windows(ctx, x.shape[2:], _kernel_shape(ctx, x.rank - 2, w.shape[2:]))
     m_per_group = m // group
-    depth = per_group * math.prod(win.kernel for win in windows)
+    depth = per_group * math.prod(win.kernel for win in windows)  # products an output sums
     if (
         x.dtype in POINTWISE_AS_PRODUCT
         or _patchify(windows, group, m_per_group)
@@ -328,8 +328,7 @@ def conv(ctx: LowerContext) -> Tensor:
         pointwise = group == 1 and all(map(_pointwise, windows))
         if pointwise and len(windows) > 1:
             return _with_bias(ctx, _pointwise_conv(ctx, x, w))
-        taps = math.prod(win.kernel for win in windows)
-        wide = m_per_group >= PRODUCT_MIN_GROUP and per_group * taps >= PRODUCT_MIN_GROUP
+        wide = m_per_group >= PRODUCT_MIN_GROUP and depth >= PRODUCT_MIN_GROUP
         # A 1-D pointwise conv is a product in its image form already.
         if wide and not pointwise:
             return _with_bias(ctx, _conv_as_product(ctx, x, w, windows, group))
