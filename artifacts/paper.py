@@ -492,7 +492,10 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     args.out = Path(args.out) if args.out else ROOT / "artifacts" / "results" / gpu_folder(args.device)
     args.no_cuda_graph = False
     args.build_args = ""
-    args.welder = benchmark.welder_options(args, Path(args.cache_dir) if args.cache_dir else None)
+    args.welder = replace(
+        benchmark.welder_options(args, Path(args.cache_dir) if args.cache_dir else None),
+        reference_cache=Path(args.runs).resolve() / "references",
+    )
     return args
 
 

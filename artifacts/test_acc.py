@@ -1,6 +1,7 @@
 """Check the runtime built under PREFIX against onnxruntime (CPU) on the same seeded inputs.
 
     python artifacts/test_acc.py runs/bert_b1 [--seed 0] [--precision tf32] [--json report.json]
+        [--reference-cache DIR]
 
 PREFIX is the folder ``welder tune`` wrote: it holds model.onnx and the built
 nnfusion_rt/cuda_codegen/build/libnnfusion_naive_rt.so.  Inputs come from
@@ -17,16 +18,23 @@ inputs upcast exactly (onnxruntime's CPU provider has no bf16 arithmetic;
 ``welder.check.bfloat16_as_float``), at the bf16 limit; the report's header says so
 (``reference=``).  ``--json`` also writes the
 report for programs (scripts/benchmark.py), so they need not parse the table.
+``--reference-cache DIR`` keeps onnxruntime's outputs there, so a second check of the same
+model on the same inputs (another variant's build of one export) skips onnxruntime.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import sys
-from collections.abc import Sequence
+import zipfile
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
+
+import numpy as np
 
 from welder.check import (
     THRESHOLDS,
@@ -44,9 +52,12 @@ from welder.index_check import check_index_inputs, index_sites
 from welder.runtime.library import RuntimeLibrary
 
 
-def check_runtime(prefix: Path, seed: int = 0, precision: str | None = None) -> CheckReport:
+def check_runtime(
+    prefix: Path, seed: int = 0, precision: str | None = None, reference_cache: Path | None = None
+) -> CheckReport:
     """Runs the built runtime and onnxruntime on the same inputs and compares every output
-    (``precision`` None: the one the runtime was tuned for)."""
+    (``precision`` None: the one the runtime was tuned for; ``reference_cache``: a folder
+    of onnxruntime's outputs, see :func:`reference_outputs`)."""
     model = prefix / "model.onnx"
     if not model.is_file():
         raise WelderError(f"{prefix} holds no model.onnx to check the runtime against")
@@ -58,10 +69,43 @@ def check_runtime(prefix: Path, seed: int = 0, precision: str | None = None) -> 
         # The kernels would clamp a bad index; the host names it instead.
         check_index_inputs(graph, index_sites(graph), feeds)
         ours = lib.run(feeds)
-    reference = onnxruntime_outputs(model, feeds, list(graph.outputs))
+    reference = reference_outputs(model, feeds, list(graph.outputs), reference_cache)
     limits = output_thresholds(graph, list(graph.outputs), precision=precision)
     results = compare(ours, reference, precision, limits)
     return CheckReport(str(prefix), "welder runtime", seed, results, reference_name(model))
+
+
+def reference_outputs(
+    model: Path, feeds: Mapping[str, np.ndarray], outputs: list[str], cache: Path | None = None
+) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs of ``model`` on ``feeds``, kept in ``cache`` (when given) under
+    a hash of the model's bytes, the inputs, the outputs asked for and onnxruntime's
+    version.  The variants of one case (welder, ``--nofusion``, ``--no-tc``) check copies of
+    one export on the same seeded inputs: at batch 64 onnxruntime's CPU provider takes
+    minutes for each, and one run serves them all.  An entry that cannot be read is
+    computed again."""
+    if cache is None:
+        return onnxruntime_outputs(model, feeds, outputs)
+    import onnxruntime
+
+    key = hashlib.sha256(model.read_bytes())
+    key.update(json.dumps([outputs, onnxruntime.__version__]).encode())
+    for name in sorted(feeds):
+        value = np.ascontiguousarray(feeds[name])
+        key.update(json.dumps([name, value.dtype.str, value.shape]).encode())
+        key.update(value.tobytes())
+    entry = cache / f"{key.hexdigest()[:32]}.npz"
+    try:
+        with np.load(entry) as stored:
+            return {name: stored[name] for name in outputs}
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        pass
+    reference = onnxruntime_outputs(model, feeds, outputs)
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = entry.with_name(f"{entry.stem}.{os.getpid()}.tmp.npz")
+    np.savez(partial, **reference)
+    os.replace(partial, entry)  # whole or absent, whatever runs beside it
+    return reference
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,9 +119,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "PREFIX/tuned.json records, tf32 after `welder tune --tf32`, else fp32)",
     )
     parser.add_argument("--json", type=Path, help="also write the report here as JSON")
+    parser.add_argument(
+        "--reference-cache",
+        type=Path,
+        help="folder keeping onnxruntime's outputs for the next check of the same model and inputs",
+    )
     args = parser.parse_args(argv)
     try:
-        report = check_runtime(args.prefix, args.seed, args.precision)
+        report = check_runtime(args.prefix, args.seed, args.precision, args.reference_cache)
     except WelderError as e:
         print(f"test_acc: error: {e}", file=sys.stderr)
         return 2

@@ -162,6 +162,7 @@ class WelderOptions:
     budget_s: float = 10.0
     cuda_graph: bool = True
     cache_dir: Path | None = None
+    reference_cache: Path | None = None  # test_acc's onnxruntime outputs (--reference-cache)
 
 
 # Times the built runtime in a child process with the peers' protocol.  Device time: a
@@ -236,7 +237,7 @@ def measure_built(prefix: Path, options: WelderOptions, tune_s: float, build_s: 
     latency with the peers' protocol, in welder's cell (``tune_s``/``build_s``: what
     building it took, for the cell's record)."""
     env = welder_env(options)
-    accuracy = check_accuracy(prefix, env)
+    accuracy = check_accuracy(prefix, env, reference_cache=options.reference_cache)
     # main_test without CUDA graphs: launch by launch, beside the library's graph replays.
     main_test_ms, main_test_error = run_main_test(prefix, ["--no-cuda-graph"])
     budget_ms = str(1e3 * options.budget_s)
@@ -281,7 +282,12 @@ class Accuracy:
         return f"test_acc {self.verdict}{worst}"
 
 
-def check_accuracy(prefix: Path, env: dict[str, str] | None = None, timeout_s: float = 900.0) -> Accuracy:
+def check_accuracy(
+    prefix: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 900.0,
+    reference_cache: Path | None = None,
+) -> Accuracy:
     """test_acc's verdict and worst metric, read from its JSON report, so every timing is
     next to its correctness; a check that cannot run or finish says why instead."""
     with tempfile.TemporaryDirectory(prefix="welder-acc-") as work:
@@ -292,6 +298,7 @@ def check_accuracy(prefix: Path, env: dict[str, str] | None = None, timeout_s: f
             str(prefix),
             "--json",
             str(report),
+            *(["--reference-cache", str(reference_cache)] if reference_cache else []),
         ]
         try:
             proc = _run_child(command, timeout_s, env)

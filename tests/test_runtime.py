@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -872,6 +873,41 @@ def test_test_acc_passes_and_fails(
     assert lines[-1] == "FAIL" and any(line.split()[0] == "z" and line.endswith("FAIL") for line in lines)
 
     assert test_acc.main([str(tmp_path / "nothing")]) == 2
+
+
+@needs_emulated_build
+def test_test_acc_keeps_onnxruntime_s_outputs_for_the_next_check(
+    builds: Builds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --reference-cache a second check of the same model on the same inputs (another
+    build of the export) reads onnxruntime's outputs back instead of running it; other
+    inputs, or an entry that cannot be read, run onnxruntime again."""
+    test_acc = load_script("test_acc")
+    emitted = builds("views")
+    cache = tmp_path / "references"
+    calls: list[int] = []
+    real = test_acc.onnxruntime_outputs
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(test_acc, "onnxruntime_outputs", counted)
+    argv = [str(emitted.prefix), "--reference-cache", str(cache)]
+    assert test_acc.main(argv) == 0 and len(calls) == 1
+    (entry,) = cache.glob("*.npz")
+    other = copy_prefix(emitted.prefix, tmp_path / "other")
+    assert test_acc.main([str(other), "--reference-cache", str(cache)]) == 0 and len(calls) == 1
+    # The cached outputs are onnxruntime's: a runtime that computes something else fails.
+    weight = next(w for w in emitted.spec.weights if w.tensor == "W")
+    path = runtime_dir(other) / "Constant" / weight.file
+    path.write_bytes((np.fromfile(path, np.float32) * 1.01).astype(np.float32).tobytes())
+    assert test_acc.main([str(other), "--reference-cache", str(cache)]) == 1 and len(calls) == 1
+    assert test_acc.main([*argv, "--seed", "3"]) == 0 and len(calls) == 2
+    entry.write_bytes(b"not an archive")
+    assert test_acc.main(argv) == 0 and len(calls) == 3
+    assert not list(cache.glob("*.tmp.npz"))
+    capsys.readouterr()
 
 
 @needs_emulated_build
