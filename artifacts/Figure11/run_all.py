@@ -9,9 +9,11 @@ Nsight Compute: ``ncu --clock-control none --target-processes application-only
 --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum`` (the clocks
 left as the timing runs had them, Inductor compiling in the process itself) around one
 warmed-up inference (profile_once.py), which gives the number of kernels launched and the
-bytes read from and written to DRAM.  A system ncu cannot profile (no ncu,
-no permission for the GPU counters, a failure) keeps its latency and says why in the
-``profile`` column.
+bytes read from and written to DRAM.  ncu's default cache control flushes the caches before
+each kernel, outside what it counts: the reads are each kernel's own from a cold cache (the
+traffic fusion removes), and the writes only what overflows the L2 during a kernel.  A
+system ncu cannot profile (no ncu, no permission for the GPU counters, a failure) keeps its
+latency and says why in the ``profile`` column.
 
 Writes to artifacts/results/<GPU>/: figure11.csv (latency, kernels, dram_read_bytes,
 dram_write_bytes per case and system), figure11.md, figure11.meta.json and

@@ -80,7 +80,7 @@ def _recomputed_by_windows(graph: Graph, order: Sequence, computes: dict[str, Co
     chain is taken: the members before it are read at its own points, not through the
     window."""
     chosen: list[str] = []
-    reductions = [s for s, c in computes.items() if c.is_reduction and _callsreads_through_window(c)]
+    reductions = [s for s, c in computes.items() if c.is_reduction and _calls_through_window(c)]
     if not reductions:
         return chosen
     injective = [n for n in order if n.name not in computes]
@@ -96,7 +96,7 @@ def _recomputed_by_windows(graph: Graph, order: Sequence, computes: dict[str, Co
     return chosen
 
 
-def _callsreads_through_window(c: Compute) -> bool:
+def _calls_through_window(c: Compute) -> bool:
     """Whether ``c`` has a transcendental call and reads something through a window."""
     return _transcendental(c.body) and any(reads_through_window(ld, c) for ld in c.loads())
 
