@@ -871,6 +871,8 @@ def test_groups_compile_while_the_search_goes_on(monkeypatch):
     graph = bert(2)
     plan = tune_model(graph, ARCH, 2, None, Recording(graph, latency=lambda k: 5.0))
     assert "compile" in events[: events.index("done")], events
+    # The tune's pools are gone: a tune started next in this process searches apart again.
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("welder-")]
     searched = fuse(graph, CostModel(graph, ARCH, Options(topk=2)))
     assert [g.group.members for g in plan.groups] == [g.members for g in searched.groups]
     start = plan.log.index(searched.log[0])  # the search's log, before any check's

@@ -988,9 +988,11 @@ class _TuneQueue:
     def __enter__(self) -> _TuneQueue:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        # A finished tune leaves no thread behind (a fusion search started next forks only
+        # where this process runs no other thread); a failed one does not wait for compiles.
         for pool in (self.codegen, self.nvcc, self.host_pool):
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=kind is None, cancel_futures=True)
         self.bar.close()
 
     def add(
