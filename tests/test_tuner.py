@@ -510,6 +510,27 @@ def test_no_valid_candidate_is_a_cached_negative_entry(tmp_path):
     assert cache.get(entry.key).topk == 6 and not cache.get(entry.key).negative
 
 
+def test_a_negative_entry_from_before_the_check_changed_is_tuned_again(tmp_path, monkeypatch):
+    """A negative entry older than the check's last change is a miss: its candidates run
+    again, a valid one replaces it, and a failure again dates the negative entry anew."""
+    from welder.tune import tuner
+
+    graph = matmul_graph()
+    group = whole_group(graph)
+    cache = TuningCache(tmp_path)
+    crash = ScriptedDevice(graph, behaviour=lambda k: "crash")
+    assert tune_group(graph, group, ARCH, 4, cache, crash) is None
+    [old] = cache.entries()
+    monkeypatch.setattr(tuner, "CHECK_CHANGED", old.created + 1)
+    failing = ScriptedDevice(graph, behaviour=lambda k: "crash")
+    assert tune_group(graph, group, ARCH, 4, cache, failing) is None
+    assert failing.compiles and cache.get(old.key).created > old.created
+    monkeypatch.setattr(tuner, "CHECK_CHANGED", cache.get(old.key).created + 1)
+    again = ScriptedDevice(graph)
+    assert tune_group(graph, group, ARCH, 4, cache, again) is not None
+    assert again.compiles and not cache.get(old.key).negative
+
+
 def test_identical_groups_share_one_entry_in_their_own_names(tmp_path):
     graph = twin_branches()
     cost = CostModel(graph, ARCH)
@@ -1516,6 +1537,38 @@ def test_large_groups_with_independent_rows_are_checked_on_sampled_rows(monkeypa
     dependent = _rows_graph(300, transpose=True)
     dgroup = make_group(dependent, list(dependent.nodes))
     assert reference_module.reference(dependent, dgroup, group_inputs(dependent, dgroup)).rows is None
+
+
+def test_a_long_sum_in_another_order_passes_the_check_and_a_missing_term_fails_it():
+    """The sum of a global average pool over 256x256: one thread adding its 65,536 terms in
+    fp32 is a correct kernel.  On unit random inputs it rounds by about 1e-3 where the terms
+    cancel to a result near zero, past the 1e-4 limit; the tuner's inputs are scaled so the
+    sum is of unit size, where the same kernel passes and one that drops a term fails."""
+    from welder.check import random_inputs
+    from welder.tune.measure import group_inputs
+    from welder.tune.reference import reference
+
+    x = np.zeros((1, 128, 256, 256), np.float32)
+    pool = helper.make_node("GlobalAveragePool", ["x"], ["y"])
+    graph = import_onnx(make_model([pool], {"x": x}, ["y"], {}))
+    group = make_group(graph, ["y:sum"])
+    limit = threshold_for("float32")
+
+    def one_thread(x: np.ndarray, drop_last: bool = False) -> np.ndarray:
+        rows = x.reshape(128, -1)
+        acc = np.zeros(128, np.float32)
+        for j in range(rows.shape[1] - drop_last):
+            acc += rows[:, j]
+        return acc.reshape(1, 128, 1, 1)
+
+    unit = random_inputs(graph.subgraph(group.members), 0)["x"]
+    exact = unit.astype(np.float64).sum(axis=(2, 3), keepdims=True)
+    assert error_metric(one_thread(unit), exact) > limit
+    feeds = group_inputs(graph, group)
+    want = reference(graph, group, feeds).values["y:sum"]
+    assert 0.8 < want.std() < 1.2
+    assert error_metric(one_thread(feeds["x"]), want) <= limit / 4
+    assert error_metric(one_thread(feeds["x"], drop_last=True), want) > limit
 
 
 def _near_estimate_fusion(monkeypatch, measured_over: float, split_share: float | None):

@@ -222,7 +222,8 @@ class TuningCache:
 
         An existing entry is replaced only by a better-founded one: a result from a wider
         search (larger ``topk``), a valid config where there was none, or -- at the same
-        ``topk`` -- a faster one.  A negative result never replaces a valid config.  So when
+        ``topk`` -- a faster one.  A negative result never replaces a valid config; it replaces
+        a negative one from a search as wide, dating the failure anew.  So when
         two processes tune the same group at once, the outcome does not depend on who
         commits last."""
         if (config is None) != (latency_us is None):
@@ -338,7 +339,7 @@ def _key_values(key: CacheKey) -> tuple[str, str, str, str]:
 
 def _better(new: CacheEntry, old_negative: bool, old_latency: float | None, old_topk: int) -> bool:
     if new.negative:
-        return old_negative and new.topk > old_topk
+        return old_negative and new.topk >= old_topk  # at the same topk: a fresher date
     if old_negative or new.topk > old_topk:
         return True
     return new.topk == old_topk and old_latency is not None and new.latency_us < old_latency

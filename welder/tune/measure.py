@@ -39,7 +39,7 @@ def group_inputs(graph: Graph, group: Group, seed: int = 0) -> dict[str, np.ndar
     computed from the same inputs, so the check stays exact."""
     feeds = random_inputs(graph.subgraph(group.members), seed)
     rng = np.random.default_rng(seed + 1)
-    scales = _product_scales(graph, group)
+    scales = _input_scales(graph, group)
     out = {}
     for t in group.inputs:
         value = graph.constants[t] if t in graph.constants else feeds[t]
@@ -51,29 +51,51 @@ def group_inputs(graph: Graph, group: Group, seed: int = 0) -> dict[str, np.ndar
     return out
 
 
-def _product_scales(graph: Graph, group: Group) -> dict[str, float]:
-    """Factors for random inputs that a stage multiplies with each other and sums over
-    ``K`` (attention's queries and keys): ``K ** -0.25`` each, so that their products come
-    out of unit variance, as the model's own projections and scales make them.  Unscaled,
-    scores of standard deviation ``sqrt(K)`` turn the last bit of an fp16 score into
-    percents of a softmax after them, and a correct kernel that rounds one score the
-    other way (its sums run in another order) fails the check."""
+#: When the inputs of the candidates' check last changed (seconds since the epoch, 2026-11-28
+#: 21:00 UTC: :data:`LONG_SUM`).  A negative tuning-cache entry written before it may
+#: record correct candidates failing a check they now pass; it is tuned again.
+CHECK_CHANGED = 1795899600.0
+
+#: Sums of at least this many terms (not products) get their random inputs scaled by
+#: ``n ** -0.5``: a correct fp32 kernel's rounding of 4,096 unit terms summed by one thread
+#: already reaches the 1e-4 limit where the terms cancel to a result near zero.
+LONG_SUM = 1024
+
+
+def _input_scales(graph: Graph, group: Group) -> dict[str, float]:
+    """Factors for random inputs whose sums would otherwise round past the check's limit
+    in a correct kernel, which the model's own scales keep small:
+
+    - inputs that a stage multiplies with each other and sums over ``K`` (attention's
+      queries and keys): ``K ** -0.25`` each, so that their products come out of unit
+      variance, as the model's projections and scales make them.  Unscaled, scores of
+      standard deviation ``sqrt(K)`` turn the last bit of an fp16 score into percents of a
+      softmax after them, and a correct kernel that rounds one score the other way (its sums
+      run in another order) fails the check;
+    - inputs of a plain sum of ``n >= LONG_SUM`` terms (a global average pool's sum):
+      ``n ** -0.5``, so that the sum comes out of unit variance, as the model's mean makes
+      it.  Unscaled, the sum of 65,536 unit terms is of size 256 and rounds by about 6e-4
+      in fp32, which is an error of 6e-4 where the terms cancel to a result near zero: a
+      correct kernel failed on NAFNet at batch 64 (1,024 such sums), where one missing
+      term still shows as an error of ``n ** -0.5``, 4e-3."""
     scales: dict[str, float] = {}
+    variable = set(group.inputs) - set(graph.constants)
+
+    def scale(tensors: set[str], factor: float) -> None:
+        for t in tensors:
+            scales[t] = min(scales.get(t, 1.0), factor)
+
     for s in group.stages:
         c = group.computes[s]
-        if not c.is_product:
-            continue
-        body = c.body
-        assert isinstance(body, Binary)
-        sides = [
-            {ld.tensor for ld in loads(e)} & set(group.inputs) - set(graph.constants)
-            for e in (body.a, body.b)
-        ]
-        if not all(sides):
-            continue
-        factor = math.prod(a.extent for a in c.reduce_axes) ** -0.25
-        for t in sides[0] | sides[1]:
-            scales[t] = min(scales.get(t, 1.0), factor)
+        terms = math.prod(a.extent for a in c.reduce_axes)
+        if c.is_product:
+            body = c.body
+            assert isinstance(body, Binary)
+            sides = [{ld.tensor for ld in loads(e)} & variable for e in (body.a, body.b)]
+            if all(sides):
+                scale(sides[0] | sides[1], terms**-0.25)
+        elif c.reduce_op == "sum" and terms >= LONG_SUM:
+            scale({ld.tensor for ld in c.loads()} & variable, terms**-0.5)
     return scales
 
 

@@ -69,7 +69,14 @@ from welder.tune.compile import (
     ramped_per_call,
     submit_compiles,
 )
-from welder.tune.measure import HostSide, drop_summary, first_correct, group_inputs, time_candidates
+from welder.tune.measure import (
+    CHECK_CHANGED,
+    HostSide,
+    drop_summary,
+    first_correct,
+    group_inputs,
+    time_candidates,
+)
 from welder.tune.phases import Phases
 from welder.tune.plan_cache import CachedPlan, Unfused, plan_key
 from welder.tune.reference import Reference, reference
@@ -162,11 +169,13 @@ def _cached(
 def _cached_entry(
     cache: TuningCache | None, key: CacheKey, group: Group, topk: int
 ) -> tuple[bool, TunedConfig | None, int]:
-    """(hit, result, how far down the ranking the entry looked); see :func:`_cached`."""
+    """(hit, result, how far down the ranking the entry looked); see :func:`_cached`.  A
+    negative entry written before the check's inputs last changed (:data:`CHECK_CHANGED`)
+    is a miss: its candidates are tried again."""
     if cache is None:
         return False, None, 0
     entry = cache.get(key)
-    if entry is None or not entry.satisfies(topk):
+    if entry is None or not entry.satisfies(topk) or (entry.negative and entry.created < CHECK_CHANGED):
         return False, None, 0
     if entry.config is None or entry.latency_us is None:
         return True, None, entry.topk
@@ -917,7 +926,7 @@ class _ModelTuner:
                 node = self.graph.nodes[m]
                 raise TuneError(
                     f"no candidate for node {m!r} ({node.op_type} from {node.source!r}) compiled, ran and "
-                    f"matched the reference on {self.device.name}; see the welder.tune log"
+                    f"matched the reference on {self.device.name}: {self.measure.why_invalid(single)}"
                 )
             us, nbytes, measured = self.unfused(single)
             out.append(_tuned_group(single, result, us, nbytes, measured))
