@@ -727,7 +727,7 @@ def speedup_figure(
 ) -> bool:
     """The paper's Figures 9 and 10: per batch size, grouped bars of each system's speedup
     over PyTorch eager (eager / system latency; log scale) per model, and their geometric
-    mean over the models where both were measured.  Returns whether the PNG was drawn."""
+    mean, for a system measured on every model of the panel.  Returns whether the PNG was drawn."""
     latency = latency_of(rows)
     batches = sorted({int(r["bs"]) for r in rows if r["dtype"] == dtype})
     if not batches:
@@ -773,7 +773,8 @@ def _uncaptured(row: Mapping[str, str]) -> bool:
 def finish(fig: Any, axes: Sequence[Any], png: Path, note: str) -> None:
     """One legend above the panels (from the first), a footnote, and the PNG written."""
     handles, labels = axes[0].get_legend_handles_labels()
-    columns = min(len(labels), 6)
+    # an entry (marker and up to ~30 characters at 8 points) takes about 2.3 inches
+    columns = max(1, min(len(labels), 6, int(fig.get_size_inches()[0] / 2.3)))
     fig.legend(handles, labels, loc="upper center", ncol=columns, fontsize=8, frameon=False)
     fig.text(0.01, 0.005, note, fontsize=7, color="dimgray")
     top = 1 - 0.3 / fig.get_size_inches()[1] * (1 + (len(labels) - 1) // columns)
@@ -786,7 +787,9 @@ def finish(fig: Any, axes: Sequence[Any], png: Path, note: str) -> None:
 def _speedups(
     latency: Mapping[tuple[str, str, str, str], float], models: Sequence[str], batch: int, dtype: str
 ) -> Callable[[str, str], float | None]:
-    """``value(model or "geomean", system)``: eager latency / the system's."""
+    """``value(model or "geomean", system)``: eager latency / the system's.  A system's
+    geometric mean is over every model of ``models``; missing one, it has none, so that
+    the means side by side are of the same cases."""
 
     def speedup(model: str, system: str) -> float | None:
         base = latency.get((model, str(batch), dtype, "eager"))
@@ -794,8 +797,9 @@ def _speedups(
         return base / ms if base and ms else None
 
     def value(group: str, system: str) -> float | None:
-        if group == "geomean":
-            return geomean(v for v in (speedup(m, system) for m in models) if v is not None)
+        if group == "geomean":  # over the same models for every system, or none at all
+            each = [speedup(m, system) for m in models]
+            return geomean(each) if each and None not in each else None
         return speedup(group, system)
 
     return value

@@ -200,6 +200,40 @@ def test_figure9_10_draws_speedups_with_a_geomean(tmp_path: Path, monkeypatch: p
     )
 
 
+def test_a_geomean_is_over_every_model_or_none() -> None:
+    """A system measured on some of the panel's models has no geometric mean: beside the
+    others' it would be over other cases (Table 5's max-autotune on BERT alone read 1.04x)."""
+    latency = {
+        ("resnet50", "64", "fp32", "eager"): 20.0,
+        ("bert", "64", "fp32", "eager"): 36.0,
+        ("resnet50", "64", "fp32", "welder"): 10.0,
+        ("bert", "64", "fp32", "welder"): 4.5,
+        ("bert", "64", "fp32", "compile-max-autotune"): 12.0,
+    }
+    value = paper._speedups(latency, ["resnet50", "bert"], 64, "fp32")
+    assert value("geomean", "welder") == pytest.approx(4.0)  # of 2x and 8x
+    assert value("bert", "compile-max-autotune") == 3.0 and value("geomean", "compile-max-autotune") is None
+
+
+def test_the_legend_fits_a_narrow_figure(tmp_path: Path) -> None:
+    """Five long entries above a figure 8 inches wide wrap into rows instead of running
+    off both edges (Table 5's legend lost its first and last entries)."""
+    need("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    for k in range(5):
+        ax.plot([], [], marker="s", linestyle="", label=f"torch.compile reduce-overhead {k}")
+    paper.finish(fig, [ax], tmp_path / "legend.png", "note")
+    fig.canvas.draw()
+    box = fig.legends[0].get_window_extent()
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width
+    plt.close(fig)
+
+
 def test_speedup_bars_stand_on_one_and_every_series_keeps_its_colour() -> None:
     """A speedup's bar starts at 1x (a slowdown hangs below it) and is labelled with its
     value; a series with no value still has its own colour in the legend; log ticks read
