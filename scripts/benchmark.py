@@ -213,10 +213,13 @@ def tune_and_build(prefix: Path, options: WelderOptions) -> tuple[float, float]:
     run on a machine without a GPU does)."""
     env = welder_env(options)
     start = time.perf_counter()
+    progress(prefix.name, f"welder tune {' '.join(options.tune_args)}".rstrip() + " ...")
     _python(["-m", "welder.cli", *welder_tune_command(prefix, options)], options.timeout_s, env)
     tuned = time.perf_counter()
+    progress(prefix.name, f"tuned in {tuned - start:.0f} s")
     if not _has_flag(options.tune_args, "--no-build"):
         _python(["-m", "welder.cli", "build", str(prefix), *options.build_args], options.timeout_s, env)
+        progress(prefix.name, f"built in {time.perf_counter() - tuned:.0f} s")
     return tuned - start, time.perf_counter() - tuned
 
 
@@ -237,7 +240,9 @@ def measure_built(prefix: Path, options: WelderOptions, tune_s: float, build_s: 
     latency with the peers' protocol, in welder's cell (``tune_s``/``build_s``: what
     building it took, for the cell's record)."""
     env = welder_env(options)
+    start = time.perf_counter()
     accuracy = check_accuracy(prefix, env, reference_cache=options.reference_cache)
+    progress(prefix.name, f"{accuracy.describe()} in {time.perf_counter() - start:.0f} s")
     # main_test without CUDA graphs: launch by launch, beside the library's graph replays.
     main_test_ms, main_test_error = run_main_test(prefix, ["--no-cuda-graph"])
     budget_ms = str(1e3 * options.budget_s)
@@ -498,7 +503,9 @@ def ensure_export(config: Config, runs: Path, options: dict[str, Any]) -> tuple[
         if same == (config.model, config.batch, DTYPES[config.dtype], options, SEED):
             return prefix, None
     start = time.perf_counter()
+    progress(config.key, "exporting, checked against onnxruntime ...")
     export_onnx(config.model, prefix, config.batch, config.dtype == "fp16", options=options)
+    progress(config.key, f"exported in {time.perf_counter() - start:.0f} s")
     return prefix, time.perf_counter() - start
 
 
@@ -529,6 +536,13 @@ def measure_row(config: Config, args: argparse.Namespace, device_name: str) -> R
         row.cells["onnxruntime"] = run_ort_peer(prefix, provider, plan)
         _log(config, "onnxruntime", row.cells["onnxruntime"])
     return row
+
+
+def progress(case: str, what: str) -> None:
+    """One step of a case begun or done, on stderr: at batch 64 an export with its
+    onnxruntime check, a tune or test_acc each take minutes, and a run cut short by a time
+    limit must still say which step it was in."""
+    print(f"[{case}] {what}", file=sys.stderr, flush=True)
 
 
 def _log(config: Config, system: str, cell: Cell) -> None:

@@ -782,3 +782,30 @@ def test_side_by_side_refuses_a_spec_it_cannot_run(tmp_path: Path) -> None:
         )
         assert proc.returncode == 2 and said in proc.stderr
     assert not list(tmp_path.glob("log_*.txt"))
+
+
+def test_each_long_step_of_a_case_says_when_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tune, build and test_acc print a line each on stderr as they end, with their time:
+    a case cut short by a machine's time limit (Restormer at batch 64 ran 540 s without a
+    line) still tells which step it was in."""
+    prefix = tmp_path / "restormer_b64_fp32"
+    prefix.mkdir()
+    steps: list[str] = []
+    monkeypatch.setattr(benchmark, "_python", lambda args, timeout_s, env=None: steps.append(args[2]) or "")
+    options = benchmark.WelderOptions(tune_args=("--topk", "4"))
+    benchmark.tune_and_build(prefix, options)
+    assert steps == ["tune", "build"]
+    monkeypatch.setattr(benchmark, "check_accuracy", lambda *a, **k: benchmark.Accuracy("FAIL", 3e-3))
+    monkeypatch.setattr(benchmark, "run_main_test", lambda *a: (None, "stopped"))
+    monkeypatch.setattr(benchmark, "_python", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("late")))
+    with pytest.raises(RuntimeError):
+        benchmark.measure_built(prefix, options, 1.0, 1.0)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("[restormer_b64_fp32]")]
+    assert lines[0].startswith("[restormer_b64_fp32] welder tune --topk 4")
+    assert [x.split("] ")[1].split(" in ")[0] for x in lines[1:]] == [
+        "tuned",
+        "built",
+        "test_acc FAIL (max err 3.0e-03)",
+    ]
