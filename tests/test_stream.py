@@ -10,6 +10,7 @@ fp32, emulated on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from pathlib import Path
@@ -141,3 +142,41 @@ def test_streaming_twins_load_128_bits(tmp_path: Path) -> None:
         kernel = generate_kernel(graph, group, cfg, f"ln_{family}")
         for text in ptx_of([kernel], tmp_path):
             assert bool(re.search(r"ld\.global(\.nc)?\.v4\.(u32|b32)", text)) == wide, family
+
+
+@pytest.mark.parametrize("label", list(CASES))
+def test_later_reductions_read_the_rows_the_first_staged(label: str) -> None:
+    """The twin stages each input once: the first reduction stages its rows whole, the
+    second (the sum of squares after the sum, the sum after the max) reads the same buffer
+    without loading it, so the kernel has one staging loop per input where the
+    step-by-step twin had one per input and stage."""
+    graph, group, found, _, _ = _proposed(CASES[label]()[0])
+    twins = [c for c in found if c.stages[0].family == "simt_stream"]
+    for cfg in twins:
+        first, second = (st for st in cfg.stages if st.staged)
+        assert first.rstep == second.rstep == tuple(a.extent for a in group.computes[first.node].reduce_axes)
+        assert not any(sd.resident for sd in first.staged) and all(sd.resident for sd in second.staged)
+        assert {(sd.tensor, sd.offset) for sd in first.staged} == {
+            (sd.tensor, sd.offset) for sd in second.staged
+        }
+        source = generate_kernel(graph, group, cfg, "probe").source
+        assert source.count("for (int e = tid;") == len(first.staged)
+
+
+def test_rows_that_do_not_fit_are_staged_step_by_step() -> None:
+    """On a GPU with 2 KB of shared memory a block, a layer norm's 512 halves (1 KB) kept
+    whole beside the block's other buffers do not fit: its twins stage each reduction's
+    rows in steps, each loading them, as before rows were shared."""
+    model, _ = _layernorm(np.float16)
+    graph = import_onnx(model)
+    group = make_group(graph, list(graph.nodes))
+    small = dataclasses.replace(ARCH, smem_per_block=2048, smem_per_sm=8192)
+    ctx = ScheduleContext(
+        lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, small, Options(topk=12)
+    )
+    twins = [c for c in propose(group, ctx, kinds=("simt",)) if c.stages[0].family == "simt_stream"]
+    assert twins
+    for cfg in twins:
+        staged = [st for st in cfg.stages if st.staged]
+        assert len(staged) == 2 and all(st.rstep[0] < 512 for st in staged)
+        assert not any(sd.resident for st in staged for sd in st.staged)

@@ -569,8 +569,9 @@ def test_results_of_an_older_search_are_retuned(tmp_path, monkeypatch):
 
 
 def test_a_search_change_retunes_only_the_groups_it_offers_more(tmp_path):
-    """Version 7's streaming twins apply to row reductions: a layer norm is keyed (and so
-    tuned) afresh, while a matmul keeps the entry version 6 stored for it."""
+    """Version 7's streaming twins apply to row reductions, version 8's shared rows to those
+    whose reductions read one input: a layer norm is keyed (and so tuned) afresh, while a
+    matmul keeps the entry version 6 stored for it and a global pool version 7's."""
     from welder.schedule import kinds
     from welder.tune import tuner
 
@@ -583,13 +584,16 @@ def test_a_search_change_retunes_only_the_groups_it_offers_more(tmp_path):
             opset=20,
         )
     )
+    pool = import_onnx(
+        make_model([helper.make_node("GlobalAveragePool", ["x"], ["y"])], {"x": _w(2, 8, 16, 16)}, ["y"], {})
+    )
     device = ScriptedDevice(ln)
     keys = {
         name: tuner.group_cache_key(g, whole_group(g), ARCH, device, Options.kinds)
-        for name, g in (("ln", ln), ("matmul", matmul_graph()))
+        for name, g in (("ln", ln), ("matmul", matmul_graph()), ("pool", pool))
     }
-    assert keys["ln"].arch.endswith(f"/s{kinds.SEARCH_VERSION}") and kinds.SEARCH_VERSION == 7
-    assert keys["matmul"].arch.endswith("/s6")
+    assert keys["ln"].arch.endswith(f"/s{kinds.SEARCH_VERSION}") and kinds.SEARCH_VERSION == 8
+    assert keys["matmul"].arch.endswith("/s6") and keys["pool"].arch.endswith("/s7")
     graph = matmul_graph()
     cache = TuningCache(tmp_path)
     older = tuner.cache_key(group_signature(graph, whole_group(graph)), ARCH, device, Options.kinds, 6)

@@ -94,6 +94,7 @@ class _Staged:
     zero: str
     vector_t: str = ""
     vector_zero: str = ""
+    load: bool = True  # False: an earlier stage left it in the buffer (StagedInput.resident)
 
     @property
     def dims_inner_first(self) -> list[_StagedDim]:
@@ -496,6 +497,7 @@ def _staged(kb: KernelBuilder, k: int, st: SimtConfig, c: Compute, sd: StagedInp
         " && ".join(bounds) or "true",
         flat_index(xs, info.shape),
         zero,
+        load=not sd.resident,
     )
     if vector > 1:
         staged.vector_t, staged.vector_zero = VECTOR_TYPES[info.dtype, vector]

@@ -83,6 +83,9 @@ class StagedInput:
     # Elements the buffer starts before the region along the innermost axis, so that vector
     # loads start aligned where the region does not (a convolution's halo: origin - 1).
     shift: int = 0
+    # Already in shared memory: an earlier stage of the block staged the same region whole
+    # and its buffer is kept for this one, which reads it without loading (:func:`share_rows`).
+    resident: bool = False
 
 
 @dataclass
@@ -445,6 +448,10 @@ class StepOptions:
             nbytes += math.prod(extents) * elem
         return StepOption(rstep, tuple(staged), nbytes, coalesced)
 
+    def whole_step(self) -> StepOption:
+        """The whole reduction in one step (:func:`share_rows`)."""
+        return self._option(self.whole, True)
+
     def smaller(self, k: int, nbytes: int, coalesced_only: bool) -> int | None:
         """The first step after the ``k``-th that may stage at most ``nbytes``, or the last
         one allowed if none may; None if there is no smaller step.  A region's extent is an
@@ -651,9 +658,11 @@ def _config(
     shape_of: ShapeOf,
     arch: Arch,
     stream: bool = False,
+    resident: bool = False,
 ) -> GroupConfig | None:
     """The config of one tile and block size; with ``stream``, every reduction stage stages
-    its global inputs whatever their reuse (:func:`stream_twin`)."""
+    its global inputs whatever their reuse (:func:`stream_twin`), and with ``resident`` too
+    each whole, read by later stages where they read the same region (:func:`share_rows`)."""
     stages: list[SimtConfig] = []
     for s in group.stages:
         stage = plan_stage(group, s, facts.regions, threads)
@@ -668,7 +677,10 @@ def _config(
             if key not in facts.steps:
                 facts.steps[key] = StepOptions(si, facts.regions.members[st.node], shape_of, stream)
             staging[k] = facts.steps[key]
-    smem = choose_steps(info, stages, staging, threads, arch)
+    if resident:
+        smem = share_rows(info, stages, staging, threads, arch)
+    else:
+        smem = choose_steps(info, stages, staging, threads, arch)
     if smem is None:
         return None
     if stream:
@@ -802,8 +814,11 @@ def stream_twin(
     LayerNorm over 512 halves moves 2 bytes a load, too few in flight to stream from DRAM
     (Conformer's, at batch 64 fp16, ran at 2.8 times its traffic floor).  Staged, the same
     bytes arrive in 16-byte vectors from every thread of the block, and the reduction reads
-    them from shared memory.  The estimate does not model load widths, so the twin is a
-    family of its own (``simt_stream``) that the tuner measures beside the original.  A
+    them from shared memory.  Where later reductions read the region an earlier one staged
+    (a LayerNorm's sum of squares, a softmax's sum after its max) and the whole of it fits
+    without costing blocks per SM, it is staged once and kept for them (:func:`share_rows`);
+    otherwise each stages it step by step.  The estimate does not model load widths, so the
+    twin is a family of its own (``simt_stream``) that the tuner measures beside the original.  A
     group whose reductions reuse an input (a product's operand, a window's halo) gets none
     (:func:`streams`)."""
     if any(not isinstance(st, SimtConfig) or st.window for st in cfg.stages):
@@ -812,7 +827,10 @@ def stream_twin(
     if not _streams(info) or not any(info.stages[st.node].stageable and not st.staged for st in cfg.stages):
         return None
     facts = _tile_facts(group, info, tuple(cfg.block_tile), shape_of, dtype_of, arch)
-    twin = None if facts is None else _config(group, info, facts, cfg.threads, shape_of, arch, stream=True)
+    twin = None
+    if facts is not None:
+        twin = _config(group, info, facts, cfg.threads, shape_of, arch, stream=True, resident=True)
+        twin = twin or _config(group, info, facts, cfg.threads, shape_of, arch, stream=True)
     if twin is None or not any(st.stream for st in twin.stages):
         return None
     if cfg.stages[-1].vector > 1:
@@ -823,6 +841,16 @@ def stream_twin(
 def streams(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> bool:
     """Whether ``group``'s configs may have streaming twins (:func:`stream_twin`)."""
     return _streams(group_info(group, shape_of, dtype_of, arch))
+
+
+def shares_rows(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> bool:
+    """Whether ``group``'s streaming twins may stage an input once for several reductions
+    (:func:`share_rows`): two of its reductions may stage the same tensor."""
+    info = group_info(group, shape_of, dtype_of, arch)
+    if not _streams(info):
+        return False
+    staging = [t for si in info.stages.values() for t, _ in si.stageable]
+    return len(staging) > len(set(staging))
 
 
 def _streams(info: _GroupInfo) -> bool:
@@ -982,6 +1010,38 @@ def choose_steps(
     return None
 
 
+def share_rows(
+    info: _GroupInfo, stages: list[SimtConfig], staging: dict[int, StepOptions], threads: int, arch: Arch
+) -> int | None:
+    """Whole reductions staged once: each stage in ``staging`` (by position) stages its
+    inputs over its whole reduction in one step, and where a stage's region of a tensor is
+    the one the stage that last staged it staged, it reads that buffer, kept alive for it,
+    instead of loading it again (``StagedInput.resident``).
+
+    A LayerNorm's sum and sum of squares read the same row: staged step by step, each loads
+    it, and Conformer b64 fp16's streaming twins still ran at 2.5 times their traffic floor.
+    Returns the size of the shared-memory plan, or None where no region is shared or the
+    plan costs blocks per SM that the threads and registers allow."""
+    last: dict[str, Region] = {}
+    shared = False
+    for k in sorted(staging):
+        opts, st = staging[k], stages[k]
+        _apply_step(st, opts.whole_step(), opts.whole)
+        regions = read_regions(info.stages[st.node].compute, opts.region.dims, opts.shape_of, opts.whole)
+        for j, sd in enumerate(st.staged):
+            if last.get(sd.tensor) == regions[sd.tensor]:
+                st.staged[j] = replace(sd, resident=True)
+                shared = True
+            else:
+                last[sd.tensor] = regions[sd.tensor]
+    if not shared:
+        return None
+    smem = plan_smem(info, stages)
+    regs = max(registers(st) for st in stages)
+    blocks = max(1, min(_blocks_per_sm_without_smem(threads, regs, arch)))
+    return smem if smem <= min(arch.smem_per_block, arch.smem_per_sm // blocks) else None
+
+
 def _apply_step(stage: SimtConfig, option: StepOption, whole: tuple[int, ...]) -> None:
     if not option.staged:
         stage.rstep, stage.staged = whole, []  # nothing worth staging: one pass over global memory
@@ -1062,29 +1122,36 @@ def place_smem(
     """:func:`plan_smem` with ``extra`` buffers (another kind's, live over the stages they
     name) sharing the pool; the offsets of every buffer, and the pool's size."""
     buffers: list[Buffer] = list(extra)
+    loaded: dict[str, int] = {}  # tensor -> the buffer that its last loading stage staged it in
+    names: dict[tuple[int, int], str] = {}
     for k, st in enumerate(stages):
         si = info.stages[st.node]
         if si.last_reader is not None:
             buffers.append(Buffer(st.node, math.prod(st.tile) * si.elem, k, si.last_reader))
-        for sd in st.staged:
-            buffers.append(
-                Buffer(f"{st.node}/{sd.tensor}", math.prod(sd.extents) * info.itemsize(sd.tensor), k, k)
-            )
+        for j, sd in enumerate(st.staged):
+            if sd.resident:  # the loader's buffer, kept alive up to this stage
+                b = buffers[loaded[sd.tensor]]
+                buffers[loaded[sd.tensor]] = replace(b, end=k)
+                names[k, j] = b.name
+                continue
+            names[k, j] = f"{st.node}/{sd.tensor}"
+            loaded[sd.tensor] = len(buffers)
+            buffers.append(Buffer(names[k, j], math.prod(sd.extents) * info.itemsize(sd.tensor), k, k))
         if st.reduce_threads > 32:
             # One slot per (output, warp, register) of 8 value bytes plus 4 index bytes.
             slots = math.prod(st.thread_shape) * (st.reduce_threads // 32) * math.prod(st.reg_tile)
             buffers.append(Buffer(f"{st.node}/reduce", slots * 12, k, k))
     offsets, total = plan_pool(buffers)
-    for st in stages:
+    for k, st in enumerate(stages):
         st.smem_offset = offsets.get(st.node)
-        for sd in st.staged:
-            sd.offset = offsets[f"{st.node}/{sd.tensor}"]
+        for j, sd in enumerate(st.staged):
+            sd.offset = offsets[names[k, j]]
         st.reduce_offset = offsets.get(f"{st.node}/reduce")
     return offsets, total
 
 
 def registers(stage: SimtConfig) -> int:
-    staging = sum(sd.vector for sd in stage.staged)
+    staging = sum(sd.vector for sd in stage.staged if not sd.resident)
     return BASE_REGISTERS + math.prod(stage.reg_tile) * stage.vector + staging
 
 
