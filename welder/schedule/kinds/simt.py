@@ -1014,8 +1014,8 @@ def share_rows(
     info: _GroupInfo, stages: list[SimtConfig], staging: dict[int, StepOptions], threads: int, arch: Arch
 ) -> int | None:
     """Whole reductions staged once: each stage in ``staging`` (by position) stages its
-    inputs over its whole reduction in one step, and where a stage's region of a tensor is
-    the one the stage that last staged it staged, it reads that buffer, kept alive for it,
+    inputs over its whole reduction in one step, and a stage that needs the same region of
+    a tensor as the last stage that loaded it reads that stage's buffer, kept alive for it,
     instead of loading it again (``StagedInput.resident``).
 
     A LayerNorm's sum and sum of squares read the same row: staged step by step, each loads
