@@ -11,7 +11,7 @@ value the template prints.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -66,11 +66,12 @@ class _Dim:
 
 @dataclass
 class _VectorLoad:
-    """One vector of a global input, loaded before the stage's per-element loop."""
+    """One vector of an input, loaded before the stage's per-element loop: from the global
+    parameter, or from the shared buffer a reduction before the stage staged it in."""
 
     name: str
     type: str
-    param: str
+    param: str  # the pointer read: a parameter or a shared view
     flat: str
 
 
@@ -270,8 +271,11 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
         _reduction(kb, ctx, k, c, st, staged_names, is_arg)
         if st.window and nonneg_origin:
             _window(ctx, c, st, printer, kb.shape_of)
-    elif st.vector > 1:
-        _vectorize(kb, ctx, st, c, printer)
+        return ctx
+    # an injective stage's staged inputs are all resident: rows a reduction before it staged
+    ctx.staged = [_staged(kb, k, st, c, sd, staged_names[sd.tensor]) for sd in st.staged]
+    if st.vector > 1:
+        _vectorize(kb, ctx, st, c, printer, {sd.tensor: (sd, staged_names[sd.tensor]) for sd in st.staged})
     return ctx
 
 
@@ -328,12 +332,21 @@ def _window(ctx: SimtStageCtx, c: Compute, st: SimtConfig, printer: CPrinter, sh
     )
 
 
-def _vectorize(kb: KernelBuilder, ctx: SimtStageCtx, st: SimtConfig, c: Compute, scalar: CPrinter) -> None:
+def _vectorize(
+    kb: KernelBuilder,
+    ctx: SimtStageCtx,
+    st: SimtConfig,
+    c: Compute,
+    scalar: CPrinter,
+    staged: Mapping[str, tuple[StagedInput, str]],
+) -> None:
     """An elementwise stage that moves ``st.vector`` contiguous elements per instruction:
     each input read at the output's innermost index plus a multiple of the width is loaded
     as one vector before the per-element loop (the others stay scalar reads), and the
     results are stored as one vector.  The policy proposes it only where rows and tiles are
-    whole vectors (``welder.schedule.kinds.simt.elementwise_vector``)."""
+    whole vectors (``welder.schedule.kinds.simt.elementwise_vector``).  An input a reduction
+    before it left in shared memory (``staged``: tensor -> its buffer and view) is read from
+    there, a vector at a time where its buffer holds whole rows."""
     width, axis = st.vector, len(c.shape) - 1
     ctx.vector, ctx.vaxis = width, axis
     ctx.vout_type = _vec_type(c.dtype, width)
@@ -343,12 +356,18 @@ def _vectorize(kb: KernelBuilder, ctx: SimtStageCtx, st: SimtConfig, c: Compute,
     for ld in _unconditional_loads(c.body):
         if ld in names or not _vector_loadable(kb, ld, axis, width):
             continue
-        names[ld] = f"vl{len(names)}"
         param = kb.params[ld.tensor]
         idx = [at_start(i) for i in ld.indices]
-        ctx.vloads.append(
-            _VectorLoad(names[ld], _vec_type(ld.dtype, width), param.name, flat_index(idx, param.shape))
-        )
+        if ld.tensor in staged:
+            sd, view = staged[ld.tensor]
+            if not _whole_rows(sd, param.shape, width):
+                continue  # read element by element from the buffer
+            local = [f"({i} - {view}_o{d})" for d, i in enumerate(idx)]
+            source, flat = view, flat_index(local, sd.extents)
+        else:
+            source, flat = param.name, flat_index(idx, param.shape)
+        names[ld] = f"vl{len(names)}"
+        ctx.vloads.append(_VectorLoad(names[ld], _vec_type(ld.dtype, width), source, flat))
 
     def load(ld: Load, p: CPrinter) -> str:
         if ld in names:
@@ -356,6 +375,13 @@ def _vectorize(kb: KernelBuilder, ctx: SimtStageCtx, st: SimtConfig, c: Compute,
         return scalar(ld)
 
     ctx.body = CPrinter(load, nonneg=scalar.nonneg)(c.body)
+
+
+def _whole_rows(sd: StagedInput, shape: Sequence[int], width: int) -> bool:
+    """Whether a staging buffer's rows are the tensor's whole rows, unshifted and a whole
+    number of ``width``-element vectors long: then an aligned vector of the tensor is an
+    aligned vector of the buffer (whose offset is 16-byte aligned)."""
+    return sd.shift == 0 and sd.extents[-1] == shape[-1] and sd.extents[-1] % width == 0
 
 
 def _unconditional_loads(e: Expr) -> list[Load]:

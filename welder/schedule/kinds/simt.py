@@ -678,7 +678,7 @@ def _config(
                 facts.steps[key] = StepOptions(si, facts.regions.members[st.node], shape_of, stream)
             staging[k] = facts.steps[key]
     if resident:
-        smem = share_rows(info, stages, staging, threads, arch)
+        smem = share_rows(info, stages, staging, threads, arch, facts, shape_of)
     else:
         smem = choose_steps(info, stages, staging, threads, arch)
     if smem is None:
@@ -844,13 +844,17 @@ def streams(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> b
 
 
 def shares_rows(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> bool:
-    """Whether ``group``'s streaming twins may stage an input once for several reductions
-    (:func:`share_rows`): two of its reductions may stage the same tensor."""
+    """Whether ``group``'s streaming twins may stage an input once for several stages
+    (:func:`share_rows`): two of its reductions may stage the same tensor, or a reduction
+    one that an injective stage reads (an RMS norm's normalisation)."""
     info = group_info(group, shape_of, dtype_of, arch)
     if not _streams(info):
         return False
     staging = [t for si in info.stages.values() for t, _ in si.stageable]
-    return len(staging) > len(set(staging))
+    injective = {
+        ld.tensor for si in info.stages.values() if not si.compute.is_reduction for ld in si.compute.loads()
+    }
+    return len(staging) > len(set(staging)) or bool(injective & set(staging))
 
 
 def _streams(info: _GroupInfo) -> bool:
@@ -1011,35 +1015,62 @@ def choose_steps(
 
 
 def share_rows(
-    info: _GroupInfo, stages: list[SimtConfig], staging: dict[int, StepOptions], threads: int, arch: Arch
+    info: _GroupInfo,
+    stages: list[SimtConfig],
+    staging: dict[int, StepOptions],
+    threads: int,
+    arch: Arch,
+    facts: _Tile,
+    shape_of: ShapeOf,
 ) -> int | None:
     """Whole reductions staged once: each stage in ``staging`` (by position) stages its
-    inputs over its whole reduction in one step, and a stage that needs the same region of
-    a tensor as the last stage that loaded it reads that stage's buffer, kept alive for it,
-    instead of loading it again (``StagedInput.resident``).
+    inputs over its whole reduction in one step, and a later stage that needs the same
+    region of a tensor as the last stage that loaded it -- a reduction, or an injective
+    stage such as the normalisation after them -- reads that stage's buffer, kept alive for
+    it, instead of loading it again (``StagedInput.resident``).
 
-    A LayerNorm's sum and sum of squares read the same row: staged step by step, each loads
-    it, and Conformer b64 fp16's streaming twins still ran at 2.5 times their traffic floor.
-    Returns the size of the shared-memory plan, or None where no region is shared or the
-    plan costs blocks per SM that the threads and registers allow."""
-    last: dict[str, Region] = {}
+    A LayerNorm's sum, sum of squares and normalisation read the same row: staged step by
+    step, each reduction loaded it and the normalisation read it a third time, and Conformer
+    b64 fp16's streaming twins still ran at 2.5 times their traffic floor.  Returns the size
+    of the shared-memory plan, or None where no region is shared or the plan costs blocks
+    per SM that the threads and registers allow."""
+    last: dict[str, tuple[Region, StagedInput]] = {}
     shared = False
-    for k in sorted(staging):
-        opts, st = staging[k], stages[k]
-        _apply_step(st, opts.whole_step(), opts.whole)
-        regions = read_regions(info.stages[st.node].compute, opts.region.dims, opts.shape_of, opts.whole)
-        for j, sd in enumerate(st.staged):
-            if last.get(sd.tensor) == regions[sd.tensor]:
-                st.staged[j] = replace(sd, resident=True)
-                shared = True
-            else:
-                last[sd.tensor] = regions[sd.tensor]
+    for k, st in enumerate(stages):
+        c = info.stages[st.node].compute
+        if k in staging:
+            opts = staging[k]
+            _apply_step(st, opts.whole_step(), opts.whole)
+            reads = read_regions(c, opts.region.dims, opts.shape_of, opts.whole)
+            for j, sd in enumerate(st.staged):
+                if sd.tensor in last and _same_on_grid(last[sd.tensor][0], reads[sd.tensor], facts.grid):
+                    st.staged[j] = replace(sd, resident=True)
+                    shared = True
+                else:
+                    last[sd.tensor] = (reads[sd.tensor], sd)
+        elif not c.is_reduction and not st.staged:
+            reads = read_regions(c, facts.regions.members[st.node].dims, shape_of)
+            grid = facts.grid
+            kept = [sd for t, (r, sd) in last.items() if t in reads and _same_on_grid(reads[t], r, grid)]
+            st.staged = [replace(sd, offset=0, resident=True) for sd in kept]
+            shared |= bool(kept)
     if not shared:
         return None
     smem = plan_smem(info, stages)
     regs = max(registers(st) for st in stages)
     blocks = max(1, min(_blocks_per_sm_without_smem(threads, regs, arch)))
     return smem if smem <= min(arch.smem_per_block, arch.smem_per_sm // blocks) else None
+
+
+def _same_on_grid(a: Region, b: Region, grid: Sequence[int]) -> bool:
+    """Whether two regions of a block, affine in its coordinates ``b<d>``, are the same box
+    in every block of ``grid``: the same at block 0 and one block along each axis the grid
+    has more than one of (a whole row's ``[512*b2, +512)`` is ``[0, +512)`` in a grid of one
+    block along that axis)."""
+    names = [f"b{d}" for d in range(len(grid))]
+    blocks = [dict.fromkeys(names, 0)]
+    blocks += [{**blocks[0], names[d]: 1} for d, n in enumerate(grid) if n > 1]
+    return a.extents == b.extents and all(a.at(env) == b.at(env) for env in blocks)
 
 
 def _apply_step(stage: SimtConfig, option: StepOption, whole: tuple[int, ...]) -> None:
