@@ -550,7 +550,7 @@ def _log(config: Config, system: str, cell: Cell) -> None:
     what += f" (call {cell.call_ms:.3f} ms)" if cell.call_ms is not None else ""
     what = f"absent: {cell.absent}" if cell.absent else what
     build = f" (build {cell.build_s:.1f} s)" if cell.build_s is not None else ""
-    print(f"[{config.key}] {system}: {what}{build}", file=sys.stderr, flush=True)
+    progress(config.key, f"{system}: {what}{build}")
 
 
 # -- the table -----------------------------------------------------------------------------

@@ -494,13 +494,20 @@ def test_a_compile_slower_than_the_limit_counts_as_a_timeout(monkeypatch):
     assert [d.candidate for d in result.dropped] == list(range(len(configs) // 2))
 
 
-def test_no_valid_candidate_is_a_cached_negative_entry(tmp_path):
+def _negative_entry(tmp_path):
+    """A matmul whose every candidate crashed: (graph, group, cache, its negative entry)."""
     graph = matmul_graph()
     group = whole_group(graph)
     cache = TuningCache(tmp_path)
-    first = ScriptedDevice(graph, behaviour=lambda k: "crash")
-    assert tune_group(graph, group, ARCH, 4, cache, first) is None
+    assert (
+        tune_group(graph, group, ARCH, 4, cache, ScriptedDevice(graph, behaviour=lambda k: "crash")) is None
+    )
     [entry] = cache.entries()
+    return graph, group, cache, entry
+
+
+def test_no_valid_candidate_is_a_cached_negative_entry(tmp_path):
+    graph, group, cache, entry = _negative_entry(tmp_path)
     assert entry.negative and entry.topk == 4
     again = ScriptedDevice(graph)
     assert tune_group(graph, group, ARCH, 4, cache, again) is None
@@ -515,12 +522,7 @@ def test_a_negative_entry_from_before_the_check_changed_is_tuned_again(tmp_path,
     again, a valid one replaces it, and a failure again dates the negative entry anew."""
     from welder.tune import tuner
 
-    graph = matmul_graph()
-    group = whole_group(graph)
-    cache = TuningCache(tmp_path)
-    crash = ScriptedDevice(graph, behaviour=lambda k: "crash")
-    assert tune_group(graph, group, ARCH, 4, cache, crash) is None
-    [old] = cache.entries()
+    graph, group, cache, old = _negative_entry(tmp_path)
     monkeypatch.setattr(tuner, "CHECK_CHANGED", old.created + 1)
     failing = ScriptedDevice(graph, behaviour=lambda k: "crash")
     assert tune_group(graph, group, ARCH, 4, cache, failing) is None
