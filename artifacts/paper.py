@@ -48,7 +48,7 @@ import benchmark  # noqa: E402
 from benchmark import Cell, Config  # noqa: E402
 from run_torch import COLD_ENV, UNCAPTURED, TimingPlan  # noqa: E402
 
-from welder.export import PAPER_MODELS  # noqa: E402
+from welder.export import INPUTS_NPZ, PAPER_MODELS  # noqa: E402
 
 BATCHES = (1, 64)
 DTYPES = ("fp32", "fp16")
@@ -154,7 +154,9 @@ def now() -> str:
 def export_case(case: Config, args: argparse.Namespace) -> Path:
     """The case's export under RUNS/exports (kept when already there, as benchmark does)."""
     options = args.model_options.get(case.model, {})
-    prefix, _ = benchmark.ensure_export(case, Path(args.runs) / "exports", options)
+    prefix, _ = benchmark.ensure_export(
+        case, Path(args.runs) / "exports", options, args.welder.reference_cache
+    )
     return prefix
 
 
@@ -170,6 +172,12 @@ def variant_prefix(export: Path, system: str, runs: Path) -> Path:
     for name in ("model.onnx", "export.json"):
         shutil.copy2(export / name, prefix / name)
     (prefix / BUILD_MARK).unlink(missing_ok=True)
+    (prefix / INPUTS_NPZ).unlink(missing_ok=True)
+    if (export / INPUTS_NPZ).is_file():
+        try:  # tens of MB at batch 64, read only
+            os.link(export / INPUTS_NPZ, prefix / INPUTS_NPZ)
+        except OSError:
+            shutil.copy2(export / INPUTS_NPZ, prefix / INPUTS_NPZ)
     return prefix
 
 
@@ -492,10 +500,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     args.out = Path(args.out) if args.out else ROOT / "artifacts" / "results" / gpu_folder(args.device)
     args.no_cuda_graph = False
     args.build_args = ""
-    args.welder = replace(
-        benchmark.welder_options(args, Path(args.cache_dir) if args.cache_dir else None),
-        reference_cache=Path(args.runs).resolve() / "references",
-    )
+    args.welder = benchmark.welder_options(args, Path(args.cache_dir) if args.cache_dir else None)
     return args
 
 

@@ -1,7 +1,7 @@
 """Check the runtime built under PREFIX against onnxruntime (CPU) on the same seeded inputs.
 
     python artifacts/test_acc.py runs/bert_b1 [--seed 0] [--precision tf32] [--json report.json]
-        [--reference-cache DIR]
+        [--reference-cache DIR] [--inputs FILE.npz]
 
 PREFIX is the folder ``welder tune`` wrote: it holds model.onnx and the built
 nnfusion_rt/cuda_codegen/build/libnnfusion_naive_rt.so.  Inputs come from
@@ -20,31 +20,29 @@ inputs upcast exactly (onnxruntime's CPU provider has no bf16 arithmetic;
 report for programs (scripts/benchmark.py), so they need not parse the table.
 ``--reference-cache DIR`` keeps onnxruntime's outputs there, so a second check of the same
 model on the same inputs (another variant's build of one export) skips onnxruntime.
+``--inputs FILE.npz`` checks on those inputs instead (an export's ``inputs.npz``, on which
+``welder export --reference-cache DIR`` already ran onnxruntime).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import sys
-import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-
-import numpy as np
 
 from welder.check import (
     THRESHOLDS,
     CheckReport,
+    cached_onnxruntime_outputs,
     compare,
-    onnxruntime_outputs,
     output_thresholds,
     random_inputs,
     recorded_precision,
     reference_name,
+    saved_inputs,
 )
 from welder.errors import WelderError
 from welder.frontend.onnx import import_onnx
@@ -53,11 +51,16 @@ from welder.runtime.library import RuntimeLibrary
 
 
 def check_runtime(
-    prefix: Path, seed: int = 0, precision: str | None = None, reference_cache: Path | None = None
+    prefix: Path,
+    seed: int = 0,
+    precision: str | None = None,
+    reference_cache: Path | None = None,
+    inputs: Path | None = None,
 ) -> CheckReport:
     """Runs the built runtime and onnxruntime on the same inputs and compares every output
     (``precision`` None: the one the runtime was tuned for; ``reference_cache``: a folder
-    of onnxruntime's outputs, see :func:`reference_outputs`)."""
+    of onnxruntime's outputs, see :func:`welder.check.cached_onnxruntime_outputs`;
+    ``inputs``: an ``.npz`` of the inputs to run instead of seeded random ones)."""
     model = prefix / "model.onnx"
     if not model.is_file():
         raise WelderError(f"{prefix} holds no model.onnx to check the runtime against")
@@ -65,47 +68,15 @@ def check_runtime(
         precision = recorded_precision(prefix)
     with RuntimeLibrary(prefix) as lib:
         graph = import_onnx(model, {t.name: t.shape for t in lib.inputs})
-        feeds = random_inputs(graph, seed)
+        feeds = random_inputs(graph, seed) if inputs is None else saved_inputs(inputs, graph)
         # The kernels would clamp a bad index; the host names it instead.
         check_index_inputs(graph, index_sites(graph), feeds)
         ours = lib.run(feeds)
-    reference = reference_outputs(model, feeds, list(graph.outputs), reference_cache)
+    reference = cached_onnxruntime_outputs(model, feeds, list(graph.outputs), reference_cache)
     limits = output_thresholds(graph, list(graph.outputs), precision=precision)
     results = compare(ours, reference, precision, limits)
-    return CheckReport(str(prefix), "welder runtime", seed, results, reference_name(model))
-
-
-def reference_outputs(
-    model: Path, feeds: Mapping[str, np.ndarray], outputs: list[str], cache: Path | None = None
-) -> dict[str, np.ndarray]:
-    """onnxruntime's outputs of ``model`` on ``feeds``, kept in ``cache`` (when given) under
-    a hash of the model's bytes, the inputs, the outputs asked for and onnxruntime's
-    version.  The variants of one case (welder, ``--nofusion``, ``--no-tc``) check copies of
-    one export on the same seeded inputs: at batch 64 onnxruntime's CPU provider takes
-    minutes for each, and one run serves them all.  An entry that cannot be read is
-    computed again."""
-    if cache is None:
-        return onnxruntime_outputs(model, feeds, outputs)
-    import onnxruntime
-
-    key = hashlib.sha256(model.read_bytes())
-    key.update(json.dumps([outputs, onnxruntime.__version__]).encode())
-    for name in sorted(feeds):
-        value = np.ascontiguousarray(feeds[name])
-        key.update(json.dumps([name, value.dtype.str, value.shape]).encode())
-        key.update(value.tobytes())
-    entry = cache / f"{key.hexdigest()[:32]}.npz"
-    try:
-        with np.load(entry) as stored:
-            return {name: stored[name] for name in outputs}
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-        pass
-    reference = onnxruntime_outputs(model, feeds, outputs)
-    cache.mkdir(parents=True, exist_ok=True)
-    partial = entry.with_name(f"{entry.stem}.{os.getpid()}.tmp.npz")
-    np.savez(partial, **reference)
-    os.replace(partial, entry)  # whole or absent, whatever runs beside it
-    return reference
+    source = str(inputs) if inputs is not None else ""
+    return CheckReport(str(prefix), "welder runtime", seed, results, reference_name(model), source)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,9 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         help="folder keeping onnxruntime's outputs for the next check of the same model and inputs",
     )
+    parser.add_argument(
+        "--inputs",
+        type=Path,
+        help="an .npz of the model's inputs to check on instead of seeded random ones (an "
+        "export's inputs.npz: with the same --reference-cache as `welder export`, its check's "
+        "onnxruntime run serves this one)",
+    )
     args = parser.parse_args(argv)
     try:
-        report = check_runtime(args.prefix, args.seed, args.precision, args.reference_cache)
+        report = check_runtime(args.prefix, args.seed, args.precision, args.reference_cache, args.inputs)
     except WelderError as e:
         print(f"test_acc: error: {e}", file=sys.stderr)
         return 2

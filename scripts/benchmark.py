@@ -46,6 +46,8 @@ sys.path.insert(0, str(ROOT))
 from run_onnxrt import PROVIDERS, run_onnxrt  # noqa: E402
 from run_torch import CAPTURE_FALLBACK, TORCH_SYSTEMS, TimingPlan, load, tf32_allowed, time_system  # noqa: E402
 
+from welder.export import INPUTS_NPZ  # noqa: E402
+
 SYSTEMS = ("welder", "eager", "compile", "compile-max-autotune", "onnxruntime")
 PEERS = ("eager", "compile", "compile-max-autotune", "onnxruntime")
 #: Row precisions and the dtype each exports.  ``fp32`` is exact fp32 for every system (torch's
@@ -294,7 +296,10 @@ def check_accuracy(
     reference_cache: Path | None = None,
 ) -> Accuracy:
     """test_acc's verdict and worst metric, read from its JSON report, so every timing is
-    next to its correctness; a check that cannot run or finish says why instead."""
+    next to its correctness; a check that cannot run or finish says why instead.  It runs
+    on the export's inputs where PREFIX has them (inputs.npz), whose onnxruntime outputs
+    the export's check left in ``reference_cache``, else on seeded random ones."""
+    inputs = prefix / INPUTS_NPZ
     with tempfile.TemporaryDirectory(prefix="welder-acc-") as work:
         report = Path(work) / "test_acc.json"
         command = [
@@ -304,6 +309,7 @@ def check_accuracy(
             "--json",
             str(report),
             *(["--reference-cache", str(reference_cache)] if reference_cache else []),
+            *(["--inputs", str(inputs)] if inputs.is_file() else []),
         ]
         try:
             proc = _run_child(command, timeout_s, env)
@@ -491,9 +497,13 @@ def _error(e: BaseException) -> str:
 # -- one config ----------------------------------------------------------------------------
 
 
-def ensure_export(config: Config, runs: Path, options: dict[str, Any]) -> tuple[Path, float | None]:
+def ensure_export(
+    config: Config, runs: Path, options: dict[str, Any], reference_cache: Path | None = None
+) -> tuple[Path, float | None]:
     """PREFIX for the config, exported unless it already holds this very export;
-    returns (prefix, export seconds or None when reused)."""
+    returns (prefix, export seconds or None when reused).  The export's check keeps
+    onnxruntime's outputs on PREFIX/inputs.npz in ``reference_cache``, where test_acc finds
+    them (:func:`check_accuracy`)."""
     from welder.export import SEED, export_onnx, read_export
 
     prefix = runs / config.key
@@ -504,7 +514,14 @@ def ensure_export(config: Config, runs: Path, options: dict[str, Any]) -> tuple[
             return prefix, None
     start = time.perf_counter()
     progress(config.key, "exporting, checked against onnxruntime ...")
-    export_onnx(config.model, prefix, config.batch, config.dtype == "fp16", options=options)
+    export_onnx(
+        config.model,
+        prefix,
+        config.batch,
+        config.dtype == "fp16",
+        options=options,
+        reference_cache=reference_cache,
+    )
     progress(config.key, f"exported in {time.perf_counter() - start:.0f} s")
     return prefix, time.perf_counter() - start
 
@@ -515,7 +532,7 @@ def measure_row(config: Config, args: argparse.Namespace, device_name: str) -> R
     )
     options = args.model_options.get(config.model, {})
     try:
-        prefix, row.export_s = ensure_export(config, Path(args.runs), options)
+        prefix, row.export_s = ensure_export(config, Path(args.runs), options, args.welder.reference_cache)
     except Exception as e:
         row.cells = {s: Cell(error=f"export failed: {_error(e)}") for s in args.systems}
         return row
@@ -1073,6 +1090,7 @@ def welder_options(args: argparse.Namespace, cache: Path | None) -> WelderOption
         budget_s=args.budget_s,
         cuda_graph=not args.no_cuda_graph,
         cache_dir=cache,
+        reference_cache=Path(args.runs).resolve() / "references",
     )
 
 

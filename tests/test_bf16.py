@@ -32,6 +32,7 @@ from welder.check import (
     output_threshold,
     recorded_precision,
     reference_name,
+    saved_inputs,
     threshold_for,
 )
 from welder.codegen import generate_kernel, generate_model, model_source
@@ -295,6 +296,16 @@ def test_explicit_casts_to_bf16_still_round_in_the_reference() -> None:
     nodes = [n("Cast", ["x"], ["b"], to=TensorProto.BFLOAT16), n("Cast", ["b"], ["y"], to=TensorProto.FLOAT)]
     ref = onnxruntime_outputs(make_model(nodes, {"x": x}, ["y"]), {"x": x})["y"]
     assert ref.dtype == np.float32 and np.array_equal(ref, x.astype(BF16).astype(np.float32))
+
+
+def test_saved_bf16_inputs_read_back_as_bf16(tmp_path: Path) -> None:
+    """numpy keeps an ml_dtypes bfloat16 array in an .npz as raw 2-byte values; an
+    export's inputs.npz of a bf16 model still reads back as the graph's bf16 inputs."""
+    x = RNG.standard_normal((2, 3)).astype(BF16)
+    graph = import_onnx(make_model([helper.make_node("Identity", ["x"], ["y"])], {"x": x}, ["y"]))
+    np.savez(tmp_path / "inputs.npz", x=x)
+    got = saved_inputs(tmp_path / "inputs.npz", graph)["x"]
+    assert got.dtype == BF16 and np.array_equal(got.view(np.uint16), x.view(np.uint16))
 
 
 @pytest.mark.parametrize("label", ["matmul", "softmax", "conv"])

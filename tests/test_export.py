@@ -25,6 +25,7 @@ import welder
 from welder.check import error_metric, onnxruntime_outputs, threshold_for
 from welder.errors import WelderError
 from welder.export import (
+    INPUTS_NPZ,
     MODELS,
     PAPER_MODELS,
     ExportInfo,
@@ -472,6 +473,39 @@ def test_export_whose_graph_disagrees_with_the_module_is_refused(
     assert not (tmp_path / "bad").exists()
     export_onnx("nerf", tmp_path / "unchecked", options={"points": 4}, check=False)
     assert read_export(tmp_path / "unchecked").check == {}
+
+
+@pytest.mark.slow
+def test_export_keeps_its_inputs_and_onnxruntime_s_outputs_for_test_acc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """inputs.npz holds the inputs the module was exported and checked on, and with a
+    reference cache the check's onnxruntime outputs are there for test_acc on those
+    inputs: read back without running onnxruntime, equal to a fresh run of it."""
+    need("torch")
+    import welder.check
+    from welder.check import cached_onnxruntime_outputs, saved_inputs
+    from welder.frontend.onnx import import_onnx
+
+    cache = tmp_path / "references"
+    export_onnx("bert", tmp_path / "bert", batch=2, options=SMALL["bert"], reference_cache=cache)
+    prefix = tmp_path / "bert"
+    graph = import_onnx(prefix / "model.onnx")
+    feeds = saved_inputs(prefix / INPUTS_NPZ, graph)
+    _, inputs, _ = rebuild(prefix)
+    assert set(feeds) == {t.name for t in graph.inputs}
+    for name, value in feeds.items():
+        assert np.array_equal(value, inputs[name].numpy()), name
+    fresh = onnxruntime_outputs(prefix, feeds)
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("onnxruntime ran again")
+
+    monkeypatch.setattr(welder.check, "onnxruntime_outputs", refused)
+    kept = cached_onnxruntime_outputs(prefix / "model.onnx", feeds, list(graph.outputs), cache)
+    assert list(kept) == list(graph.outputs) == list(fresh)
+    for name, value in fresh.items():
+        assert np.array_equal(kept[name], value), name
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from models import Feeds, bert_encoder_layer, mobilenetv2_block
 from onnx import helper
 from onnx_util import make_model, to_bfloat16
 
+import welder.check
 from welder.arch import get_arch
 from welder.check import compare, error_metric, onnxruntime_outputs, random_inputs, threshold_for
 from welder.cli import main as welder_main
@@ -885,14 +886,7 @@ def test_test_acc_keeps_onnxruntime_s_outputs_for_the_next_check(
     test_acc = load_script("test_acc")
     emitted = builds("views")
     cache = tmp_path / "references"
-    calls: list[int] = []
-    real = test_acc.onnxruntime_outputs
-
-    def counted(*args: Any) -> Any:
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(test_acc, "onnxruntime_outputs", counted)
+    calls = count_onnxruntime_runs(monkeypatch)
     argv = [str(emitted.prefix), "--reference-cache", str(cache)]
     assert test_acc.main(argv) == 0 and len(calls) == 1
     (entry,) = cache.glob("*.npz")
@@ -908,6 +902,64 @@ def test_test_acc_keeps_onnxruntime_s_outputs_for_the_next_check(
     assert test_acc.main(argv) == 0 and len(calls) == 3
     assert not list(cache.glob("*.tmp.npz"))
     capsys.readouterr()
+
+
+def count_onnxruntime_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one each time onnxruntime runs a model for a check."""
+    calls: list[int] = []
+    real = welder.check.onnxruntime_outputs
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(welder.check, "onnxruntime_outputs", counted)
+    return calls
+
+
+@needs_emulated_build
+def test_test_acc_checks_on_saved_inputs(
+    builds: Builds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--inputs runs the file's inputs (an export's inputs.npz), and with --reference-cache
+    reads the outputs onnxruntime gave for them in an earlier run (the export's check)
+    instead of running it again; those outputs still fail a runtime that computes something
+    else.  A file that is not the model's inputs is refused by name, exit 2."""
+    test_acc = load_script("test_acc")
+    emitted = builds("views")
+    feeds = random_inputs(emitted.graph, seed=5)
+    saved = tmp_path / "inputs.npz"
+    np.savez(saved, **feeds)
+    cache = tmp_path / "references"
+    model = emitted.prefix / "model.onnx"
+    welder.check.cached_onnxruntime_outputs(model, feeds, list(emitted.graph.outputs), cache)
+    calls = count_onnxruntime_runs(monkeypatch)
+    argv = ["--inputs", str(saved), "--reference-cache", str(cache)]
+    assert test_acc.main([str(emitted.prefix), *argv]) == 0 and not calls
+    assert f"inputs={saved}" in capsys.readouterr().out
+    altered = copy_prefix(emitted.prefix, tmp_path / "altered")
+    weight = next(w for w in emitted.spec.weights if w.tensor == "W")
+    path = runtime_dir(altered) / "Constant" / weight.file
+    path.write_bytes((np.fromfile(path, np.float32) * 1.01).astype(np.float32).tobytes())
+    assert test_acc.main([str(altered), *argv]) == 1 and not calls
+    capsys.readouterr()
+
+    name, value = next(iter(feeds.items()))
+    bad = {
+        "missing.npz": {k: v for k, v in feeds.items() if k != name},
+        "shape.npz": {**feeds, name: value[..., :1]},
+        "dtype.npz": {**feeds, name: value.astype(np.float64)},
+        "extra.npz": {**feeds, "stray": value},
+    }
+    for file, content in bad.items():
+        np.savez(tmp_path / file, **content)
+        assert test_acc.main([str(emitted.prefix), "--inputs", str(tmp_path / file)]) == 2
+        err = capsys.readouterr().err
+        assert file in err and ("stray" if file == "extra.npz" else repr(name)) in err, err
+    (tmp_path / "garbled.npz").write_bytes(b"not an archive")
+    assert test_acc.main([str(emitted.prefix), "--inputs", str(tmp_path / "garbled.npz")]) == 2
+    assert "cannot read inputs from" in capsys.readouterr().err
+    assert not calls
 
 
 @needs_emulated_build

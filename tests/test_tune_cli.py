@@ -26,6 +26,7 @@ from welder.arch import get_arch
 from welder.check import compare, onnxruntime_outputs, random_inputs
 from welder.cli import main
 from welder.errors import WelderError
+from welder.frontend.onnx import import_onnx
 from welder.pipeline import RuntimeTiming, time_runtime
 from welder.runtime.emu import available as emulator_available
 from welder.runtime.layout import library_path, main_test_path
@@ -355,6 +356,13 @@ def test_benchmark_records_main_test_and_test_acc(emulated_bert: Tuned, tmp_path
     assert accuracy.verdict == "PASS" and 0 <= accuracy.max_error <= 1e-4
     missing = benchmark.check_accuracy(tmp_path)
     assert missing.verdict.startswith("error: test_acc exit 2") and missing.max_error is None
+    # Where the prefix holds the export's inputs, test_acc runs on them.
+    saved = Path(shutil.copytree(emulated_bert.prefix, tmp_path / "saved", symlinks=True))
+    graph = import_onnx(saved / "model.onnx")
+    np.savez(saved / "inputs.npz", **random_inputs(graph, seed=7))
+    assert benchmark.check_accuracy(saved).verdict == "PASS"
+    np.savez(saved / "inputs.npz", stray=np.zeros(1))
+    assert benchmark.check_accuracy(saved).verdict.startswith("error: test_acc exit 2")
     assert benchmark.run_main_test(tmp_path)[0] is None
 
     # The floor: the model's FLOPs at fp32's peak against its own bytes at DRAM bandwidth on

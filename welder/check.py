@@ -8,10 +8,13 @@ reference is finite always fails.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
+import zipfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -188,6 +191,7 @@ class CheckReport:
     seed: int
     outputs: list[OutputResult] = field(default_factory=list)
     reference: str = "onnxruntime"  # what the outputs were compared with (:func:`reference_name`)
+    inputs: str = ""  # the file the inputs came from (:func:`saved_inputs`); empty: seeded ones
 
     @property
     def passed(self) -> bool:
@@ -196,7 +200,8 @@ class CheckReport:
     def format(self) -> str:
         width = max([len(o.name) for o in self.outputs] + [6])
         lines = [
-            f"{self.model}: backend={self.backend} seed={self.seed} reference={self.reference}",
+            f"{self.model}: backend={self.backend} "
+            f"{f'inputs={self.inputs}' if self.inputs else f'seed={self.seed}'} reference={self.reference}",
             f"  {'output':<{width}}  {'shape':<18} {'max rel err':>12}  {'limit':>8}  verdict",
         ]
         for o in self.outputs:
@@ -227,6 +232,33 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
             feeds[t.name] = rng.integers(0, bounds.get(t.name, 2), size=t.shape).astype(dt)
         else:
             feeds[t.name] = normal(rng, t.shape, dt)
+    return feeds
+
+
+def saved_inputs(path: str | os.PathLike, graph: Graph) -> dict[str, np.ndarray]:
+    """The inputs kept in the ``.npz`` at ``path`` (an export's ``inputs.npz``: those its
+    check against the torch module ran on), which must be the graph's inputs by name,
+    shape and dtype; a WelderError names the first that is not."""
+    try:
+        with np.load(path) as stored:
+            feeds = {name: stored[name] for name in stored.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise ModelError(f"cannot read inputs from {path}: {e}") from None
+    for t in graph.inputs:
+        if t.name not in feeds:
+            held = ", ".join(sorted(feeds)) or "none"
+            raise ModelError(f"{path} holds no input {t.name!r} (it holds {held})")
+        got, want = feeds[t.name], np_dtype(t.dtype)
+        if got.dtype.kind == "V" and got.dtype.itemsize == want.itemsize:
+            got = feeds[t.name] = got.view(want)  # numpy stores bfloat16 as raw 2-byte values
+        if tuple(got.shape) != tuple(t.shape) or got.dtype != want:
+            raise ModelError(
+                f"input {t.name!r} in {path} is {got.dtype} {list(got.shape)}; "
+                f"the model takes {want} {list(t.shape)}"
+            )
+    unknown = sorted(set(feeds) - {t.name for t in graph.inputs})
+    if unknown:
+        raise ModelError(f"{path} holds {', '.join(map(repr, unknown))}, which the model does not take")
     return feeds
 
 
@@ -301,6 +333,42 @@ def onnxruntime_outputs(
         return {k: v.astype(BFLOAT16) if k in narrow else v for k, v in outputs.items()}
     src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model_file(model))
     return _run_ort(src, feeds, output_names)
+
+
+def cached_onnxruntime_outputs(
+    model: str | os.PathLike,
+    feeds: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    cache: str | os.PathLike | None = None,
+) -> dict[str, np.ndarray]:
+    """:func:`onnxruntime_outputs` of the model file, kept in the folder ``cache`` (when
+    given) under a hash of the model's bytes, the inputs, the outputs asked for and
+    onnxruntime's version.  At batch 64 the CPU provider takes minutes: the export's check
+    and test_acc's checks of each variant built from one export (welder, ``--nofusion``,
+    ``--no-tc``) run on the same inputs, and one run serves them all.  An entry that
+    cannot be read is computed again; one is written whole or not at all."""
+    if cache is None:
+        return onnxruntime_outputs(model, feeds, outputs)
+    import onnxruntime
+
+    key = hashlib.sha256(Path(model_file(model)).read_bytes())
+    key.update(json.dumps([sorted(outputs), onnxruntime.__version__]).encode())
+    for name in sorted(feeds):
+        value = np.ascontiguousarray(feeds[name])
+        key.update(json.dumps([name, value.dtype.str, value.shape]).encode())
+        key.update(value.tobytes())
+    entry = Path(cache) / f"{key.hexdigest()[:32]}.npz"
+    try:
+        with np.load(entry) as stored:
+            return {name: stored[name] for name in outputs}
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        pass
+    reference = onnxruntime_outputs(model, feeds, outputs)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    partial = entry.with_name(f"{entry.stem}.{os.getpid()}.tmp.npz")
+    np.savez(partial, **reference)
+    os.replace(partial, entry)
+    return reference
 
 
 def reference_name(model: str | os.PathLike | onnx.ModelProto) -> str:

@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="export a PyTorch model of the benchmark set to ONNX")
     p.add_argument("name", nargs="?", help="model name (see --list)")
-    p.add_argument("--prefix", help="output folder for model.onnx and export.json")
+    p.add_argument("--prefix", help="output folder for model.onnx, export.json and inputs.npz")
     p.add_argument("--bs", type=int, default=1, help="batch size (default: 1)")
     precision = p.add_mutually_exclusive_group()
     precision.add_argument("--fp16", action="store_true", help="export in half precision (on a GPU if any)")
@@ -136,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-check",
         action="store_true",
         help="do not compare the graph's outputs under onnxruntime with the module's (checked by default)",
+    )
+    p.add_argument(
+        "--reference-cache",
+        metavar="DIR",
+        help="keep the check's onnxruntime outputs in DIR, where `artifacts/test_acc.py --inputs "
+        "PREFIX/inputs.npz --reference-cache DIR` reads them instead of running onnxruntime again",
     )
     p.add_argument("--list", action="store_true", help="list the models and their options")
     _add_runtime_commands(sub)
@@ -282,8 +288,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         options=options,
         seed=args.seed,
         check=not args.no_check,
+        reference_cache=args.reference_cache,
     )
-    print(f"wrote {path} and {Path(path).parent / 'export.json'}")
+    folder = Path(path).parent
+    print(f"wrote {path}, {folder / 'export.json'} and {folder / 'inputs.npz'}")
     return 0
 
 

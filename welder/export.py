@@ -5,7 +5,9 @@ model is *constructed* (random weights, fixed seed) instead of downloaded.  Cons
 it again with the same name, batch, dtype, options and seed on the same library versions
 gives the identical module, which is what lets the PyTorch peers of the benchmark time
 exactly the module the ONNX file came from: ``export_onnx`` writes ``export.json`` beside
-``model.onnx`` and ``rebuild`` turns it back into ``(module, inputs)``.
+``model.onnx`` and ``rebuild`` turns it back into ``(module, inputs)``.  ``inputs.npz``
+beside them holds the inputs of the export's check, so a later check of a build
+(``artifacts/test_acc.py --inputs``) can run on them and reuse onnxruntime's outputs.
 
 torch, transformers, timm and torchvision are optional (the ``models`` extra); this
 module imports them only when a model needs them, so ``import welder.export`` always
@@ -48,6 +50,7 @@ INSTALL_HINT = "pip install -e '.[models]'"
 PACKAGE_HINTS = {"torchaudio": "pip install torchaudio (the release built for the installed torch)"}
 EXPORT_JSON = "export.json"
 MODEL_ONNX = "model.onnx"
+INPUTS_NPZ = "inputs.npz"  # the inputs the export's check ran on, by graph input name
 NERF_POINTS = 1920 * 1080  # the original NeRF benchmark: one 1080p frame per batch element
 NERF_LARGE_POINTS = 2 * 1024 * 1024  # "NeRF MLP 2M" in the earlier reference table
 CALIBRATION_BATCH = 8  # images that set BatchNorm statistics
@@ -812,12 +815,27 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _pick_device(fp16: bool, device: str | None) -> str:
-    """fp16 traces on the GPU when there is one (the device the peers time it on), else on
-    the CPU like fp32.  Either way an fp16 export must come out a half graph, which
-    :func:`check_half_graph` verifies."""
+def _pick_device(device: str | None) -> str:
+    """The GPU when there is one (the device the peers time the module on), else the CPU.
+    Tracing runs the module once, and at batch 64 the CPU takes minutes for it.  An fp16
+    export must come out a half graph either way, which :func:`check_half_graph` verifies;
+    TF32 stays off while tracing, as in the check (:func:`_exact_fp32`)."""
     torch = _torch()
-    return device or ("cuda" if fp16 and torch.cuda.is_available() else "cpu")
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@contextlib.contextmanager
+def _exact_fp32() -> Iterator[None]:
+    """TF32 off for torch's matrix products and convolutions, restored after: an fp32
+    module then computes in fp32, as the exported graph does under onnxruntime."""
+    torch = _torch()
+    cuda = torch.backends.cuda.matmul
+    saved = (cuda.allow_tf32, torch.backends.cudnn.allow_tf32)
+    cuda.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        cuda.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def check_half_graph(path: Path, dtype: str = "float16") -> None:
@@ -857,7 +875,11 @@ def check_half_graph(path: Path, dtype: str = "float16") -> None:
 
 
 def check_outputs(
-    path: Path, module: torch.nn.Module, inputs: Mapping[str, torch.Tensor], names: list[str]
+    path: Path,
+    module: torch.nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    names: list[str],
+    reference_cache: Path | None = None,
 ) -> dict[str, Any]:
     """Run the exported graph with onnxruntime on ``inputs`` and compare every output with
     the module's (``max(|a-b|/max(|b|,1))`` against ``welder.check.threshold_for`` of the
@@ -869,36 +891,34 @@ def check_outputs(
     the CPU a large batch takes minutes each way.  TF32 is off on both sides, so an fp32
     module computes in fp32 as the graph does.  Otherwise, or when the CUDA provider
     cannot take the graph, onnxruntime's CPU provider runs it (bf16 graphs converted to
-    fp32, as ``welder.check.onnxruntime_outputs`` does)."""
-    from welder.check import error_metric, onnxruntime_outputs, threshold_for
+    fp32, as ``welder.check.onnxruntime_outputs`` does), its outputs kept in
+    ``reference_cache`` for test_acc (:func:`welder.check.cached_onnxruntime_outputs`)."""
+    from welder.check import cached_onnxruntime_outputs, error_metric, threshold_for
 
     torch = _torch()
     home = next((v.device for v in inputs.values()), torch.device("cpu"))
     device = torch.device("cuda") if torch.cuda.is_available() else home
     bf16 = any(v.dtype == torch.bfloat16 for v in inputs.values())
-    cuda = torch.backends.cuda.matmul
-    saved = (cuda.allow_tf32, torch.backends.cudnn.allow_tf32)
-    cuda.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), _exact_fp32():
             warnings.simplefilter("ignore")
             out = module.to(device)(*(v.to(device) for v in inputs.values()))
     finally:
-        cuda.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
         module.to(home)
     tensors = tuple(t.detach().cpu() for t in (out if isinstance(out, tuple) else (out,)))
     del out
-    feeds = to_numpy(inputs)
+    feeds = graph_feeds(path, inputs)
     provider = "CPUExecutionProvider"
     reference = None
     if device.type == "cuda" and not bf16:
         reference, provider = _cuda_outputs(path, feeds)
     if reference is None:
         provider = "CPUExecutionProvider"
-        reference = onnxruntime_outputs(path, feeds)
+        reference = cached_onnxruntime_outputs(path, feeds, names, reference_cache)
     report: dict[str, Any] = {"reference": f"onnxruntime {provider}", "outputs": {}}
     misses = []
-    for name, got, ref in zip(names, tensors, reference.values()):
+    for name, got in zip(names, tensors):
+        ref = reference[name]
         kind = _dtype_name(got)
         got = got.float().numpy() if got.is_floating_point() else got.numpy()
         want = ref.astype(np.float32) if got.dtype == np.float32 else ref
@@ -912,6 +932,16 @@ def check_outputs(
             f"{path} was not kept"
         )
     return report
+
+
+def graph_feeds(path: Path, inputs: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The inputs the graph at ``path`` takes, as numpy arrays (the exporter drops the
+    module's inputs that no output reads, and test_acc feeds the graph's alone)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    taken = {i.name for i in graph.input} - {t.name for t in graph.initializer}
+    return {k: v for k, v in to_numpy(inputs).items() if k in taken}
 
 
 def _cuda_outputs(path: Path, feeds: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -1030,17 +1060,22 @@ def export_onnx(
     seed: int = SEED,
     device: str | None = None,
     check: bool = True,
+    reference_cache: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Build ``name`` and write ``PREFIX/model.onnx`` (TorchScript exporter, fixed shapes,
-    constants folded) and ``PREFIX/export.json``; returns the path of model.onnx.
+    constants folded), ``PREFIX/export.json`` and ``PREFIX/inputs.npz`` (the inputs, by
+    graph input name); returns the path of model.onnx.
 
     The fixed shapes are deliberate: welder tunes for one shape, and symbolic dimensions
     would only have to be fixed again with --input-shape.  With ``check`` (the default)
     onnxruntime runs the graph on the export's inputs and every output must match the
     torch module's within welder's threshold for its dtype (:func:`check_outputs`), so a
-    benchmark never times a graph that is not the module; the file is removed otherwise."""
+    benchmark never times a graph that is not the module; the file is removed otherwise.
+    With ``reference_cache`` onnxruntime's outputs stay there for test_acc's check of a
+    build on inputs.npz (``--inputs``, ``--reference-cache``), which at batch 64 saves a
+    run of minutes on the CPU."""
     torch = require_packages(name)
-    dev = _pick_device(fp16 or bf16, device)
+    dev = _pick_device(device)
     module, inputs = build_model(name, batch, fp16, bf16=bf16, options=options, seed=seed)
     out = Path(prefix)
     created = not out.exists()
@@ -1049,7 +1084,7 @@ def export_onnx(
     module = module.to(dev)
     args = tuple(v.to(dev) for v in inputs.values())
     half = half_attention(opset) if fp16 or bf16 else contextlib.nullcontext()
-    with warnings.catch_warnings(), torch.no_grad(), half:
+    with warnings.catch_warnings(), torch.no_grad(), half, _exact_fp32():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module,
@@ -1067,12 +1102,17 @@ def export_onnx(
         if fp16 or bf16:
             check_half_graph(onnx_path, dtype)
         if check:
-            report = check_outputs(onnx_path, module, dict(zip(inputs, args)), output_names(name))
+            cache = None if reference_cache is None else Path(reference_cache)
+            report = check_outputs(onnx_path, module, dict(zip(inputs, args)), output_names(name), cache)
     except WelderError:
         onnx_path.unlink()
         if created and not any(out.iterdir()):
             out.rmdir()
         raise
+    feeds = graph_feeds(onnx_path, dict(zip(inputs, args)))
+    partial = out / f"{INPUTS_NPZ}.{os.getpid()}.tmp.npz"
+    np.savez(partial, **feeds)
+    os.replace(partial, out / INPUTS_NPZ)
     info = ExportInfo(
         model=name,
         batch=batch,
