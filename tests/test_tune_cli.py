@@ -346,6 +346,34 @@ def _benchmark():
     return benchmark
 
 
+def test_candidates_script_marks_what_the_tuner_timed_and_chose(
+    emulated_bert: Tuned, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """scripts/candidates.py proposes for each group of a tune as the tuner did: after a
+    cost-model tune with topk 1 each group's one timed proposal is the config tuned.json
+    holds, and the listing ranks proposals by estimate; a folder without a tune, or a
+    group that is not there, is an error naming it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import candidates
+
+    tuned = json.loads((emulated_bert.prefix / "tuned.json").read_text())
+    kernels = [g["index"] for g in tuned["groups"] if not g.get("library")]
+    assert candidates.main([str(emulated_bert.prefix), "--show", "4"]) == 0
+    blocks = capsys.readouterr().out.strip().split("\n\n")
+    assert len(blocks) == len(kernels)
+    for index, block in zip(kernels, blocks):
+        lines = block.splitlines()
+        assert lines[0].startswith(f"group {index} ") and "1 timed" in lines[0]
+        rows = lines[2:]
+        assert rows[0].startswith("*= ") and not any(r.startswith("*") for r in rows[1:]), block
+        estimates = [float(r.split()[-10]) for r in rows]
+        assert estimates[1:] == sorted(estimates[1:]) and estimates[0] <= min(estimates), block
+    assert candidates.main([str(tmp_path)]) == 2
+    assert str(tmp_path) in capsys.readouterr().err
+    assert candidates.main([str(emulated_bert.prefix), "--group", "999"]) == 2
+    assert "no kernel group [999]" in capsys.readouterr().err
+
+
 def test_benchmark_records_main_test_and_test_acc(emulated_bert: Tuned, tmp_path: Path) -> None:
     """Each welder row carries main_test's mean and test_acc's verdict and worst error,
     also when the check cannot run; the markdown has them in a table of their own."""

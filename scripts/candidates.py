@@ -1,0 +1,117 @@
+"""The configs the search proposes for a tuned model's groups, best estimate first, and which
+of them the tuner timed.
+
+    python scripts/candidates.py DIR [--group N ...] [--show 30] [--topk K] [--no-tc | --tf32]
+
+``DIR`` holds ``model.onnx`` and the ``tuned.json`` of a ``welder tune`` run; each group is
+rebuilt from its members in the graph the tuner planned, and proposed for as the tuner does
+(the same ``propose`` call, on tuned.json's arch and topk unless ``--topk`` says otherwise;
+``--no-tc`` and ``--tf32`` as the run's flags were).  For each group: its proposals in the
+order the tuner ranks them, up to ``--show``, each with its family, block tile, threads and
+estimate (latency, blocks, blocks an SM, waves, shared memory, registers a thread); ``*``
+marks the ``topk`` the tuner timed and ``=`` the config tuned.json holds.  A kernel that
+measured far from its floor may have had better configs the search never timed: here is
+where to see whether they were offered.  Groups that a library call computes are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from welder.arch import get_arch  # noqa: E402
+from welder.frontend.onnx import import_onnx  # noqa: E402
+from welder.graph import Graph  # noqa: E402
+from welder.pipeline import TuneOptions, planned_graph  # noqa: E402
+from welder.schedule.config import GroupConfig  # noqa: E402
+from welder.schedule.group import make_group  # noqa: E402
+from welder.schedule.kinds import Options, ScheduleContext, config_from_json, propose  # noqa: E402
+
+#: Enough to see past the configs the tuner timed at its default topk (20).
+ALL = 10_000
+
+
+def same_kernel(a: GroupConfig, b: GroupConfig) -> bool:
+    """Whether two configs make the same kernel (their estimates may differ: tuned.json's
+    was calibrated at another time)."""
+    keys = ("block_tile", "grid", "block_order", "threads", "stages", "smem_bytes")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+def row(rank: int, config: GroupConfig, timed: bool, chosen: bool) -> str:
+    e = config.estimate
+    tile = "x".join(map(str, config.block_tile))
+    marks = ("*" if timed else " ") + ("=" if chosen else " ")
+    return (
+        f"{marks} {rank:>4}  {e.latency_us:>9.2f}  {config.stages[0].family:<14} {tile:<16} "
+        f"{config.threads:>4}  {e.blocks:>7}  {e.blocks_per_sm:>3}  {e.waves:>5}  {e.smem_bytes:>6}  "
+        f"{e.regs_per_thread:>4}"
+    )
+
+
+HEADER = "  rank  est us     family         block tile        thr   blocks  bps  waves    smem  regs"
+
+
+def explain(graph: Graph, entry: dict[str, Any], ctx: ScheduleContext, topk: int, show: int) -> list[str]:
+    group = make_group(graph, entry["members"])
+    proposals = propose(group, replace(ctx, options=replace(ctx.options, topk=ALL)))
+    timed = propose(group, replace(ctx, options=replace(ctx.options, topk=topk)))
+    chosen = config_from_json(entry["configs"][0])
+    # The tuner's order: what it timed, by estimate, then the rest by estimate.
+    ranked = timed + [c for c in proposals if not any(c is t or same_kernel(c, t) for t in timed)]
+    ops = "+".join(entry["ops"])[:70]
+    lines = [f"group {entry['index']} {ops}: {len(ranked)} proposals, {len(timed)} timed", HEADER]
+    for i, c in enumerate(ranked[:show], 1):
+        lines.append(row(i, c, i <= len(timed), same_kernel(c, chosen)))
+    if not any(same_kernel(c, chosen) for c in ranked):
+        lines.append("  tuned.json's config is not among the proposals (the search has changed since)")
+    elif not any(same_kernel(c, chosen) for c in ranked[:show]):
+        rank = next(i for i, c in enumerate(ranked, 1) if same_kernel(c, chosen))
+        lines.append(f"  tuned.json's config is proposal {rank}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path, help="a folder `welder tune` wrote (model.onnx and tuned.json)")
+    parser.add_argument("--group", type=int, nargs="*", help="group indices (default: every kernel group)")
+    parser.add_argument("--show", type=int, default=30, help="proposals listed a group (default: 30)")
+    parser.add_argument("--topk", type=int, help="candidates timed a group (default: tuned.json's)")
+    flags = parser.add_mutually_exclusive_group()
+    flags.add_argument("--no-tc", action="store_true", help="the run was tuned with --no-tc")
+    flags.add_argument("--tf32", action="store_true", help="the run was tuned with --tf32")
+    args = parser.parse_args(argv)
+    try:
+        tuned = json.loads((args.dir / "tuned.json").read_text())
+        graph = planned_graph(import_onnx(str(args.dir / "model.onnx")))
+    except (OSError, ValueError) as e:
+        print(f"candidates: {args.dir} holds no readable model.onnx and tuned.json ({e})", file=sys.stderr)
+        return 2
+    kinds = TuneOptions(tensor_cores=not args.no_tc, tf32=args.tf32).kinds
+    topk = args.topk or int(tuned.get("topk") or 1)
+    options = Options(topk=topk, kinds=kinds)
+    ctx = ScheduleContext(
+        lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, get_arch(tuned["arch"]), options
+    )
+    wanted = set(args.group) if args.group else None
+    kernels = [g for g in tuned["groups"] if not g.get("library")]
+    entries = [g for g in kernels if wanted is None or g["index"] in wanted]
+    if wanted is not None and len(entries) != len(wanted):
+        missing = sorted(wanted - {g["index"] for g in entries})
+        print(f"candidates: no kernel group {missing} in {args.dir / 'tuned.json'}", file=sys.stderr)
+        return 2
+    for entry in entries:
+        print("\n".join(explain(graph, entry, ctx, topk, args.show)))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
