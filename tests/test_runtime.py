@@ -959,6 +959,9 @@ def test_test_acc_checks_on_saved_inputs(
     (tmp_path / "garbled.npz").write_bytes(b"not an archive")
     assert test_acc.main([str(emitted.prefix), "--inputs", str(tmp_path / "garbled.npz")]) == 2
     assert "cannot read inputs from" in capsys.readouterr().err
+    np.save(tmp_path / "one.npy", value)
+    assert test_acc.main([str(emitted.prefix), "--inputs", str(tmp_path / "one.npy")]) == 2
+    assert "one.npy is one array" in capsys.readouterr().err
     assert not calls
 
 

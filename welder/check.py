@@ -240,10 +240,13 @@ def saved_inputs(path: str | os.PathLike, graph: Graph) -> dict[str, np.ndarray]
     check against the torch module ran on), which must be the graph's inputs by name,
     shape and dtype; a WelderError names the first that is not."""
     try:
-        with np.load(path) as stored:
-            feeds = {name: stored[name] for name in stored.files}
+        stored = np.load(path)
     except (OSError, ValueError, zipfile.BadZipFile) as e:
         raise ModelError(f"cannot read inputs from {path}: {e}") from None
+    if not isinstance(stored, np.lib.npyio.NpzFile):
+        raise ModelError(f"{path} is one array, not an .npz of the model's inputs by name")
+    with stored:
+        feeds = {name: stored[name] for name in stored.files}
     for t in graph.inputs:
         if t.name not in feeds:
             held = ", ".join(sorted(feeds)) or "none"
