@@ -225,12 +225,13 @@ def group_facts(prefix: Path, arch: str = ARCH) -> PlanFacts:
     from welder.arch import get_arch
     from welder.frontend.onnx import import_onnx
     from welder.ir.expr import Binary
+    from welder.pipeline import planned_graph
     from welder.schedule.group import make_group
     from welder.schedule.kinds import Options, mma
     from welder.schedule.kinds.base import ScheduleContext
 
     tuned = json.loads((prefix / "tuned.json").read_text())
-    graph = import_onnx(prefix / "model.onnx")
+    graph = planned_graph(import_onnx(prefix / "model.onnx"))
     ctx = ScheduleContext(
         lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, get_arch(arch), Options(topk=1)
     )

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from welder.codegen import generate_kernel  # noqa: E402
 from welder.device.gpu import CompileError, GpuUnavailable, compile_cubin  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
+from welder.pipeline import planned_graph  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
 from welder.schedule.kinds import config_from_json  # noqa: E402
 
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.dir / name).is_file():
             print(f"kernel_sass: {args.dir / name} does not exist", file=sys.stderr)
             return 2
-    graph = import_onnx(str(args.dir / "model.onnx"))
+    graph = planned_graph(import_onnx(str(args.dir / "model.onnx")))
     tuned = json.loads((args.dir / "tuned.json").read_text())
     chosen = [g for g in tuned["groups"] if args.group in g["root"] and not g.get("library")]
     if not chosen:

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from welder.arch import get_arch  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
+from welder.pipeline import planned_graph  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
 from welder.schedule.kinds import Options, ScheduleContext, kind, mma  # noqa: E402
 
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--all", action="store_true", help="also list groups that get configs")
     args = parser.parse_args(argv)
-    graph = import_onnx(str(args.dir / "model.onnx"))
+    graph = planned_graph(import_onnx(str(args.dir / "model.onnx")))
     tuned = json.loads((args.dir / "tuned.json").read_text())
     ctx = ScheduleContext(
         lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, get_arch(args.arch), Options(topk=1)

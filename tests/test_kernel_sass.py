@@ -84,6 +84,30 @@ def test_a_tuned_group_is_compiled_and_counted(tmp_path: Path, capsys) -> None:
         assert "no instruction counts" in capsys.readouterr().out
 
 
+def test_group_tools_rebuild_groups_of_the_graph_the_tuner_planned(tmp_path: Path, capsys) -> None:
+    """The tuner plans the graph with an operand's constant scale moved past the product (a
+    member named ``...:unscaled`` that the imported graph lacks): kernel_sass and mma_why rebuild
+    the tuned groups from that graph, not the imported one."""
+    import mma_why
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 96)).astype(np.float16)
+    w = rng.standard_normal((96, 128)).astype(np.float16)
+    nodes = [helper.make_node("Mul", ["x", "s"], ["xs"]), helper.make_node("MatMul", ["xs", "w"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": w, "s": np.array(0.125, np.float16)})
+    prefix = tmp_path / "scaled"
+    prefix.mkdir()
+    onnx.save(model, str(prefix / "model.onnx"))
+    assert welder_main(["tune", str(prefix), "--arch", "H100", "--cost-model", "--no-build"]) == 0
+    tuned = json.loads((prefix / "tuned.json").read_text())
+    assert any(m.endswith(":unscaled") for g in tuned["groups"] for m in g["members"])
+    capsys.readouterr()
+    assert mma_why.main([str(prefix), "--all"]) == 0
+    assert "1 groups with an accepted contraction" in capsys.readouterr().out
+    if shutil.which("nvcc") is not None:
+        assert kernel_sass.main([str(prefix)]) == 0
+
+
 def test_what_cannot_be_studied_is_said(tmp_path: Path, capsys) -> None:
     assert kernel_sass.main([str(tmp_path / "nowhere")]) == 2
     assert "does not exist" in capsys.readouterr().err
