@@ -878,10 +878,12 @@ def check_outputs(
     path: Path,
     module: torch.nn.Module,
     inputs: Mapping[str, torch.Tensor],
+    feeds: Mapping[str, Any],
     names: list[str],
     reference_cache: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the exported graph with onnxruntime on ``inputs`` and compare every output with
+    """Run the module on ``inputs`` and the exported graph with onnxruntime on ``feeds``
+    (the same values, those the graph takes: :func:`graph_feeds`); compare every output with
     the module's (``max(|a-b|/max(|b|,1))`` against ``welder.check.threshold_for`` of the
     output's dtype: 1e-4 for fp32, 2e-2 for fp16, exact for integers); raise a WelderError
     naming the outputs that miss, else return the metrics for export.json.
@@ -907,7 +909,6 @@ def check_outputs(
         module.to(home)
     tensors = tuple(t.detach().cpu() for t in (out if isinstance(out, tuple) else (out,)))
     del out
-    feeds = graph_feeds(path, inputs)
     provider = "CPUExecutionProvider"
     reference = None
     if device.type == "cuda" and not bf16:
@@ -1098,18 +1099,19 @@ def export_onnx(
         )
     dtype = "float16" if fp16 else "bfloat16" if bf16 else "float32"
     report: dict[str, Any] = {}
+    named = dict(zip(inputs, args))
+    feeds = graph_feeds(onnx_path, named)
     try:
         if fp16 or bf16:
             check_half_graph(onnx_path, dtype)
         if check:
             cache = None if reference_cache is None else Path(reference_cache)
-            report = check_outputs(onnx_path, module, dict(zip(inputs, args)), output_names(name), cache)
+            report = check_outputs(onnx_path, module, named, feeds, output_names(name), cache)
     except WelderError:
         onnx_path.unlink()
         if created and not any(out.iterdir()):
             out.rmdir()
         raise
-    feeds = graph_feeds(onnx_path, dict(zip(inputs, args)))
     partial = out / f"{INPUTS_NPZ}.{os.getpid()}.tmp.npz"
     np.savez(partial, **feeds)
     os.replace(partial, out / INPUTS_NPZ)
