@@ -1,7 +1,7 @@
 """The configs the search proposes for a tuned model's groups, best estimate first, and which
 of them the tuner timed.
 
-    python scripts/candidates.py DIR [--group N ...] [--show 30] [--topk K] [--no-tc | --tf32]
+    python scripts/candidates.py DIR [--group N ...] [--show 30] [--topk K] [--no-tc | --tf32] [--time]
 
 ``DIR`` holds ``model.onnx`` and the ``tuned.json`` of a ``welder tune`` run; each group is
 rebuilt from its members in the graph the tuner planned, and proposed for as the tuner does
@@ -12,6 +12,14 @@ estimate (latency, blocks, blocks an SM, waves, shared memory, registers a threa
 marks the ``topk`` the tuner timed and ``=`` the config tuned.json holds.  A kernel that
 measured far from its floor may have had better configs the search never timed: here is
 where to see whether they were offered.  Groups that a library call computes are left out.
+
+``--time`` (needs pycuda and a GPU; exit 2 and a one-line error without them) also compiles
+and times the listed proposals on the local GPU with the tuner's own machinery -- the same
+kernels, inputs (seed 0) and timing loop -- in a ``meas us`` column beside the estimate,
+then names the fastest of them by rank.  As in the tuner, proposals are timed in rank order
+and one already 1.25 times slower than the fastest so far is timed only roughly; a proposal
+that fails to render, compile or launch has a blank time, its reason under the table.
+Timing is not checking: the fastest listed is not known to compute the right result.
 """
 
 from __future__ import annotations
@@ -27,12 +35,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from welder.arch import get_arch  # noqa: E402
+from welder.errors import WelderError  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.graph import Graph  # noqa: E402
 from welder.pipeline import TuneOptions, planned_graph  # noqa: E402
 from welder.schedule.config import GroupConfig  # noqa: E402
-from welder.schedule.group import make_group  # noqa: E402
+from welder.schedule.group import Group, make_group  # noqa: E402
 from welder.schedule.kinds import Options, ScheduleContext, config_from_json, propose  # noqa: E402
+from welder.tune.compile import Candidates, Device, compile_candidates, prepare_candidates  # noqa: E402
+from welder.tune.measure import drop_summary, group_inputs, time_candidates  # noqa: E402
+from welder.tune.tuner import default_device  # noqa: E402
 
 #: Enough to see past the configs the tuner timed at its default topk (20).
 ALL = 10_000
@@ -45,36 +57,92 @@ def same_kernel(a: GroupConfig, b: GroupConfig) -> bool:
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
-def row(rank: int, config: GroupConfig, timed: bool, chosen: bool) -> str:
+def row(rank: int, config: GroupConfig, timed: bool, chosen: bool, measured: str | None = None) -> str:
+    """One proposal's line; ``measured`` (the ``meas us`` column, blank for a proposal that
+    has no time) only with ``--time``."""
     e = config.estimate
     tile = "x".join(map(str, config.block_tile))
     marks = ("*" if timed else " ") + ("=" if chosen else " ")
+    meas = "" if measured is None else f"  {measured:>9}"
     return (
-        f"{marks} {rank:>4}  {e.latency_us:>9.2f}  {config.stages[0].family:<14} {tile:<16} "
+        f"{marks} {rank:>4}  {e.latency_us:>9.2f}{meas}  {config.stages[0].family:<14} {tile:<16} "
         f"{config.threads:>4}  {e.blocks:>7}  {e.blocks_per_sm:>3}  {e.waves:>5}  {e.smem_bytes:>6}  "
         f"{e.regs_per_thread:>4}"
     )
 
 
 HEADER = "  rank  est us     family         block tile        thr   blocks  bps  waves    smem  regs"
+TIMED_HEADER = HEADER.replace("est us     ", "est us        meas us  ", 1)
 
 
-def explain(graph: Graph, entry: dict[str, Any], ctx: ScheduleContext, topk: int, show: int) -> list[str]:
+def measure(
+    graph: Graph, group: Group, configs: list[GroupConfig], device: Device
+) -> tuple[dict[int, float], Candidates]:
+    """Each config's time on ``device`` (by index in ``configs``; a config that fails to
+    render, compile or launch has none, and its reason is in the candidates' ``dropped``),
+    measured as the tuner measures: one kernel a config, compiled together, timed in order on
+    the group's seeded inputs (see :func:`welder.tune.tuner.finish_candidates`)."""
+    cands = compile_candidates(device, prepare_candidates(graph, group, configs))
+    feeds = group_inputs(graph, group)
+    return time_candidates(device, cands, [feeds[t] for t in group.inputs]), cands
+
+
+def explain(
+    graph: Graph,
+    entry: dict[str, Any],
+    ctx: ScheduleContext,
+    topk: int,
+    show: int,
+    device: Device | None = None,
+) -> list[str]:
     group = make_group(graph, entry["members"])
     proposals = propose(group, replace(ctx, options=replace(ctx.options, topk=ALL)))
     timed = propose(group, replace(ctx, options=replace(ctx.options, topk=topk)))
     chosen = config_from_json(entry["configs"][0])
     # The tuner's order: what it timed, by estimate, then the rest by estimate.
     ranked = timed + [c for c in proposals if not any(c is t or same_kernel(c, t) for t in timed)]
+    listed = ranked[:show]
+    timings, cands = measure(graph, group, listed, device) if device is not None else ({}, None)
     ops = "+".join(entry["ops"])[:70]
-    lines = [f"group {entry['index']} {ops}: {len(ranked)} proposals, {len(timed)} timed", HEADER]
-    for i, c in enumerate(ranked[:show], 1):
-        lines.append(row(i, c, i <= len(timed), same_kernel(c, chosen)))
+    lines = [f"group {entry['index']} {ops}: {len(ranked)} proposals, {len(timed)} timed"]
+    lines.append(HEADER if device is None else TIMED_HEADER)
+    for i, c in enumerate(listed, 1):
+        measured = None if device is None else (f"{timings[i - 1]:.2f}" if i - 1 in timings else "")
+        lines.append(row(i, c, i <= len(timed), same_kernel(c, chosen), measured))
     if not any(same_kernel(c, chosen) for c in ranked):
         lines.append("  tuned.json's config is not among the proposals (the search has changed since)")
-    elif not any(same_kernel(c, chosen) for c in ranked[:show]):
+    elif not any(same_kernel(c, chosen) for c in listed):
         rank = next(i for i, c in enumerate(ranked, 1) if same_kernel(c, chosen))
         lines.append(f"  tuned.json's config is proposal {rank}")
+    if cands is not None:
+        lines.extend(timing_notes(entry, listed, chosen, timings, cands))
+    return lines
+
+
+def timing_notes(
+    entry: dict[str, Any],
+    listed: list[GroupConfig],
+    chosen: GroupConfig,
+    timings: dict[int, float],
+    cands: Candidates,
+) -> list[str]:
+    """The lines under a timed table: the fastest proposal measured, how tuned.json's config
+    measured here and there, and why proposals have no time."""
+    lines = []
+    if timings:
+        best = min(timings, key=lambda k: (timings[k], k))
+        lines.append(f"  fastest measured: proposal {best + 1}, {timings[best]:.2f} us")
+    else:
+        lines.append(f"  none of the {len(listed)} proposals listed was timed")
+    kept = next((k for k, c in enumerate(listed) if same_kernel(c, chosen)), None)
+    recorded = entry.get("measured_latency_us")
+    if kept is not None and (kept in timings or recorded is not None):
+        here = f"{timings[kept]:.2f} us here" if kept in timings else "no time here"
+        there = f", {recorded:.2f} us in tuned.json" if recorded is not None else ""
+        lines.append(f"  tuned.json's config (proposal {kept + 1}): {here}{there}")
+    if cands.dropped:
+        ranks = ", ".join(str(d.candidate + 1) for d in sorted(cands.dropped, key=lambda d: d.candidate))
+        lines.append(f"  not timed: proposal {ranks}: {drop_summary(cands.dropped)}")
     return lines
 
 
@@ -87,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     flags = parser.add_mutually_exclusive_group()
     flags.add_argument("--no-tc", action="store_true", help="the run was tuned with --no-tc")
     flags.add_argument("--tf32", action="store_true", help="the run was tuned with --tf32")
+    parser.add_argument(
+        "--time",
+        action="store_true",
+        help="also compile and time the listed proposals on the local GPU (needs pycuda), as the tuner "
+        "does: one already 1.25x slower than the fastest so far is timed only roughly",
+    )
     args = parser.parse_args(argv)
     try:
         tuned = json.loads((args.dir / "tuned.json").read_text())
@@ -107,9 +181,19 @@ def main(argv: list[str] | None = None) -> int:
         missing = sorted(wanted - {g["index"] for g in entries})
         print(f"candidates: no kernel group {missing} in {args.dir / 'tuned.json'}", file=sys.stderr)
         return 2
-    for entry in entries:
-        print("\n".join(explain(graph, entry, ctx, topk, args.show)))
-        print()
+    try:
+        if not args.time:
+            for entry in entries:
+                print("\n".join(explain(graph, entry, ctx, topk, args.show)))
+                print()
+            return 0
+        with default_device() as device:
+            for entry in entries:
+                print("\n".join(explain(graph, entry, ctx, topk, args.show, device)), flush=True)
+                print(flush=True)
+    except WelderError as e:  # GpuUnavailable above all: no pycuda, driver, GPU or nvcc
+        print(f"candidates: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

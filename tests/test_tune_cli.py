@@ -366,12 +366,67 @@ def test_candidates_script_marks_what_the_tuner_timed_and_chose(
         assert lines[0].startswith(f"group {index} ") and "1 timed" in lines[0]
         rows = lines[2:]
         assert rows[0].startswith("*= ") and not any(r.startswith("*") for r in rows[1:]), block
-        estimates = [float(r.split()[-10]) for r in rows]
+        estimates = [float(r[EST]) for r in rows]
         assert estimates[1:] == sorted(estimates[1:]) and estimates[0] <= min(estimates), block
     assert candidates.main([str(tmp_path)]) == 2
     assert str(tmp_path) in capsys.readouterr().err
     assert candidates.main([str(emulated_bert.prefix), "--group", "999"]) == 2
     assert "no kernel group [999]" in capsys.readouterr().err
+
+
+# candidates.py's columns: marks and rank, the estimate, and with --time the measured time.
+EST, MEAS = slice(7, 18), slice(18, 29)
+
+
+def _candidates():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import candidates
+
+    return candidates
+
+
+def test_candidates_script_times_on_the_tuners_device(
+    emulated_bert: Tuned, monkeypatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --time the listed proposals of each group are compiled and timed on the tuner's
+    device (a fake one here) in the tuner's order: a meas us column beside the estimate,
+    blank for a proposal that does not compile (its reason under the table), and the
+    fastest named by rank."""
+    import contextlib
+
+    from test_tuner import ScriptedDevice
+
+    candidates = _candidates()
+    device = ScriptedDevice(import_onnx(emulated_bert.prefix / "model.onnx"), {1: "compile"}, {2: 0.5})
+    monkeypatch.setattr(candidates, "default_device", lambda: contextlib.nullcontext(device))
+    tuned = json.loads((emulated_bert.prefix / "tuned.json").read_text())
+    index = next(g["index"] for g in tuned["groups"] if not g.get("library"))
+    assert candidates.main([str(emulated_bert.prefix), "--group", str(index), "--show", "4", "--time"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "meas us" in lines[1]
+    rows = lines[2:6]
+    assert [r[MEAS].strip() for r in rows] == ["1.00", "", "0.50", "4.00"], lines
+    assert rows[0].startswith("*= ") and float(rows[0][EST]) <= float(rows[1][EST])
+    assert "  fastest measured: proposal 3, 0.50 us" in lines
+    assert "  tuned.json's config (proposal 1): 1.00 us here" in lines
+    assert any(line.startswith("  not timed: proposal 2: 1 compile (") for line in lines), lines
+    assert [name.split("_")[1] for name in device.timed] == ["c0", "c2", "c3"]  # in rank order
+
+
+def test_candidates_script_time_without_a_gpu_is_an_error(
+    emulated_bert: Tuned, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--time needs pycuda and a GPU: without them, exit 2 with one line saying what is
+    missing, before anything is listed."""
+    from welder.device.gpu import gpu_available
+
+    if gpu_available():
+        pytest.skip("pycuda and a GPU are present: --time would time on it")
+    assert _candidates().main([str(emulated_bert.prefix), "--show", "2", "--time"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("candidates: ") and len(err.strip().splitlines()) == 1, err
+    assert "pycuda" in err or "GPU" in err or "driver" in err or "nvcc" in err, err
 
 
 def test_benchmark_records_main_test_and_test_acc(emulated_bert: Tuned, tmp_path: Path) -> None:

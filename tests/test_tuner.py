@@ -570,10 +570,10 @@ def test_results_of_an_older_search_are_retuned(tmp_path, monkeypatch):
     assert len(cache.entries()) == 2
 
 
-def test_a_search_change_retunes_only_the_groups_it_offers_more(tmp_path):
-    """Version 7's streaming twins apply to row reductions, version 8's shared rows to those
-    whose reductions read one input: a layer norm is keyed (and so tuned) afresh, while a
-    matmul keeps the entry version 6 stored for it and a global pool version 7's."""
+def test_version_9_tunes_every_kind_again(tmp_path):
+    """Versions 7 and 8 left products and pools under the versions before them; version 9
+    changes which configs of any kind make the topk, so a layer norm, a matmul and a pool
+    are all keyed afresh, and a matmul's entry of version 6 is not reused."""
     from welder.schedule import kinds
     from welder.tune import tuner
 
@@ -594,13 +594,16 @@ def test_a_search_change_retunes_only_the_groups_it_offers_more(tmp_path):
         name: tuner.group_cache_key(g, whole_group(g), ARCH, device, Options.kinds)
         for name, g in (("ln", ln), ("matmul", matmul_graph()), ("pool", pool))
     }
-    assert keys["ln"].arch.endswith(f"/s{kinds.SEARCH_VERSION}") and kinds.SEARCH_VERSION == 8
-    assert keys["matmul"].arch.endswith("/s6") and keys["pool"].arch.endswith("/s7")
+    assert kinds.SEARCH_VERSION == 9 and all(k.arch.endswith("/s9") for k in keys.values())
     graph = matmul_graph()
+    group = whole_group(graph)
     cache = TuningCache(tmp_path)
-    older = tuner.cache_key(group_signature(graph, whole_group(graph)), ARCH, device, Options.kinds, 6)
-    tune_group(graph, whole_group(graph), ARCH, 2, cache, ScriptedDevice(graph))
-    assert [e.key for e in cache.entries()] == [older]
+    older = tuner.cache_key(group_signature(graph, group), ARCH, device, Options.kinds, 6)
+    cache.put(older, None, None, 2, 2)
+    fresh = ScriptedDevice(graph)
+    result = tune_group(graph, group, ARCH, 2, cache, fresh)
+    assert result is not None and not result.from_cache and fresh.compiles
+    assert sorted(e.key.arch for e in cache.entries()) == sorted([older.arch, keys["matmul"].arch])
 
 
 def test_unreadable_cache_entry_is_retuned(tmp_path):

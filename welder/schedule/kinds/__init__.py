@@ -50,26 +50,19 @@ from welder.schedule.kinds.base import DtypeOf, KernelKind, Options, ScheduleCon
 #: as the SIMT kind's sliding-window twins; new tile shapes).  It is part of the tuning
 #: cache's key (``welder.tune.tuner.cache_key``): a cached winner was the best of what the
 #: search offered then, so a search that offers more must tune again.
-SEARCH_VERSION = 8  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
+SEARCH_VERSION = 9  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
 # 6: a family's tied estimates spread over block shapes (base.spread_ties); 7: SIMT streaming twins;
-# 8: streaming twins whose reductions share one staged row (simt.share_rows)
-#: The versions before streaming twins and before shared rows: what groups that the later
-#: changes offer nothing stay cached under.  A later bump must revisit :func:`search_version`.
-BEFORE_STREAMING = 6
-BEFORE_SHARED_ROWS = 7
+# 8: streaming twins whose reductions share one staged row (simt.share_rows); 9: configs alike to
+# two before them give way to the next shapes (base.defer_alike)
 
 
 def search_version(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> int:
-    """The search version ``group``'s tuning is cached under: :data:`SEARCH_VERSION` where
-    the last change offers it something new, else the latest version before it that did,
-    whose winner is still the best of what the search offers.  Version 7 added streaming
-    twins, which only groups with a reduction that reads its inputs once have
-    (:func:`simt.streams`), so the products and windows tuned before keep their entries;
-    version 8 changed the twins of groups whose reductions read one input each
-    (:func:`simt.shares_rows`: a layer norm, a softmax), so a global pool keeps its own."""
-    if simt.shares_rows(group, shape_of, dtype_of, arch):
-        return SEARCH_VERSION
-    return BEFORE_SHARED_ROWS if simt.streams(group, shape_of, dtype_of, arch) else BEFORE_STREAMING
+    """The search version ``group``'s tuning is cached under.  A change that offers only some
+    groups new candidates may leave the others under the version before it (versions 7 and
+    8 did, for row reductions alone); version 9 changes which of every kind's configs make
+    the topk (:func:`~.base.defer_alike`), and which groups it reaches is only known by
+    proposing for them, so every group is tuned again once."""
+    return SEARCH_VERSION
 
 
 KINDS: dict[str, KernelKind] = {
