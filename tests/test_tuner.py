@@ -1582,11 +1582,10 @@ def test_a_long_sum_in_another_order_passes_the_check_and_a_missing_term_fails_i
 
 def _near_estimate_fusion(monkeypatch, measured_over: float, split_share: float | None):
     """layernorm_gelu tuned with its fused group measuring ``measured_over`` times its
-    estimate (within VERIFY_RATIO) and any shallower group fast; the cost model's split
-    estimate is ``split_share`` times the fused one (None: the model's own)."""
-    from welder.tune.tuner import VERIFY_RATIO, _ModelTuner
+    estimate and any shallower group fast; the cost model's split estimate is
+    ``split_share`` times the fused one (None: the model's own)."""
+    from welder.tune.tuner import _ModelTuner
 
-    assert measured_over <= VERIFY_RATIO
     graph = layernorm_gelu()
     [fused] = fuse(graph, CostModel(graph, ARCH, Options(topk=2))).groups
     predicted = CostModel(graph, ARCH, Options(topk=2))(fused)
@@ -1602,6 +1601,18 @@ def test_a_fusion_far_over_a_cheaper_split_estimate_is_checked(monkeypatch):
     """Measured within VERIFY_RATIO of its own estimate, but over VERIFY_RATIO times the
     cost model's estimate of a split: the check runs, and the faster split wins."""
     plan = _near_estimate_fusion(monkeypatch, 1.2, 0.5)
+    assert any("split into" in line for line in plan.log)
+    assert len(plan.groups) > 1
+
+
+def test_a_fusion_measuring_1_45_times_its_estimate_is_checked(monkeypatch):
+    """Conformer's depthwise convolution fused with the GLU before it measured 1.49 times
+    its estimate in one tune (kept) and 1.50 in another (checked, and split into parts 38%
+    faster): the ratio at which a fusion is checked sits below that."""
+    from welder.tune.tuner import VERIFY_RATIO
+
+    assert VERIFY_RATIO < 1.45
+    plan = _near_estimate_fusion(monkeypatch, 1.45, None)
     assert any("split into" in line for line in plan.log)
     assert len(plan.groups) > 1
 
