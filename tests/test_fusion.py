@@ -412,6 +412,30 @@ def test_a_span_must_beat_the_greedy_fusion_of_its_nodes() -> None:
     assert cm(whole) > result.latency_us - sum(cm(g) for g in result.groups if "out" in g.members)
 
 
+def test_no_span_runs_between_two_norms() -> None:
+    """Two LayerNorms in a row, the first's output read again later (Conformer's layer
+    boundary: the final norm of one layer, the first of the next, the residual): each
+    norm's sum of squares is a product by its body, but a span between them holds no
+    matrix product to pay for its steps.  No span is formed, and no norm is split across
+    kernels, as the span split the first norm on the H200 at batch 64."""
+    shape = (512, 64, 512)
+    ones = np.ones(512, np.float16)
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "s", "b"], ["y1"], axis=-1, epsilon=1e-5),
+        helper.make_node("LayerNormalization", ["y1", "s", "b"], ["y2"], axis=-1, epsilon=1e-5),
+        helper.make_node("Add", ["y1", "y2"], ["out"]),
+    ]
+    graph = import_onnx(
+        make_model(nodes, {"x": np.zeros(shape, np.float16)}, ["out"], {"s": ones, "b": ones}, opset=17)
+    )
+    result = fuse(graph, CostModel(graph, get_arch("H200"), Options(topk=20)))
+    assert not any(line.startswith("span") for line in result.log)
+    for norm in ("y1", "y2"):
+        nodes_of_norm = {n for n in graph.nodes if n == norm or n.startswith(f"{norm}:")}
+        assert len(nodes_of_norm) > 3
+        assert sum(1 for g in result.groups if nodes_of_norm & set(g.members)) == 1, norm
+
+
 def test_repeated_spans_are_searched_once_with_the_costs_of_each(monkeypatch) -> None:
     """The spans' greedy costs are searched once per structure: a two-layer GPT-2's layers
     have the same spans, and every span gets the cost a search of its own nodes gives."""

@@ -36,7 +36,8 @@ from welder.schedule.kinds.library import LibraryGroup
 
 #: Bumped when the fusion search or ``nofusion_partition`` changes which groups it forms: a
 #: model's plan stored before (``welder.tune.plan_cache``) is no answer for it now.
-FUSION_VERSION = 2  # 2: --nofusion's arithmetic is the epilogue of its reduction
+FUSION_VERSION = 3  # 2: --nofusion's arithmetic is the epilogue of its reduction;
+# 3: no product span between two sums of squares (_matrix_product)
 MAX_GROUP_MEMBERS = 48
 MAX_GROUP_STAGES = 8
 #: Groups the parent of CostModel's worker processes memoises before it forks them again.
@@ -586,7 +587,9 @@ def _product_spans(
             ),
             None,
         )
-        if other is None:
+        if other is None or not (
+            _matrix_product(graph.nodes[name].compute) or _matrix_product(graph.nodes[other].compute)
+        ):
             continue
         span = _with_copies_in(graph, _upstream_within(graph, other, down), scheduled)
         try:
@@ -621,6 +624,17 @@ def _product_spans(
         spans[name] = span
         taken |= span
     return spans
+
+
+def _matrix_product(c: Compute) -> bool:
+    """Whether ``c`` is a product of two different operands (a matmul, a convolution) rather
+    than a sum of squares (a LayerNorm's variance, a product by its body).  A span needs
+    one: it exists for a product kind that keeps the steps before or after it on chip.
+    Between two norms' sums of squares nothing pays for the steps, and such a span claimed
+    the second half of one LayerNorm and all of the next: at Conformer's layer boundaries
+    (b64 fp16, H200) the final LayerNorm ran as two kernels, 95 us with the next layer's,
+    against 51 us for the two norms apart."""
+    return c.is_product and isinstance(c.body, Binary) and c.body.a != c.body.b
 
 
 def _greedy_costs(
