@@ -857,6 +857,9 @@ def run_script(
     every line (``plot``) and write them as ``<name>.md`` (``table_fields`` per system).
     ``--pending`` only lists what a run would measure."""
     store = ResultsCsv(args.out / f"{name}.csv", fields)
+    if args.plot_only and not store.path.is_file():
+        print(f"{name}: no {store.path} to plot: run without --plot-only first", file=sys.stderr)
+        return 2
     if args.pending:
         print_pending(args, store)
         return 0

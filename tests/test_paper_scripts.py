@@ -420,22 +420,25 @@ def test_a_torch_peer_past_its_limit_is_an_error_naming_the_option(tmp_path: Pat
 NCU_HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
 NCU_OUTPUT = f"""==PROF== Connected to process 123
 some program output
-{NCU_HEADER}"dram__bytes_read.sum","dram__bytes_write.sum"
-"","","","","","","","Kbyte","byte"
-"0","123","python","h","gemm_kernel","1","7","1,024.5","2048"
-"1","123","python","h","add_kernel","1","7","0.5","0"
+{NCU_HEADER}"dram__bytes_read.sum","dram__bytes_write.sum","lts__t_sectors_op_write.sum"
+"","","","","","","","Kbyte","byte","sector"
+"0","123","python","h","gemm_kernel","1","7","1,024.5","2048","1,000"
+"1","123","python","h","add_kernel","1","7","0.5","0","24"
 ==PROF== Disconnected from process 123
 """
 
 
-def test_ncu_csv_gives_kernels_and_dram_bytes() -> None:
+def test_ncu_csv_gives_kernels_dram_bytes_and_l2_writes() -> None:
+    """The kernels counted, the DRAM bytes scaled by their units line, and the L2 sectors
+    written as 32-byte sectors."""
     fig11 = script("Figure11")
-    kernels, read, written = fig11.parse_ncu_csv(NCU_OUTPUT)
-    assert (kernels, read, written) == (2, 1025.0e3, 2048.0)
+    kernels, read, written, l2_written = fig11.parse_ncu_csv(NCU_OUTPUT)
+    assert (kernels, read, written, l2_written) == (2, 1025.0e3, 2048.0, 1024 * 32.0)
     with pytest.raises(ValueError, match="no ncu CSV"):
         fig11.parse_ncu_csv("==ERROR== ERR_NVGPUCTRPERM")
     command = fig11.ncu_command("ncu", "welder", Path("p"))
-    assert "dram__bytes_read.sum,dram__bytes_write.sum" in command and command[-2:] == ["welder", "p"]
+    metrics = "dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_write.sum"
+    assert metrics in command and command[-2:] == ["welder", "p"]
 
 
 def test_figure11_profiles_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -446,7 +449,13 @@ def test_figure11_profiles_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     def profile(system: str, prefix: Path, args: Any) -> dict[str, Any]:
         seen.append((system, prefix))
-        return {"kernels": 7, "dram_read_bytes": 2e6, "dram_write_bytes": 1e6, "profile": "ncu"}
+        return {
+            "kernels": 7,
+            "dram_read_bytes": 2e6,
+            "dram_write_bytes": 1e6,
+            "l2_write_bytes": 3e6,
+            "profile": "ncu",
+        }
 
     monkeypatch.setattr(fig11, "profile", profile)
     monkeypatch.setattr(
@@ -457,6 +466,7 @@ def test_figure11_profiles_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert fig11.main([*argv, "--runs", str(tmp_path / "runs")]) == 0
     rows = {r["system"]: r for r in paper.ResultsCsv(tmp_path / "figure11.csv", fig11.FIELDS).rows()}
     assert rows["welder"]["kernels"] == "7" and rows["welder"]["dram_read_bytes"] == "2e+06"
+    assert rows["welder"]["l2_write_bytes"] == "3e+06"
     assert rows["onnxruntime"]["profile"] == "not profiled: absent" and not rows["onnxruntime"]["kernels"]
     assert (tmp_path / "runs" / "welder-nofusion" / "bert_b1_fp16") in [p for _, p in seen]
     assert (tmp_path / "runs" / "exports" / "bert_b1_fp16") in [p for _, p in seen]
@@ -703,6 +713,7 @@ def test_figure13_smoke_run_counts_the_plans_kernels(tmp_path: Path) -> None:
                 "DRAM read + written (MB, log)": lambda r: (
                     (float(r["dram_read_bytes"]) + float(r["dram_write_bytes"])) / 1e6
                 ),
+                "written to L2 (MB, log)": lambda r: float(r["l2_write_bytes"]) / 1e6,
             },
         ),
         (
@@ -735,6 +746,7 @@ def test_each_plot_draws_the_csv_s_values(tmp_path: Path, monkeypatch: pytest.Mo
                     "intermediate_bytes": str((7 + k + int(bs)) * 1e6),
                     "dram_read_bytes": str((2 + k + int(bs)) * 1e6),
                     "dram_write_bytes": str((1 + k) * 1e6),
+                    "l2_write_bytes": str((5 + k + int(bs)) * 1e6),
                 }
             )
     drawn: dict[str, dict[tuple[str, str], float | None]] = {}
@@ -809,3 +821,12 @@ def test_each_long_step_of_a_case_says_when_it_ends(
         "built",
         "test_acc FAIL (max err 3.0e-03)",
     ]
+
+
+@pytest.mark.parametrize("folder", SCRIPTS)
+def test_plot_only_without_results_names_the_missing_csv(tmp_path: Path, capsys, folder) -> None:
+    """--plot-only where the script has no CSV yet: exit 2 naming the file, nothing written
+    (it used to stop with a traceback writing the table into a folder that did not exist)."""
+    out = tmp_path / "absent"
+    assert script(folder).main(["--plot-only", "--device", "cpu", "--out", str(out)]) == 2
+    assert str(out) in capsys.readouterr().err and not out.exists()

@@ -1,24 +1,27 @@
-"""Figure 11: latency, kernel count and DRAM traffic per model, for welder, welder
-without tile-graph fusion (``--nofusion``) and the baselines.
+"""Figure 11: latency, kernel count, DRAM traffic and bytes written per model, for
+welder, welder without tile-graph fusion (``--nofusion``) and the baselines.
 
     python artifacts/Figure11/run_all.py [--models bert,nerf] [--bs 1] [--dtype fp16] [--ncu PATH]
 
 Each case is measured as in Figure 9 (RUNS/welder and RUNS/welder-nofusion, the persistent
 tuning cache and earlier builds reused), then every system that ran is profiled once with
 Nsight Compute: ``ncu --clock-control none --target-processes application-only
---profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum`` (the clocks
+--profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum,
+lts__t_sectors_op_write.sum`` (the clocks
 left as the timing runs had them, Inductor compiling in the process itself) around one
 warmed-up inference (profile_once.py), which gives the number of kernels launched and the
-bytes read from and written to DRAM.  ncu's default cache control flushes the caches before
-each kernel, outside what it counts: the reads are each kernel's own from a cold cache (the
-traffic fusion removes), and the writes only what overflows the L2 during a kernel.  A
+bytes read from and written to DRAM, and the bytes the kernels wrote (32-byte L2 sectors
+written).  ncu's default cache control flushes the caches before each kernel, outside what
+it counts: the reads are each kernel's own from a cold cache (the traffic fusion removes),
+and the DRAM writes only what overflows the L2 during a kernel, so the L2 column is the
+one that counts every intermediate a kernel writes (which fusion removes too).  A
 system ncu cannot profile (no ncu, no permission for the GPU counters, a failure) keeps its
 latency and says why in the ``profile`` column.
 
 Writes to artifacts/results/<GPU>/: figure11.csv (latency, kernels, dram_read_bytes,
-dram_write_bytes per case and system), figure11.md, figure11.meta.json and
-figure11_<dtype>_b<bs>.png (three panels: latency, kernels, DRAM MB read + written, log
-scales).  Cases already in the CSV are skipped; ``--device cpu`` is a smoke run (nothing
+dram_write_bytes, l2_write_bytes per case and system), figure11.md, figure11.meta.json and
+figure11_<dtype>_b<bs>.png (four panels: latency, kernels, DRAM MB read + written, MB
+written to L2, log scales).  Cases already in the CSV are skipped; ``--device cpu`` is a smoke run (nothing
 is profiled).
 """
 
@@ -41,13 +44,30 @@ benchmark = paper.benchmark
 
 NAME = "figure11"
 SYSTEMS = ("welder", "welder-nofusion", *paper.BASELINES)
-FIELDS = (*paper.LATENCY_FIELDS, "kernels", "dram_read_bytes", "dram_write_bytes", "profile")
-METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+FIELDS = (
+    *paper.LATENCY_FIELDS,
+    "kernels",
+    "dram_read_bytes",
+    "dram_write_bytes",
+    "l2_write_bytes",
+    "profile",
+)
+#: DRAM bytes read and written, and L2 sectors written (each 32 bytes: ``UNITS["sector"]``).
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sectors_op_write.sum")
 CHILD = Path(__file__).with_name("profile_once.py")
 #: Inductor compiles in the profiled process itself: a pool of compile workers under ncu
 #: held mobilenet_v2's torch.compile past a 540 s run.
 PROFILE_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
-UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+UNITS = {
+    "byte": 1.0,
+    "Kbyte": 1e3,
+    "Mbyte": 1e6,
+    "Gbyte": 1e9,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "sector": 32.0,
+}
 
 
 def ncu_command(ncu: str, system: str, prefix: Path) -> list[str]:
@@ -73,10 +93,11 @@ def ncu_command(ncu: str, system: str, prefix: Path) -> list[str]:
     ]
 
 
-def parse_ncu_csv(text: str) -> tuple[int, float, float]:
-    """(kernels, DRAM bytes read, DRAM bytes written) from ``ncu --csv --page raw``: one
-    line per profiled kernel after the header (and a units line, whose scale applies);
-    the program's own output and ncu's ``==PROF==`` lines around it are skipped."""
+def parse_ncu_csv(text: str) -> tuple[int, float, float, float]:
+    """(kernels, DRAM bytes read, DRAM bytes written, bytes written to L2) from ``ncu
+    --csv --page raw``: one line per profiled kernel after the header (and a units line,
+    whose scale applies: a sector is 32 bytes); the program's own output and ncu's
+    ``==PROF==`` lines around it are skipped."""
     lines = [line for line in text.splitlines() if line.startswith('"')]
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
@@ -87,8 +108,8 @@ def parse_ncu_csv(text: str) -> tuple[int, float, float]:
         columns = [header.index(m) for m in METRICS]
     except ValueError:
         raise ValueError(f"ncu CSV lacks {METRICS}: {header[:8]}...") from None
-    scale = [1.0, 1.0]
-    kernels, totals = 0, [0.0, 0.0]
+    scale = [1.0] * len(METRICS)
+    kernels, totals = 0, [0.0] * len(METRICS)
     for row in table[1:]:
         if len(row) < len(header):
             continue
@@ -98,7 +119,7 @@ def parse_ncu_csv(text: str) -> tuple[int, float, float]:
         kernels += 1
         for k, c in enumerate(columns):
             totals[k] += float(row[c].replace(",", "") or 0.0) * scale[k]
-    return kernels, totals[0], totals[1]
+    return kernels, totals[0], totals[1], totals[2]
 
 
 def profile(system: str, prefix: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -113,12 +134,18 @@ def profile(system: str, prefix: Path, args: argparse.Namespace) -> dict[str, An
     except benchmark.StepTimeout as e:
         return {"profile": f"error: {e}"}
     try:
-        kernels, read, written = parse_ncu_csv(proc.stdout)
+        kernels, read, written, l2_written = parse_ncu_csv(proc.stdout)
     except ValueError as e:
         return {"profile": f"error: exit {proc.returncode}, {e}: {benchmark._tail(proc, 2)}"}
     if kernels == 0:
         return {"profile": f"error: ncu profiled no kernel: {benchmark._tail(proc, 2)}"}
-    return {"kernels": kernels, "dram_read_bytes": read, "dram_write_bytes": written, "profile": "ncu"}
+    return {
+        "kernels": kernels,
+        "dram_read_bytes": read,
+        "dram_write_bytes": written,
+        "l2_write_bytes": l2_written,
+        "profile": "ncu",
+    }
 
 
 def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -> Iterator[dict[str, Any]]:
@@ -152,11 +179,16 @@ def plot(rows: Sequence[Mapping[str, str]], args: argparse.Namespace) -> None:
             row = panel.row(model, system)
             return paper.number(row, "latency_ms") if row is not None and row["status"] == "ok" else None
 
-        fig, axes = panel.figure(3, 10)
+        def written(model: str, system: str, panel: paper.Panel = panel) -> float | None:
+            value = paper.number(panel.row(model, system), "l2_write_bytes")
+            return None if value is None else value / 1e6
+
+        fig, axes = panel.figure(4, 13)
         panes = [
             (latency, "latency (ms, log)"),
             (panel.value("kernels"), "kernels per inference (log)"),
             (dram, "DRAM read + written (MB, log)"),
+            (written, "written to L2 (MB, log)"),
         ]
         for ax, (value, label) in zip(axes, panes):
             paper.grouped_bars(ax, panel.models, systems, value, ylabel=label, log=True)
@@ -179,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lambda case, todo: measure(case, todo, args),
         plot,
         SYSTEMS,
-        ("latency_ms", "kernels", "dram_read_bytes", "dram_write_bytes"),
+        ("latency_ms", "kernels", "dram_read_bytes", "dram_write_bytes", "l2_write_bytes"),
     )
 
 
