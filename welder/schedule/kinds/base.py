@@ -15,6 +15,7 @@ and one template in ``codegen_templates/`` that ``welder.codegen`` renders its s
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -138,22 +139,23 @@ def defer_alike(ranked: Sequence[GroupConfig]) -> list[GroupConfig]:
     (measured 32.7 to 43 us); the 16-row configs, 2.7% behind in estimate at 4 blocks an SM
     instead of 2, were never timed and measured 25.3 us."""
     out: list[GroupConfig] = []
-    waiting: list[GroupConfig] = []
+    waiting: deque[GroupConfig] = deque()
     seen: dict[tuple, int] = {}
     for c in ranked:
         while waiting and waiting[0].estimate.latency_us * (1 + ALIKE_DEFERRAL) < c.estimate.latency_us:
-            out.append(waiting.pop(0))
+            out.append(waiting.popleft())
         key = alike(c)
         seen[key] = seen.get(key, 0) + 1
         (out if seen[key] <= ALIKE_FIRST else waiting).append(c)
-    return out + waiting
+    return out + list(waiting)
 
 
 def top_by_family(ranked: Sequence[GroupConfig], topk: int) -> list[GroupConfig]:
     """The ``topk`` best of ``ranked`` (best first) with places kept for the best of every
     family (``StageConfig.family``) of the group's first stage -- a quarter of them each, or
     an equal share where more than four families compete -- in estimate order, ties spread
-    over shapes (:func:`spread_ties`)."""
+    over shapes (:func:`spread_ties`) and configs alike to two before them deferred
+    (:func:`defer_alike`)."""
     families: dict[str, list[GroupConfig]] = {}
     for c in ranked:
         families.setdefault(c.stages[0].family, []).append(c)
