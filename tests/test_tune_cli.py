@@ -346,6 +346,17 @@ def _benchmark():
     return benchmark
 
 
+# candidates.py's columns: marks and rank, the estimate, and with --time the measured time.
+EST, MEAS = slice(7, 18), slice(18, 29)
+
+
+def _candidates():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import candidates
+
+    return candidates
+
+
 def test_candidates_script_marks_what_the_tuner_timed_and_chose(
     emulated_bert: Tuned, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -353,9 +364,7 @@ def test_candidates_script_marks_what_the_tuner_timed_and_chose(
     cost-model tune with topk 1 each group's one timed proposal is the config tuned.json
     holds, and the listing ranks proposals by estimate; a folder without a tune, or a
     group that is not there, is an error naming it."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import candidates
-
+    candidates = _candidates()
     tuned = json.loads((emulated_bert.prefix / "tuned.json").read_text())
     kernels = [g["index"] for g in tuned["groups"] if not g.get("library")]
     assert candidates.main([str(emulated_bert.prefix), "--show", "4"]) == 0
@@ -372,17 +381,6 @@ def test_candidates_script_marks_what_the_tuner_timed_and_chose(
     assert str(tmp_path) in capsys.readouterr().err
     assert candidates.main([str(emulated_bert.prefix), "--group", "999"]) == 2
     assert "no kernel group [999]" in capsys.readouterr().err
-
-
-# candidates.py's columns: marks and rank, the estimate, and with --time the measured time.
-EST, MEAS = slice(7, 18), slice(18, 29)
-
-
-def _candidates():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import candidates
-
-    return candidates
 
 
 def test_candidates_script_times_on_the_tuners_device(

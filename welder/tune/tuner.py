@@ -54,7 +54,7 @@ from welder.hostcpu import usable_cores
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, canonical_names, downstream_within, fuse, group_signature
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
-from welder.schedule.kinds import SEARCH_VERSION, Options, config_from_json, search_version
+from welder.schedule.kinds import SEARCH_VERSION, Options, config_from_json
 from welder.schedule.kinds.library import LibraryGroup, find_gemm_groups
 from welder.schedule.kinds.mma import config_precision
 from welder.schedule.plan import Plan, PlannedGroup, SplitFailure, library_planned, traffic_of
@@ -141,15 +141,15 @@ def cache_key(
 ) -> CacheKey:
     """The key of a group's tuning result; the kernel kinds that proposed the candidates are
     part of it (a tune without tensor cores must not reuse one with them), and so is the
-    search's version for the group (:func:`~welder.schedule.kinds.search_version`): results
-    from a search that offered the group fewer candidates are tuned again."""
+    search's version (:data:`~welder.schedule.kinds.SEARCH_VERSION`): results from a
+    search that offered the group fewer candidates are tuned again."""
     search = f"{arch.name}/{'+'.join(kinds)}/s{version}"
     return CacheKey(signature, search, device.name, device.compiler)
 
 
 def group_cache_key(graph: Graph, group: Group, arch: Arch, device: Device, kinds: Sequence[str]) -> CacheKey:
-    """:func:`cache_key` of ``group`` in ``graph``, at the search version for that group."""
-    version = search_version(group, lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, arch)
+    """:func:`cache_key` of ``group`` in ``graph``, at the search's current version."""
+    version = SEARCH_VERSION
     return cache_key(group_signature(graph, group), arch, device, kinds, version)
 
 

@@ -38,13 +38,12 @@ import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from welder.arch import Arch
 from welder.errors import WelderError
 from welder.schedule.calibration import calibrated, precision_of
 from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
 from welder.schedule.group import Group
 from welder.schedule.kinds import attention, ffma, library, mma, simt, wgmma
-from welder.schedule.kinds.base import DtypeOf, KernelKind, Options, ScheduleContext, ShapeOf, top_by_family
+from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top_by_family
 
 #: Bumped whenever a kind starts proposing candidates it did not before (a new family, such
 #: as the SIMT kind's sliding-window twins; new tile shapes).  It is part of the tuning
@@ -53,16 +52,10 @@ from welder.schedule.kinds.base import DtypeOf, KernelKind, Options, ScheduleCon
 SEARCH_VERSION = 9  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
 # 6: a family's tied estimates spread over block shapes (base.spread_ties); 7: SIMT streaming twins;
 # 8: streaming twins whose reductions share one staged row (simt.share_rows); 9: configs alike to
-# two before them give way to the next shapes (base.defer_alike)
-
-
-def search_version(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, arch: Arch) -> int:
-    """The search version ``group``'s tuning is cached under.  A change that offers only some
-    groups new candidates may leave the others under the version before it (versions 7 and
-    8 did, for row reductions alone); version 9 changes which of every kind's configs make
-    the topk (:func:`~.base.defer_alike`), and which groups it reaches is only known by
-    proposing for them, so every group is tuned again once."""
-    return SEARCH_VERSION
+# two before them give way to the next shapes (base.defer_alike).  Versions 7 and 8 reached row
+# reductions alone and left other groups cached under the versions before them; version 9
+# changes which of every kind's configs make the topk, which is only known by proposing for a
+# group, so every group is keyed at 9 and tuned again once.
 
 
 KINDS: dict[str, KernelKind] = {
