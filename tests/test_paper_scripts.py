@@ -420,7 +420,7 @@ def test_a_torch_peer_past_its_limit_is_an_error_naming_the_option(tmp_path: Pat
 NCU_HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
 NCU_OUTPUT = f"""==PROF== Connected to process 123
 some program output
-{NCU_HEADER}"dram__bytes_read.sum","dram__bytes_write.sum","lts__t_sectors_op_write.sum"
+{NCU_HEADER}"dram__bytes_read.sum","dram__bytes_write.sum","lts__t_sectors_srcunit_tex_op_write.sum"
 "","","","","","","","Kbyte","byte","sector"
 "0","123","python","h","gemm_kernel","1","7","1,024.5","2048","1,000"
 "1","123","python","h","add_kernel","1","7","0.5","0","24"
@@ -437,7 +437,7 @@ def test_ncu_csv_gives_kernels_dram_bytes_and_l2_writes() -> None:
     with pytest.raises(ValueError, match="no ncu CSV"):
         fig11.parse_ncu_csv("==ERROR== ERR_NVGPUCTRPERM")
     command = fig11.ncu_command("ncu", "welder", Path("p"))
-    metrics = "dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_write.sum"
+    metrics = "dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_write.sum"
     assert metrics in command and command[-2:] == ["welder", "p"]
 
 

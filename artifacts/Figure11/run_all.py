@@ -7,14 +7,17 @@ Each case is measured as in Figure 9 (RUNS/welder and RUNS/welder-nofusion, the 
 tuning cache and earlier builds reused), then every system that ran is profiled once with
 Nsight Compute: ``ncu --clock-control none --target-processes application-only
 --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum,
-lts__t_sectors_op_write.sum`` (the clocks
+lts__t_sectors_srcunit_tex_op_write.sum`` (the clocks
 left as the timing runs had them, Inductor compiling in the process itself) around one
 warmed-up inference (profile_once.py), which gives the number of kernels launched and the
-bytes read from and written to DRAM, and the bytes the kernels wrote (32-byte L2 sectors
-written).  ncu's default cache control flushes the caches before each kernel, outside what
+bytes read from and written to DRAM, and the bytes the kernels wrote (32-byte sectors the
+SMs wrote to L2).  ncu's default cache control flushes the caches before each kernel, outside what
 it counts: the reads are each kernel's own from a cold cache (the traffic fusion removes),
 and the DRAM writes only what overflows the L2 during a kernel, so the L2 column is the
-one that counts every intermediate a kernel writes (which fusion removes too).  A
+one that counts every intermediate a kernel writes (which fusion removes too).  It counts
+the writes that come from the SMs (source unit ``tex``): on the H200 it matched the bytes
+written by kernels of known output exactly, where ``lts__t_sectors_op_write.sum``, which
+counts every source, gave 1.5 times them (docs/results.md).  A
 system ncu cannot profile (no ncu, no permission for the GPU counters, a failure) keeps its
 latency and says why in the ``profile`` column.
 
@@ -52,8 +55,9 @@ FIELDS = (
     "l2_write_bytes",
     "profile",
 )
-#: DRAM bytes read and written, and L2 sectors written (each 32 bytes: ``UNITS["sector"]``).
-METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sectors_op_write.sum")
+#: DRAM bytes read and written, and the L2 sectors the SMs wrote (each 32 bytes:
+#: ``UNITS["sector"]``).
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sectors_srcunit_tex_op_write.sum")
 CHILD = Path(__file__).with_name("profile_once.py")
 #: Inductor compiles in the profiled process itself: a pool of compile workers under ncu
 #: held mobilenet_v2's torch.compile past a 540 s run.
