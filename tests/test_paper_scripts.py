@@ -441,6 +441,54 @@ def test_ncu_csv_gives_kernels_dram_bytes_and_l2_writes() -> None:
     assert metrics in command and command[-2:] == ["welder", "p"]
 
 
+def check_l2_metric() -> ModuleType:
+    path = ROOT / "artifacts" / "Figure11" / "check_l2_metric.py"
+    spec = importlib.util.spec_from_file_location("check_l2_metric", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def l2_check_csv(counts: list[tuple[int, int]]) -> str:
+    """ncu's raw CSV of kernels with (Figure 11's counter, all sources) sectors each."""
+    check = check_l2_metric()
+    lines = [f'{NCU_HEADER}"{check.COUNTER}","{check.ALL_SOURCES}"', '"","","","","","","","sector","sector"']
+    lines += [f'"{i}","1","python","h","k{i}","1","7","{a:,}","{b:,}"' for i, (a, b) in enumerate(counts)]
+    return "\n".join(["==PROF== Connected", *lines, "==PROF== Disconnected"])
+
+
+def l2_kernels(counts: list[tuple[int, int]]) -> list[list[float]]:
+    """Each kernel's bytes by the two counters, as the check reads them from ncu."""
+    check = check_l2_metric()
+    return check.FIGURE11.ncu_kernels(l2_check_csv(counts), check.METRICS)
+
+
+def test_l2_metric_check_compares_each_write_with_its_bytes() -> None:
+    """Sectors that match each write's bytes pass; the all-sources count's 1.5x, or a
+    missing kernel, fail; a matmul's second kernel counts towards the matmul."""
+    check = check_l2_metric()
+    exact = [size // 32 for _, size in check.WRITES]
+    kernels = l2_kernels([(n, n * 3 // 2) for n in exact])
+    assert [k[0] for k in kernels] == [32.0 * n for n in exact]
+    lines, ok = check.compare(kernels)
+    assert ok and "(1.50x)" in lines[1] and "matches" in lines[-1]
+    _, ok = check.compare(l2_kernels([(n * 3 // 2, n * 3 // 2) for n in exact]))
+    assert not ok
+    split = [(exact[0], 0), (exact[1], 0), (exact[2] - 100, 0), (100, 0)]
+    assert check.compare(l2_kernels(split))[1]
+    assert not check.compare(l2_kernels(split[:2]))[1]
+
+
+def test_l2_metric_check_without_ncu_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    check = check_l2_metric()
+    monkeypatch.setattr(check.shutil, "which", lambda name: None)
+    assert check.main([]) == 2
+    assert "ncu not found" in capsys.readouterr().err
+
+
 def test_figure11_profiles_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Systems that ran get ncu's columns (here faked); the others say why not."""
     fig11 = script("Figure11")

@@ -97,11 +97,10 @@ def ncu_command(ncu: str, system: str, prefix: Path) -> list[str]:
     ]
 
 
-def parse_ncu_csv(text: str) -> tuple[int, float, float, float]:
-    """(kernels, DRAM bytes read, DRAM bytes written, bytes written to L2) from ``ncu
-    --csv --page raw``: one line per profiled kernel after the header (and a units line,
-    whose scale applies: a sector is 32 bytes); the program's own output and ncu's
-    ``==PROF==`` lines around it are skipped."""
+def ncu_kernels(text: str, metrics: Sequence[str]) -> list[list[float]]:
+    """Each profiled kernel's values of ``metrics`` from ``ncu --csv --page raw``: one line per
+    kernel after the header, scaled by the units line where there is one (bytes; a sector is
+    32); the program's own output and ncu's ``==PROF==`` lines around it are skipped."""
     lines = [line for line in text.splitlines() if line.startswith('"')]
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
@@ -109,21 +108,26 @@ def parse_ncu_csv(text: str) -> tuple[int, float, float, float]:
     table = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
     header = table[0]
     try:
-        columns = [header.index(m) for m in METRICS]
+        columns = [header.index(m) for m in metrics]
     except ValueError:
-        raise ValueError(f"ncu CSV lacks {METRICS}: {header[:8]}...") from None
-    scale = [1.0] * len(METRICS)
-    kernels, totals = 0, [0.0] * len(METRICS)
+        raise ValueError(f"ncu CSV lacks {tuple(metrics)}: {header[:8]}...") from None
+    scale, kernels = [1.0] * len(columns), []
     for row in table[1:]:
         if len(row) < len(header):
             continue
         if not row[0].strip():  # the units line
             scale = [UNITS.get(row[c].strip(), 1.0) for c in columns]
             continue
-        kernels += 1
-        for k, c in enumerate(columns):
-            totals[k] += float(row[c].replace(",", "") or 0.0) * scale[k]
-    return kernels, totals[0], totals[1], totals[2]
+        kernels.append([float(row[c].replace(",", "") or 0.0) * k for c, k in zip(columns, scale)])
+    return kernels
+
+
+def parse_ncu_csv(text: str) -> tuple[int, float, float, float]:
+    """(kernels, DRAM bytes read, DRAM bytes written, bytes written to L2) from ``ncu
+    --csv --page raw`` (:func:`ncu_kernels`)."""
+    kernels = ncu_kernels(text, METRICS)
+    read, written, l2_written = (sum(column) for column in zip(*kernels)) if kernels else (0.0,) * 3
+    return len(kernels), read, written, l2_written
 
 
 def profile(system: str, prefix: Path, args: argparse.Namespace) -> dict[str, Any]:
