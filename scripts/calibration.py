@@ -101,18 +101,31 @@ def format_table(stats: Sequence[KindStats]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def tuned_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line of the scripts that read tuned.json files: the files, ``--json``."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "tuned", nargs="+", help="tuned.json (or .json.gz) files written by `welder tune` on a GPU"
     )
     p.add_argument("--json", help="also write the figures as JSON here")
-    args = p.parse_args(argv)
-    missing = [t for t in args.tuned if not Path(t).is_file()]
+    return p
+
+
+def existing(prog: str, files: Sequence[str]) -> list[Path] | None:
+    """``files`` as paths, or None after saying which do not exist."""
+    missing = [t for t in files if not Path(t).is_file()]
     if missing:
-        print(f"calibration: no such file: {', '.join(missing)}", file=sys.stderr)
+        print(f"{prog}: no such file: {', '.join(missing)}", file=sys.stderr)
+        return None
+    return [Path(t) for t in files]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = tuned_parser(__doc__).parse_args(argv)
+    paths = existing("calibration", args.tuned)
+    if paths is None:
         return 2
-    stats = summarise(ratios(Path(t) for t in args.tuned))
+    stats = summarise(ratios(paths))
     if not stats:
         print("calibration: no measured group in these files (tuned without a GPU?)", file=sys.stderr)
         return 2

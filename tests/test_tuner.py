@@ -55,7 +55,7 @@ from welder.graph import Graph
 from welder.ir.compute import Compute
 from welder.ir.interpret import evaluate, np_dtype
 from welder.runtime.emu import EmulationError, compile_kernels
-from welder.schedule.engine import CostModel, fuse, group_signature
+from welder.schedule.engine import CostModel, canonical_names, fuse, group_signature
 from welder.schedule.group import make_group
 from welder.schedule.kinds import Options
 from welder.schedule.plan import abbreviate_ops, format_summary, plan_model, tuned_json
@@ -711,6 +711,30 @@ def test_tuned_json_says_which_latencies_are_measured():
     assert "pred us" in header and "meas us" in header and "thr" in header
     assert all("7.00" in row for row in rows)
     assert "measured kernels" in last and "gain = predicted unfused - measured fused" in last
+
+
+def test_tuned_json_keeps_every_config_timed_with_its_estimate(tmp_path):
+    """Each distinct group's tried configs, by rank: the cost model's own ranking (in
+    canonical names, estimates included), each one's time, and why one was dropped.  A tune
+    from the cache times nothing and keeps none."""
+    graph = layernorm_gelu()
+    device = ScriptedDevice(graph, behaviour={0: "wrong"})
+    plan = tune_model(graph, ARCH, 3, TuningCache(tmp_path), device)
+    doc = tuned_json(plan, graph)
+    fresh = CostModel(graph, ARCH, Options(topk=3))
+    assert set(doc["timed"]) == {group_signature(graph, g.group) for g in plan.groups}
+    for g in plan.groups:
+        records = doc["timed"][group_signature(graph, g.group)]
+        names = canonical_names(g.group)
+        ranked = fresh.configs(g.group)
+        assert [r["rank"] for r in records] == list(range(len(ranked)))
+        assert [r["config"] for r in records] == [c.renamed(names).to_json() for c in ranked]
+        assert all(r["config"]["estimate"]["latency_us"] > 0 for r in records)
+        assert [r["measured_us"] for r in records] == [1.0 + k for k in range(len(ranked))]
+        assert [r["dropped"] for r in records] == ["wrong"] + [None] * (len(ranked) - 1)
+        assert g.latency_us == 2.0  # candidate 1: the fastest that is right
+    again = tune_model(graph, ARCH, 3, TuningCache(tmp_path), ScriptedDevice(graph))
+    assert tuned_json(again, graph)["timed"] == {}
 
 
 def test_summary_rows_show_ops_and_config():

@@ -232,18 +232,23 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
     ``gain_basis`` says which two numbers ``gain_us`` subtracts -- with fusion decided by the
     cost model the unfused baseline is a prediction while the fused group is measured, and
     the reader must be able to tell.  Measured plans add whether each config came from the
-    tuning cache and how many candidates were tried.  ``totals.measured_runtime_us`` is
+    tuning cache and how many candidates were tried, and ``timed`` every config the run
+    timed, per group signature (``welder.tune.tuner.timed_records``).  ``totals.measured_runtime_us`` is
     filled by ``welder tune`` once the built runtime has been timed end to end."""
     groups = []
+    timed: dict[str, list[dict]] = {}
     for k, g in enumerate(plan.groups):
         grp = g.group
         measured = g.measured_latency_us
         extra = {x: getattr(g, x) for x in ("candidates", "from_cache") if hasattr(g, x)}
+        signature = group_signature(graph, grp)
+        if getattr(g, "timed", None):
+            timed.setdefault(signature, g.timed)
         groups.append(
             {
                 "index": k,
                 "name": f"group_{k}",
-                "signature": group_signature(graph, grp),
+                "signature": signature,
                 "root": grp.root,
                 "members": list(grp.members),
                 "ops": [graph.nodes[m].op_type for m in grp.members],
@@ -274,6 +279,8 @@ def tuned_json(plan: Plan, graph: Graph) -> dict:
         "split_failures": [f.to_json() for f in plan.split_failures],
         # The fusion check's verdicts: a fused group the GPU disproved, split or kept.
         "fusion_checks": [ln for ln in plan.log if " split into " in ln or ln.startswith("fusion of ")],
+        # Every config timed for each group signature tuned in this run (none from the cache).
+        "timed": timed,
         "totals": {
             "kernels": plan.kernels,
             "library_calls": plan.library_calls,

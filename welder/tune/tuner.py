@@ -127,6 +127,8 @@ class TunedConfig:
     from_cache: bool = False
     dropped: list[Dropped] = field(default_factory=list)
     timings_us: dict[int, float] = field(default_factory=dict)  # candidate -> median
+    #: The configs tried, by rank, in the group's canonical names (none from the cache).
+    ranked: dict[int, GroupConfig] = field(default_factory=dict)
 
 
 # -- the cache ------------------------------------------------------------------------------------
@@ -247,8 +249,9 @@ def finish_candidates(
         log.warning("group %s: none of %d candidates is valid on %s", group.root, tried, device.name)
         _store(cache, key, group, None, tried, topk)
         return None
+    ranked = {i: _to_canonical(cfg, group) for i, cfg in enumerate(cands.configs)}
     result = TunedConfig(
-        cands.signature, cands.configs[winner], timings[winner], tried, False, cands.dropped, timings
+        cands.signature, cands.configs[winner], timings[winner], tried, False, cands.dropped, timings, ranked
     )
     log.info(
         "group %s: %.2f us (candidate %d of %d, %d dropped)",
@@ -403,6 +406,7 @@ def _replace_config(result: TunedConfig, cfg: GroupConfig) -> TunedConfig:
         result.from_cache,
         list(result.dropped),
         dict(result.timings_us),
+        dict(result.ranked),
     )
 
 
@@ -418,9 +422,12 @@ def _continued(
         return None, dropped
     timings = {**(before.timings_us if before else {})}
     timings.update({i + start: t for i, t in (after.timings_us if after else {}).items()})
+    ranked = {**(before.ranked if before else {})}
+    ranked.update({i + start: c for i, c in (after.ranked if after else {}).items()})
     best = min((r for r in (before, after) if r is not None), key=lambda r: r.latency_us)
     tried = start + len(cands.configs)
-    return TunedConfig(best.signature, best.config, best.latency_us, tried, False, dropped, timings), dropped
+    result = TunedConfig(best.signature, best.config, best.latency_us, tried, False, dropped, timings, ranked)
+    return result, dropped
 
 
 def best_of_first(result: TunedConfig, k: int) -> float:
@@ -444,6 +451,7 @@ class TunedGroup(PlannedGroup):
     candidates: int = 0
     from_cache: bool = False
     signature: str = ""
+    timed: list[dict] = field(default_factory=list)  # timed_records of its tuning
 
     @property
     def latency_us(self) -> float:
@@ -1193,7 +1201,26 @@ def _tuned_group(
         candidates=result.candidates,
         from_cache=result.from_cache,
         signature=result.signature,
+        timed=timed_records(result),
     )
+
+
+def timed_records(result: TunedConfig) -> list[dict]:
+    """Every config tried for ``result``, by rank: the config (canonical names, with the cost
+    model's estimate), its median time (null where it was dropped before timing) and why it
+    was dropped (null where it was not; a config slower than the winner was never checked).
+    ``tuned.json`` keeps them so the cost model's ranking can be judged against the GPU
+    offline (``scripts/ranking.py``); a result from the cache has none."""
+    dropped = {d.candidate: d.reason for d in result.dropped}
+    return [
+        {
+            "rank": i,
+            "measured_us": None if i not in result.timings_us else round(result.timings_us[i], 4),
+            "dropped": dropped.get(i),
+            "config": cfg.to_json(),
+        }
+        for i, cfg in sorted(result.ranked.items())
+    ]
 
 
 def tune_model(
