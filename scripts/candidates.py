@@ -75,6 +75,14 @@ HEADER = "  rank  est us     family         block tile        thr   blocks  bps 
 TIMED_HEADER = HEADER.replace("est us     ", "est us        meas us  ", 1)
 
 
+def tuner_order(group: Group, ctx: ScheduleContext, topk: int) -> tuple[list[GroupConfig], list[GroupConfig]]:
+    """(every proposal in the tuner's order, the first ``topk`` of them the tuner times): what
+    it times, by estimate, then the rest by estimate."""
+    proposals = propose(group, replace(ctx, options=replace(ctx.options, topk=ALL)))
+    timed = propose(group, replace(ctx, options=replace(ctx.options, topk=topk)))
+    return timed + [c for c in proposals if not any(c is t or same_kernel(c, t) for t in timed)], timed
+
+
 def measure(
     graph: Graph, group: Group, configs: list[GroupConfig], device: Device
 ) -> tuple[dict[int, float], Candidates]:
@@ -96,11 +104,8 @@ def explain(
     device: Device | None = None,
 ) -> list[str]:
     group = make_group(graph, entry["members"])
-    proposals = propose(group, replace(ctx, options=replace(ctx.options, topk=ALL)))
-    timed = propose(group, replace(ctx, options=replace(ctx.options, topk=topk)))
+    ranked, timed = tuner_order(group, ctx, topk)
     chosen = config_from_json(entry["configs"][0])
-    # The tuner's order: what it timed, by estimate, then the rest by estimate.
-    ranked = timed + [c for c in proposals if not any(c is t or same_kernel(c, t) for t in timed)]
     listed = ranked[:show]
     timings, cands = measure(graph, group, listed, device) if device is not None else ({}, None)
     ops = "+".join(entry["ops"])[:70]

@@ -21,6 +21,14 @@ of the fastest, and the median rho; ``--worst N`` lists the N groups of largest 
 Configs dropped before they were timed are left out, and so are those timed and then found
 wrong (their time says nothing of a kernel that is not used).  Files tuned from the cache
 have no timed table: a group counts only where this run tuned it.
+
+``--rerank`` judges today's cost model on the same times: each group is rebuilt from the
+``model.onnx`` beside its tuned.json (as ``scripts/candidates.py`` does), proposed for again
+with the kinds the tune used, and its timed configs are put in the new order; the table then
+shows the regret and first place of that order beside the tune's own (``now``).  A config
+the search no longer proposes drops out of the new order; a group none of whose timed
+configs it proposes is left out of both columns.  So a change to the estimates can be
+tried on the CPU against every ranking a GPU round recorded.
 """
 
 from __future__ import annotations
@@ -28,10 +36,12 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from calibration import existing, quantile, read_tuned, tuned_parser
 
@@ -47,10 +57,20 @@ class GroupRanking:
     ranks: tuple[int, ...]
     estimates: tuple[float, ...]
     times: tuple[float, ...]
+    #: The timed configs' JSON (canonical names), for --rerank.
+    configs: tuple[dict, ...] = ()
+    #: With --rerank: each timed config's rank in today's proposals (None: not proposed).
+    reranked: tuple[int | None, ...] | None = None
 
     @property
     def regret(self) -> float:
         return self.times[0] / min(self.times)
+
+    @property
+    def regret_now(self) -> float | None:
+        """The regret of today's order: the time of the timed config it ranks first."""
+        placed = [(r, t) for r, t in zip(self.reranked or (), self.times) if r is not None]
+        return min(placed)[1] / min(self.times) if placed else None
 
     @property
     def fastest_rank(self) -> int:
@@ -71,6 +91,9 @@ class KindRanking:
     first_share: float
     fastest_rank_median: float
     rho_median: float
+    regret_median_now: float | None = None
+    regret_p90_now: float | None = None
+    first_share_now: float | None = None
 
 
 def ranks_of(values: Sequence[float]) -> list[float]:
@@ -119,28 +142,67 @@ def groups(paths: Iterable[Path]) -> list[GroupRanking]:
                     tuple(r["rank"] for r in kept),
                     tuple(r["config"]["estimate"]["latency_us"] for r in kept),
                     tuple(r["measured_us"] for r in kept),
+                    tuple(r["config"] for r in kept),
                 )
             )
     return found
+
+
+def rerank(found: Sequence[GroupRanking], doc: dict, graph: Any) -> list[GroupRanking]:
+    """One file's groups with their timed configs placed in today's order: ``doc`` is the
+    tuned.json they came from and ``graph`` the graph it planned (``planned_graph`` of its
+    model).  Groups none of whose timed configs is proposed today are left out."""
+    from candidates import same_kernel, tuner_order
+
+    from welder.arch import get_arch
+    from welder.schedule.engine import canonical_names
+    from welder.schedule.group import make_group
+    from welder.schedule.kinds import Options, ScheduleContext, config_from_json
+
+    members = {g["signature"]: g["members"] for g in doc["groups"]}
+    options = Options(topk=int(doc.get("topk") or 1), kinds=tuple(doc.get("kinds") or Options.kinds))
+    shape_of, dtype_of = (lambda t: graph.tensor(t).shape), (lambda t: graph.tensor(t).dtype)
+    ctx = ScheduleContext(shape_of, dtype_of, get_arch(doc["arch"]), options)
+    out = []
+    for g in found:
+        group = make_group(graph, members[g.signature])
+        names = canonical_names(group)
+        order = [c.renamed(names) for c in tuner_order(group, ctx, options.topk)[0]]
+        timed = [config_from_json(c) for c in g.configs]
+        placed = tuple(next((i for i, c in enumerate(order) if same_kernel(c, t)), None) for t in timed)
+        if any(r is not None for r in placed):
+            out.append(replace(g, reranked=placed))
+    return out
 
 
 def summarise(found: Sequence[GroupRanking]) -> list[KindRanking]:
     by_kind: dict[tuple[str, str], list[GroupRanking]] = {}
     for g in found:
         by_kind.setdefault((g.kind, g.precision), []).append(g)
-    return [
-        KindRanking(
-            kind,
-            precision,
-            len(gs),
-            quantile([g.regret for g in gs], 0.5),
-            quantile([g.regret for g in gs], 0.9),
-            sum(g.fastest_rank == g.ranks[0] for g in gs) / len(gs),
-            quantile([float(g.fastest_rank) for g in gs], 0.5),
-            quantile([g.rho for g in gs], 0.5),
-        )
-        for (kind, precision), gs in sorted(by_kind.items())
-    ]
+    return [_kind_ranking(kind, precision, gs) for (kind, precision), gs in sorted(by_kind.items())]
+
+
+def _kind_ranking(kind: str, precision: str, gs: Sequence[GroupRanking]) -> KindRanking:
+    regrets = [g.regret for g in gs]
+    stats = KindRanking(
+        kind,
+        precision,
+        len(gs),
+        quantile(regrets, 0.5),
+        quantile(regrets, 0.9),
+        sum(g.fastest_rank == g.ranks[0] for g in gs) / len(gs),
+        quantile([float(g.fastest_rank) for g in gs], 0.5),
+        quantile([g.rho for g in gs], 0.5),
+    )
+    now = [g.regret_now for g in gs]
+    if any(r is None for r in now):
+        return stats
+    return replace(
+        stats,
+        regret_median_now=quantile(now, 0.5),
+        regret_p90_now=quantile(now, 0.9),
+        first_share_now=sum(r == 1.0 for r in now) / len(now),
+    )
 
 
 def format_table(stats: Sequence[KindRanking]) -> str:
@@ -154,6 +216,19 @@ def format_table(stats: Sequence[KindRanking]) -> str:
         f"| {s.first_share:.0%} | {s.fastest_rank_median:.0f} | {s.rho_median:.2f} |"
         for s in stats
     ]
+    if any(s.regret_median_now is not None for s in stats):
+        lines += [
+            "",
+            "| kind | precision | regret median, tune -> now | regret p90 | fastest ranked first |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {s.kind} | {s.precision} | {s.regret_median:.2f} -> {s.regret_median_now:.2f} "
+            f"| {s.regret_p90:.2f} -> {s.regret_p90_now:.2f} "
+            f"| {s.first_share:.0%} -> {s.first_share_now:.0%} |"
+            for s in stats
+            if s.regret_median_now is not None
+        ]
     lines.append(
         "\nregret: time of the config ranked first / the fastest time; rho: Spearman, estimates vs times"
     )
@@ -174,14 +249,40 @@ def format_worst(found: Sequence[GroupRanking], n: int) -> str:
     return "\n".join(lines)
 
 
+def planned_model(path: Path) -> Any:
+    """The graph ``welder tune`` planned for the model at ``path``."""
+    from welder.frontend.onnx import import_onnx
+    from welder.pipeline import planned_graph
+
+    if not path.is_file():
+        raise OSError("no such file")
+    return planned_graph(import_onnx(str(path)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = tuned_parser(__doc__)
     p.add_argument("--worst", type=int, default=0, metavar="N", help="list the N groups of largest regret")
+    p.add_argument(
+        "--rerank",
+        action="store_true",
+        help="also order the timed configs by today's cost model (needs model.onnx beside each tuned.json)",
+    )
+    p.add_argument("--model", help="with --rerank and one tuned.json: the model.onnx it was tuned from")
     args = p.parse_args(argv)
     paths = existing("ranking", args.tuned)
     if paths is None:
         return 2
-    found = groups(paths)
+    if args.model and (not args.rerank or len(paths) != 1):
+        print("ranking: --model goes with --rerank and one tuned.json", file=sys.stderr)
+        return 2
+    found = [] if args.rerank else groups(paths)
+    for path in paths if args.rerank else ():
+        model = Path(args.model) if args.model else path.parent / "model.onnx"
+        try:
+            found += rerank(groups([path]), read_tuned(path), planned_model(model))
+        except (OSError, ValueError) as e:
+            print(f"ranking: --rerank needs {model}, the model {path} was tuned from ({e})", file=sys.stderr)
+            return 2
     if not found:
         print(
             "ranking: no group with two or more timed configs in these files (tuned from the cache, "

@@ -112,3 +112,49 @@ def test_table_lists_each_kind_once(tmp_path: Path, capsys: pytest.CaptureFixtur
     [entry] = json.loads(out_json.read_text())
     assert entry["groups"] == 3 and entry["first_share"] == pytest.approx(1 / 3)
     assert list(itertools.islice(entry, 2)) == ["kind", "precision"]
+
+
+def _tuned_doc(tmp_path: Path, latency) -> tuple[object, dict, Path]:
+    graph = layernorm_gelu()
+    plan = tune_model(graph, ARCH, 3, None, ScriptedDevice(graph, latency=latency))
+    doc = tuned_json(plan, graph)
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(doc))
+    return graph, doc, path
+
+
+def test_rerank_with_the_same_cost_model_keeps_every_rank(tmp_path: Path) -> None:
+    graph, doc, path = _tuned_doc(tmp_path, lambda k: 1.0 + (7 * candidate_index(k.name)) % 5)
+    found = ranking.groups([path])
+    again = ranking.rerank(found, doc, graph)
+    assert [g.signature for g in again] == [g.signature for g in found]
+    for g in again:
+        assert g.reranked == g.ranks and g.regret_now == pytest.approx(g.regret)
+    stats = ranking.summarise(again)
+    assert all(s.regret_median_now == pytest.approx(s.regret_median) for s in stats)
+
+
+def test_rerank_reads_the_new_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An order that puts last what the tune ranked first finds the fastest config first
+    where the tune's order had it last."""
+    import candidates
+
+    graph, doc, path = _tuned_doc(tmp_path, lambda k: 10.0 - candidate_index(k.name))
+    order = candidates.tuner_order
+    monkeypatch.setattr(candidates, "tuner_order", lambda *a: tuple(x[::-1] for x in order(*a)))
+    found = ranking.rerank(ranking.groups([path]), doc, graph)
+    assert found
+    for g in found:
+        total = g.reranked[0] + 1  # the first config timed is last today
+        assert g.reranked == tuple(total - 1 - r for r in g.ranks)
+        assert g.regret > 1.0 and g.regret_now == 1.0
+    [stats] = [s for s in ranking.summarise(found) if s.kind == "simt"]
+    assert stats.first_share == 0.0 and stats.first_share_now == 1.0
+
+
+def test_rerank_needs_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, _, path = _tuned_doc(tmp_path, None)
+    assert ranking.main([str(path), "--rerank"]) == 2
+    assert "model.onnx" in capsys.readouterr().err
+    assert ranking.main([str(path), str(path), "--rerank", "--model", "m.onnx"]) == 2
+    assert "one tuned.json" in capsys.readouterr().err

@@ -230,6 +230,29 @@ def test_second_tune_takes_every_group_from_the_cache(bert_prefix: Path, tmp_pat
     assert fake.device.timed == [] and fake.device.compiles == []
 
 
+def test_ranking_script_reranks_a_tune_by_its_model(bert_prefix: Path, tmp_path: Path, monkeypatch, capsys):
+    """`welder tune` on a (fake) GPU records the kinds and every timed config; ranking.py
+    --rerank rebuilds the groups from the model.onnx beside tuned.json and, with the same
+    cost model, puts every timed config back at its rank."""
+    _fake_gpu(bert_prefix, tmp_path, monkeypatch, "Fake GPU")
+    assert main(["tune", str(bert_prefix), "--arch", "H100", "--topk", "2", "--no-build"]) == 0
+    doc = json.loads((bert_prefix / "tuned.json").read_text())
+    assert doc["kinds"] and doc["timed"]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import ranking
+
+    capsys.readouterr()
+    assert ranking.main([str(bert_prefix / "tuned.json"), "--rerank"]) == 0
+    table = capsys.readouterr().out
+    assert "tune -> now" in table
+    from welder.frontend.onnx import import_onnx
+    from welder.pipeline import planned_graph
+
+    graph = planned_graph(import_onnx(bert_prefix / "model.onnx"))
+    found = ranking.rerank(ranking.groups([bert_prefix / "tuned.json"]), doc, graph)
+    assert found and all(g.reranked == g.ranks for g in found)
+
+
 def _fake_gpu(prefix: Path, tmp_path: Path, monkeypatch, name: str) -> _FakeGpu:
     import welder.pipeline as pipeline
     from welder.frontend.onnx import import_onnx

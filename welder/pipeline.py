@@ -195,6 +195,7 @@ def _tune_into(
     runtime = _time_built(out, options, notes) if built is not None else None
     doc = tuned_json(plan, graph)
     doc["precision"] = options.precision
+    doc["kinds"] = list(options.kinds)  # what proposed the candidates (scripts/ranking.py --rerank)
     generated = iter(kernels)
     for entry in doc["groups"]:
         if entry["library"] is None:
