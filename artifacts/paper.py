@@ -271,6 +271,8 @@ def measure_case(
 #: time is a cold compile's however many cases ran on the machine before (Table 4 takes
 #: Figure 9's max-autotune line for that reason).
 COLD_INDUCTOR = {COLD_ENV: "1"}
+#: How a torch peer's line ends when it ran past --peer-timeout-s.
+PEER_TIMEOUT = "(--peer-timeout-s)"
 
 
 def torch_peer(export: Path, system: str, args: argparse.Namespace) -> Cell:
@@ -285,7 +287,7 @@ def torch_peer(export: Path, system: str, args: argparse.Namespace) -> Cell:
         try:
             proc = benchmark._run_child(command, args.peer_timeout_s, COLD_INDUCTOR)
         except benchmark.StepTimeout as e:
-            return Cell(error=f"{system} {e} (--peer-timeout-s)")
+            return Cell(error=f"{system} {e} {PEER_TIMEOUT}")
         if not out.is_file():
             return Cell(error=f"run_torch exit {proc.returncode}: {benchmark._tail(proc, 2)}")
         result = json.loads(out.read_text())[0]
@@ -316,15 +318,19 @@ def case_rows(case: Config, todo: Sequence[str], args: argparse.Namespace) -> It
         yield cell_row(case, system, cell, gpu)
 
 
-def shared_row(case: Config, system: str, args: argparse.Namespace) -> dict[str, Any] | None:
+def shared_row(
+    case: Config, system: str, args: argparse.Namespace, timeouts: bool = False
+) -> dict[str, Any] | None:
     """SHARED's measured line of this case and system (read afresh: a worker beside this
     one may have added it), or None when it is not there or --redo or --no-reuse asks
-    for a measurement of this script's own.  (SHARED itself never finds its own: it
-    measures only the lines it lacks.)"""
+    for a measurement of this script's own.  With ``timeouts``, a torch peer's line that
+    ran past --peer-timeout-s counts too (an error, but one that bounds the time).
+    (SHARED itself never finds its own: it measures only the lines it lacks.)"""
     if args.redo or args.no_reuse:
         return None
     row = ResultsCsv(args.out / f"{SHARED}.csv", LATENCY_FIELDS).get(case, system)
-    if row is None or row["status"] != "ok":
+    timed_out = timeouts and row is not None and row["status"] == "error" and PEER_TIMEOUT in row["detail"]
+    if row is None or (row["status"] != "ok" and not timed_out):
         return None
     return dict(row, detail=f"{row['detail']}; from {SHARED}.csv".lstrip("; "))
 

@@ -655,6 +655,32 @@ def test_table4_takes_figure9_s_max_autotune_line_only_if_it_compiled_cold(
     assert len(peers) == 2 and exports[-1] == "nerf_b1_fp32"
 
 
+def test_table4_takes_figure9_s_max_autotune_timeout_as_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A max-autotune that ran past Figure 9's --peer-timeout-s is Table 4's line as it is
+    (the compile takes longer than that limit); other Figure 9 errors are compiled again."""
+    table4 = script("Table4")
+    figure9 = paper.ResultsCsv(tmp_path / "figure9_10.csv", paper.LATENCY_FIELDS)
+    late = benchmark.Cell(error=f"compile-max-autotune timed out after 200 s {paper.PEER_TIMEOUT}")
+    figure9.put(paper.cell_row(benchmark.Config("nerf", 1, "fp32"), "compile-max-autotune", late, "G"))
+    crashed = benchmark.Cell(error="run_torch exit 1: CUDA out of memory")
+    figure9.put(paper.cell_row(benchmark.Config("nerf", 1, "fp16"), "compile-max-autotune", crashed, "G"))
+    exports: list[str] = []
+
+    def export_case(case, args):
+        exports.append(case.key)
+        raise RuntimeError("not exported here")
+
+    monkeypatch.setattr(paper, "export_case", export_case)
+    argv = ["--models", "nerf", "--bs", "1", "--device", "cpu", "--out", str(tmp_path)]
+    assert table4.main([*argv, "--systems", "compile-max-autotune", "--runs", str(tmp_path / "runs")]) == 0
+    rows = {r["dtype"]: r for r in paper.ResultsCsv(tmp_path / "table4.csv", table4.FIELDS).rows()}
+    assert rows["fp32"]["status"] == "error" and "timed out after 200 s" in rows["fp32"]["detail"]
+    assert "from figure9_10.csv" in rows["fp32"]["detail"]
+    assert exports == ["nerf_b1_fp16"] and "export failed" in rows["fp16"]["detail"]
+
+
 def test_table5_defaults_are_the_compute_intensive_cases(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
