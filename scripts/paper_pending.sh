@@ -13,9 +13,11 @@
 # while the run lasts and once at its end, so a run cut short still returns what it
 # measured.  Unpack it into .paper-state/ for the next run, and copy results/ into
 # artifacts/results/<GPU>/ to commit it.  Each welder build's tuned.json (every group's
-# measured and predicted latency) comes back beside it in tuned.tar, gzipped, as
-# tuned/tuned_<variant>_<case>.json.gz (one file, as a machine may return only a few):
-# what scripts/calibration.py and a look at the slowest kernels read, kept out of the
+# measured and predicted latency, every config it timed) comes back beside it in tuned.tar
+# (one file, as a machine may return only a few), gzipped, as
+# tuned/tuned_<variant>_<case>.json.gz, with each case's model as a skeleton
+# (tuned/model_<case>.onnx.gz, scripts/model_skeleton.py): what scripts/calibration.py,
+# scripts/ranking.py --rerank and a look at the slowest kernels read, kept out of the
 # state a next run carries.
 #
 #   source .device/setup.sh; SCRIPT=Figure9_10 ARGS="--models nafnet --bs 1" bash scripts/paper_pending.sh
@@ -59,6 +61,17 @@ for path in sorted(runs.glob("*/*/tuned.json")):
     if not record.is_file() or record.stat().st_mtime < path.stat().st_mtime:
         tuned.mkdir(parents=True, exist_ok=True)
         record.write_bytes(compress(path.read_bytes(), compresslevel=9, mtime=0))
+    # the graph the tune planned, for scripts/ranking.py --rerank (weights zeroed: kilobytes)
+    skeleton = tuned / f"model_{path.parent.name}.onnx.gz"
+    if not skeleton.is_file() and (path.parent / "model.onnx").is_file():
+        sys.path.insert(0, "scripts")
+        import model_skeleton
+
+        try:
+            model_skeleton.write(path.parent / "model.onnx", skeleton)
+        except Exception as e:  # a model still being copied: the next pack tries again
+            skeleton.unlink(missing_ok=True)
+            print(f"pack: no skeleton of {path.parent} yet ({e})", file=sys.stderr)
 PY
   [ -d "$state/tuned" ] && tar cf "$out/tuned.tar" -C "$state" tuned
   tar czf "$out/paper-state.tgz.tmp" -C "$state" results -C "$state/pack" cache \

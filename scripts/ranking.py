@@ -44,6 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from calibration import existing, quantile, read_tuned, tuned_parser
+from google.protobuf.message import DecodeError
+
+from welder.errors import WelderError
 
 
 @dataclass(frozen=True)
@@ -250,13 +253,16 @@ def format_worst(found: Sequence[GroupRanking], n: int) -> str:
 
 
 def planned_model(path: Path) -> Any:
-    """The graph ``welder tune`` planned for the model at ``path``."""
+    """The graph ``welder tune`` planned for the model at ``path`` (or its gzipped
+    skeleton: ``scripts/model_skeleton.py``)."""
+    from model_skeleton import load
+
     from welder.frontend.onnx import import_onnx
     from welder.pipeline import planned_graph
 
     if not path.is_file():
         raise OSError("no such file")
-    return planned_graph(import_onnx(str(path)))
+    return planned_graph(import_onnx(load(path), name=path.name.split(".")[0]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -267,7 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="also order the timed configs by today's cost model (needs model.onnx beside each tuned.json)",
     )
-    p.add_argument("--model", help="with --rerank and one tuned.json: the model.onnx it was tuned from")
+    p.add_argument(
+        "--model",
+        help="with --rerank and one tuned.json: the model.onnx it was tuned from, or its skeleton "
+        "(scripts/model_skeleton.py)",
+    )
     args = p.parse_args(argv)
     paths = existing("ranking", args.tuned)
     if paths is None:
@@ -280,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = Path(args.model) if args.model else path.parent / "model.onnx"
         try:
             found += rerank(groups([path]), read_tuned(path), planned_model(model))
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, DecodeError, WelderError) as e:
             print(f"ranking: --rerank needs {model}, the model {path} was tuned from ({e})", file=sys.stderr)
             return 2
     if not found:

@@ -232,8 +232,8 @@ def test_second_tune_takes_every_group_from_the_cache(bert_prefix: Path, tmp_pat
 
 def test_ranking_script_reranks_a_tune_by_its_model(bert_prefix: Path, tmp_path: Path, monkeypatch, capsys):
     """`welder tune` on a (fake) GPU records the kinds and every timed config; ranking.py
-    --rerank rebuilds the groups from the model.onnx beside tuned.json and, with the same
-    cost model, puts every timed config back at its rank."""
+    --rerank rebuilds the groups from the model.onnx beside tuned.json, or from its
+    skeleton, and, with the same cost model, puts every timed config back at its rank."""
     _fake_gpu(bert_prefix, tmp_path, monkeypatch, "Fake GPU")
     assert main(["tune", str(bert_prefix), "--arch", "H100", "--topk", "2", "--no-build"]) == 0
     doc = json.loads((bert_prefix / "tuned.json").read_text())
@@ -251,6 +251,14 @@ def test_ranking_script_reranks_a_tune_by_its_model(bert_prefix: Path, tmp_path:
     graph = planned_graph(import_onnx(bert_prefix / "model.onnx"))
     found = ranking.rerank(ranking.groups([bert_prefix / "tuned.json"]), doc, graph)
     assert found and all(g.reranked == g.ranks for g in found)
+    # The same from the model's skeleton, as a GPU round brings it back.
+    import model_skeleton
+
+    skeleton = tmp_path / "model.onnx.gz"
+    model_skeleton.write(bert_prefix / "model.onnx", skeleton)
+    (bert_prefix / "model.onnx").unlink()
+    assert ranking.main([str(bert_prefix / "tuned.json"), "--rerank", "--model", str(skeleton)]) == 0
+    assert capsys.readouterr().out == table
 
 
 def _fake_gpu(prefix: Path, tmp_path: Path, monkeypatch, name: str) -> _FakeGpu:
