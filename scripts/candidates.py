@@ -5,13 +5,15 @@ of them the tuner timed.
 
 ``DIR`` holds ``model.onnx`` and the ``tuned.json`` of a ``welder tune`` run; each group is
 rebuilt from its members in the graph the tuner planned, and proposed for as the tuner does
-(the same ``propose`` call, on tuned.json's arch and topk unless ``--topk`` says otherwise;
-``--no-tc`` and ``--tf32`` as the run's flags were).  For each group: its proposals in the
+(the same ``propose`` call, on tuned.json's arch, topk and kinds unless ``--topk``, or
+``--no-tc`` and ``--tf32`` as the run's flags were, say otherwise).  For each group: its proposals in the
 order the tuner ranks them, up to ``--show``, each with its family, block tile, threads and
 estimate (latency, blocks, blocks an SM, waves, shared memory, registers a thread); ``*``
 marks the ``topk`` the tuner timed and ``=`` the config tuned.json holds.  A kernel that
 measured far from its floor may have had better configs the search never timed: here is
-where to see whether they were offered.  Groups that a library call computes are left out.
+where to see whether they were offered.  Where the tune timed the group (tuned.json's
+``timed`` table), a ``meas us`` column gives its time of each proposal it timed.  Groups
+that a library call computes are left out.
 
 ``--time`` (needs pycuda and a GPU; exit 2 and a one-line error without them) also compiles
 and times the listed proposals on the local GPU with the tuner's own machinery -- the same
@@ -40,6 +42,7 @@ from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.graph import Graph  # noqa: E402
 from welder.pipeline import TuneOptions, planned_graph  # noqa: E402
 from welder.schedule.config import GroupConfig  # noqa: E402
+from welder.schedule.engine import canonical_names  # noqa: E402
 from welder.schedule.group import Group, make_group  # noqa: E402
 from welder.schedule.kinds import Options, ScheduleContext, config_from_json, propose  # noqa: E402
 from welder.tune.compile import Candidates, Device, compile_candidates, prepare_candidates  # noqa: E402
@@ -102,18 +105,24 @@ def explain(
     topk: int,
     show: int,
     device: Device | None = None,
+    recorded: list[dict] | None = None,
 ) -> list[str]:
     group = make_group(graph, entry["members"])
     ranked, timed = tuner_order(group, ctx, topk)
     chosen = config_from_json(entry["configs"][0])
     listed = ranked[:show]
     timings, cands = measure(graph, group, listed, device) if device is not None else ({}, None)
+    times = {i: f"{t:.2f}" for i, t in timings.items()}
+    if device is None and recorded:
+        times = tuned_times(group, listed, recorded)
     ops = "+".join(entry["ops"])[:70]
     lines = [f"group {entry['index']} {ops}: {len(ranked)} proposals, {len(timed)} timed"]
-    lines.append(HEADER if device is None else TIMED_HEADER)
+    lines.append(HEADER if device is None and not recorded else TIMED_HEADER)
     for i, c in enumerate(listed, 1):
-        measured = None if device is None else (f"{timings[i - 1]:.2f}" if i - 1 in timings else "")
+        measured = None if device is None and not recorded else times.get(i - 1, "")
         lines.append(row(i, c, i <= len(timed), same_kernel(c, chosen), measured))
+    if device is None and recorded:
+        lines.append("  meas us: the tune's own times (tuned.json's timed table; 'wrong': timed, then wrong)")
     if not any(same_kernel(c, chosen) for c in ranked):
         lines.append("  tuned.json's config is not among the proposals (the search has changed since)")
     elif not any(same_kernel(c, chosen) for c in listed):
@@ -122,6 +131,21 @@ def explain(
     if cands is not None:
         lines.extend(timing_notes(entry, listed, chosen, timings, cands))
     return lines
+
+
+def tuned_times(group: Group, listed: list[GroupConfig], recorded: list[dict]) -> dict[int, str]:
+    """The tune's time of each listed config that it timed (by index in ``listed``), from
+    tuned.json's timed records of the group (canonical names); a config found wrong after
+    timing says so."""
+    names = canonical_names(group)
+    configs = [(config_from_json(r["config"]), r) for r in recorded]
+    times = {}
+    for i, c in enumerate(listed):
+        mine = c.renamed(names)
+        r = next((r for t, r in configs if same_kernel(mine, t)), None)
+        if r is not None and r["measured_us"] is not None:
+            times[i] = "wrong" if r["dropped"] == "wrong" else f"{r['measured_us']:.2f}"
+    return times
 
 
 def timing_notes(
@@ -174,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"candidates: {args.dir} holds no readable model.onnx and tuned.json ({e})", file=sys.stderr)
         return 2
     kinds = TuneOptions(tensor_cores=not args.no_tc, tf32=args.tf32).kinds
+    if not (args.no_tc or args.tf32) and tuned.get("kinds"):
+        kinds = tuple(tuned["kinds"])  # what the tune proposed with
     topk = args.topk or int(tuned.get("topk") or 1)
     options = Options(topk=topk, kinds=kinds)
     ctx = ScheduleContext(
@@ -188,8 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if not args.time:
+            recorded = tuned.get("timed", {})
             for entry in entries:
-                print("\n".join(explain(graph, entry, ctx, topk, args.show)))
+                print(
+                    "\n".join(
+                        explain(graph, entry, ctx, topk, args.show, None, recorded.get(entry["signature"]))
+                    )
+                )
                 print()
             return 0
         with default_device() as device:

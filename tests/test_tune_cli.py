@@ -251,6 +251,15 @@ def test_ranking_script_reranks_a_tune_by_its_model(bert_prefix: Path, tmp_path:
     graph = planned_graph(import_onnx(bert_prefix / "model.onnx"))
     found = ranking.rerank(ranking.groups([bert_prefix / "tuned.json"]), doc, graph)
     assert found and all(g.reranked == g.ranks for g in found)
+    # candidates.py shows the tune's own times beside the proposals it timed (the fake GPU
+    # takes 1 + rank microseconds), none beside the rest.
+    candidates = _candidates()
+    assert candidates.main([str(bert_prefix), "--show", "3"]) == 0
+    blocks = capsys.readouterr().out.strip().split("\n\n")
+    assert blocks and all("the tune's own times" in b for b in blocks)
+    for block in blocks:
+        rows = [r for r in block.splitlines()[2:] if not r.startswith("  ")]
+        assert [r[MEAS].strip() for r in rows] == ["1.00", "2.00", ""][: len(rows)], block
     # The same from the model's skeleton, as a GPU round brings it back.
     import model_skeleton
 
