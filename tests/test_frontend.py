@@ -11,10 +11,17 @@ from onnx import helper, numpy_helper
 from onnx_util import assert_close, assert_matches_ort, make_model, onnxruntime_outputs
 
 import welder
+from welder.arch import get_arch
+from welder.check import error_metric, threshold_for
 from welder.cli import parse_input_shape
+from welder.codegen import generate_model
 from welder.errors import ModelError, ShapeError, UnsupportedError
 from welder.frontend.onnx import import_onnx, load_model
 from welder.ir.expr import Const
+from welder.pipeline import planned_graph
+from welder.runtime.emu import available as emulator_available
+from welder.runtime.emulate import EmulatedModel
+from welder.schedule.plan import plan_model
 
 RNG = np.random.default_rng(0)
 
@@ -315,6 +322,83 @@ def test_integer_division_stays_before_the_product():
     moved = graph.move_scales_past_products()
     assert "xd" in moved.nodes and "z:unscaled" not in moved.nodes
     np.testing.assert_array_equal(moved.run({"x": x, "y": y})["z"], np.trunc(x / 3).astype(np.int64) @ y)
+
+
+def test_long_reductions_of_few_outputs_are_split_in_two():
+    """A global pool over 128 x 256 pixels of 16 channels, and a max over 32768 elements
+    of 2 rows, become a partial reduction over slices of their outermost reduced axis and a
+    reduction of the partials; onnxruntime agrees with the result.  A pool of many outputs
+    (batch 64 x 16 channels), a short reduction, a product, and a mean with the variance
+    around it (one kernel computes both) are left as they were."""
+    x = RNG.standard_normal((1, 16, 128, 256)).astype(np.float32)
+    y = RNG.standard_normal((2, 32768)).astype(np.float32)
+    wide = RNG.standard_normal((64, 16, 16, 64)).astype(np.float32)
+    short = RNG.standard_normal((1, 16, 64, 64)).astype(np.float32)
+    a = RNG.standard_normal((2, 32768)).astype(np.float32)
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["pooled"]),
+        helper.make_node("Mul", ["x", "pooled"], ["scaled"]),
+        helper.make_node("ReduceMax", ["y"], ["ymax"], axes=[1], keepdims=0),
+        helper.make_node("GlobalAveragePool", ["wide"], ["wide_pooled"]),
+        helper.make_node("GlobalAveragePool", ["short"], ["short_pooled"]),
+        helper.make_node("MatMul", ["y", "at"], ["product"]),
+        helper.make_node("ReduceMean", ["z"], ["mean"], axes=[2, 3], keepdims=1),
+        helper.make_node("Sub", ["z", "mean"], ["centred"]),
+        helper.make_node("Mul", ["centred", "centred"], ["squares"]),
+        helper.make_node("ReduceMean", ["squares"], ["variance"], axes=[2, 3], keepdims=1),
+    ]
+    at = np.ascontiguousarray(a.T[:, :1])
+    z = RNG.standard_normal((1, 8, 128, 256)).astype(np.float32)
+    feeds = {"x": x, "y": y, "wide": wide, "short": short, "z": z}
+    outputs = ["scaled", "ymax", "wide_pooled", "short_pooled", "product", "variance"]
+    model = make_model(nodes, feeds, outputs, {"at": at})
+    graph = import_onnx(model).split_long_reductions()
+    parts = {n for n in graph.nodes if n.endswith(":part")}
+    assert len(parts) == 2
+    for part in parts:
+        c = graph.nodes[part].compute
+        whole = graph.nodes[part[: -len(":part")]].compute
+        reduced = int(np.prod([ax.extent for ax in c.reduce_axes]))
+        assert c.shape == (*whole.shape, whole.reduce_axes[0].extent) and reduced >= 2048
+        assert reduced * whole.reduce_axes[0].extent in (128 * 256, 32768)
+    assert not any(graph.nodes[n].compute.is_product and n.endswith(":part") for n in graph.nodes)
+    _assert_graph_matches_ort(graph, model, feeds)
+
+
+@pytest.mark.skipif(not emulator_available(), reason="the CPU emulator needs Linux and g++")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_split_reductions_run_as_generated_kernels(dtype) -> None:
+    """A NAFNet-like channel attention (a pool over 128 x 256 pixels scaling its input)
+    and a long ReduceSum, planned, through the H100 plan's kernels on the emulator, against
+    the interpreter of the graph as imported.  Partial sums are fp32 (the pool sums in fp32;
+    a half ReduceSum's partials and total are made fp32 and cast back)."""
+    x = RNG.standard_normal((1, 16, 128, 256)).astype(dtype)
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["pooled"]),
+        helper.make_node("Mul", ["x", "pooled"], ["scaled"]),
+        helper.make_node("ReduceSum", ["x", "hw"], ["summed"], keepdims=1),
+    ]
+    model = make_model(nodes, {"x": x}, ["scaled", "pooled", "summed"], {"hw": np.array([2, 3], np.int64)})
+    graph = planned_graph(import_onnx(model))
+    parts = [graph.nodes[n].compute for n in graph.nodes if n.endswith(":part")]
+    assert [c.dtype for c in parts] == ["float32", "float32"]
+    assert (dtype == np.float16) == any(n.endswith(":total") for n in graph.nodes)
+    plan = plan_model(graph, get_arch("H100"), topk=1)
+    kernels = generate_model(graph, [(p.group, p.configs[0]) for p in plan.groups])
+    ours = EmulatedModel(graph, kernels).run({"x": x})
+    reference = import_onnx(model).run({"x": x})
+    for name in ("scaled", "pooled", "summed"):
+        assert error_metric(ours[name], reference[name]) <= threshold_for(graph.tensor(name).dtype), name
+
+
+def test_a_half_global_average_pool_sums_in_fp32() -> None:
+    """256 x 128 halves of 40 sum past fp16's largest value; their mean is 40."""
+    x = np.full((1, 2, 128, 256), 40, np.float16)
+    model = make_model([helper.make_node("GlobalAveragePool", ["x"], ["p"])], {"x": x}, ["p"])
+    graph = import_onnx(model)
+    assert graph.tensor("p").dtype == "float16"
+    np.testing.assert_array_equal(graph.run({"x": x})["p"], np.full((1, 2, 1, 1), 40, np.float16))
+    _assert_graph_matches_ort(graph, model, {"x": x})
 
 
 def _assert_graph_matches_ort(graph, model, feeds) -> None:

@@ -156,7 +156,7 @@ def planned_graph(graph: Graph) -> Graph:
     """The graph ``tune`` plans: the imported one after the rewrites that change only the
     rounding (docs/frontend.md, "Before scheduling").  They are the compiler's, not the
     import's, which keeps the model's semantics to the last bit."""
-    return graph.move_scales_past_products()
+    return graph.move_scales_past_products().split_long_reductions()
 
 
 def _tune_into(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from welder.errors import ModelError
-from welder.frontend.ops.norm import reduce_over
+from welder.frontend.ops.norm import reduce_over, stats_dtype
 from welder.frontend.ops.shape import reshape_index, reshaped
 from welder.frontend.registry import LowerContext, Tensor, register
 from welder.ir.compute import Reduce, reduce, reduce_axis, reduce_identity
@@ -541,11 +541,13 @@ def average_pool(ctx: LowerContext) -> Tensor:
 
 @register("GlobalAveragePool", "GlobalMaxPool")
 def global_pool(ctx: LowerContext) -> Tensor:
-    """One reduction over every spatial axis, kept as size-1 axes (plus the division)."""
+    """One reduction over every spatial axis, kept as size-1 axes (plus the division).  A
+    half tensor is summed in fp32: 256 x 256 halves of 2 already pass fp16's 65504."""
     x = _batched_input(ctx, floats_only=ctx.op_type == "GlobalAveragePool")
     spatial = list(range(2, x.rank))
     if ctx.op_type == "GlobalMaxPool":
         return reduce_over(ctx, x, spatial, "max", "max", keepdims=True)
-    total = reduce_over(ctx, x, spatial, "sum", "sum", keepdims=True)
+    work = stats_dtype(x.dtype)
+    total = reduce_over(ctx, x, spatial, "sum", "sum", lambda v: cast(v, work), keepdims=True)
     count = float(math.prod(x.shape[2:]))
-    return ctx.compute(total.shape, lambda *i: total[i] / count)
+    return ctx.compute(total.shape, lambda *i: cast(total[i] / count, x.dtype))
