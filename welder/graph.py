@@ -8,7 +8,7 @@ in topological order; networkx provides the graph algorithms the scheduler needs
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 import networkx as nx
@@ -287,8 +287,8 @@ class Graph:
         with another through elementwise nodes (:meth:`_in_statistics`) is left whole."""
         nodes: list[Node] = []
         for node in self.topo_order():
-            split = None if self._in_statistics(node) else _split_reduction(node.compute)
-            if split is None:
+            split = _split_reduction(node.compute)
+            if split is None or self._in_statistics(node):
                 nodes.append(node)
                 continue
             *halves, whole = split
@@ -300,7 +300,7 @@ class Graph:
         and the variance around it (BSRN's contrast, a norm): the scheduler computes such a
         pair in one kernel, which two halves each would break apart."""
 
-        def reaches(start: Iterable[str], step) -> bool:
+        def reaches(start: Iterable[str], step: Callable[[Node], list[str]]) -> bool:
             seen, todo = set(), list(start)
             while todo:
                 n = self.nodes.get(todo.pop())
