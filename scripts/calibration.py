@@ -62,18 +62,27 @@ def read_tuned(path: str | Path) -> dict:
     return json.loads(data)
 
 
+def precision_of(path: Path, doc: dict) -> str:
+    """``fp16`` where the file's path says so, else tuned.json's ``precision`` (see above)."""
+    return "fp16" if "fp16" in str(path) else doc.get("precision", "fp32")
+
+
+def kind_of(config: dict) -> str:
+    """The kernel kind of a config's first stage, from its JSON."""
+    return config["stages"][0].get("kind", "simt")
+
+
 def ratios(paths: Iterable[Path]) -> dict[tuple[str, str], list[float]]:
     """measured / predicted of every measured group, by (first stage's kind, precision)."""
     found: dict[tuple[str, str], list[float]] = {}
     for path in paths:
         doc = read_tuned(path)
-        precision = "fp16" if "fp16" in str(path) else doc.get("precision", "fp32")
+        precision = precision_of(path, doc)
         for group in doc.get("groups", []):
             measured, predicted = group.get("measured_latency_us"), group.get("predicted_latency_us")
             if measured is None or not predicted or not group.get("configs"):
                 continue
-            kind = group["configs"][0]["stages"][0].get("kind", "simt")
-            found.setdefault((kind, precision), []).append(measured / predicted)
+            found.setdefault((kind_of(group["configs"][0]), precision), []).append(measured / predicted)
     return found
 
 

@@ -50,6 +50,9 @@ import sys
 from gzip import compress
 from pathlib import Path
 
+sys.path.insert(0, "scripts")
+import model_skeleton  # noqa: E402
+
 state, runs, tuned = (Path(a) for a in sys.argv[1:4])
 db, copy = state / "cache" / "tuning.db", state / "pack" / "cache" / "tuning.db"
 copy.parent.mkdir(parents=True, exist_ok=True)
@@ -64,9 +67,6 @@ for path in sorted(runs.glob("*/*/tuned.json")):
     # the graph the tune planned, for scripts/ranking.py --rerank (weights zeroed: kilobytes)
     skeleton = tuned / f"model_{path.parent.name}.onnx.gz"
     if not skeleton.is_file() and (path.parent / "model.onnx").is_file():
-        sys.path.insert(0, "scripts")
-        import model_skeleton
-
         try:
             model_skeleton.write(path.parent / "model.onnx", skeleton)
         except Exception as e:  # a model still being copied: the next pack tries again

@@ -43,7 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-from calibration import existing, quantile, read_tuned, tuned_parser
+from calibration import existing, kind_of, precision_of, quantile, read_tuned, tuned_parser
 from google.protobuf.message import DecodeError
 
 from welder.errors import WelderError
@@ -130,17 +130,16 @@ def groups(paths: Iterable[Path]) -> list[GroupRanking]:
     found = []
     for path in paths:
         doc = read_tuned(path)
-        precision = "fp16" if "fp16" in str(path) else doc.get("precision", "fp32")
+        precision = precision_of(path, doc)
         for signature, records in sorted(doc.get("timed", {}).items()):
             kept = [r for r in records if r["measured_us"] is not None and r["dropped"] is None]
             if len(kept) < 2:
                 continue
-            kind = kept[0]["config"]["stages"][0].get("kind", "simt")
             found.append(
                 GroupRanking(
                     path.name,
                     signature,
-                    kind,
+                    kind_of(kept[0]["config"]),
                     precision,
                     tuple(r["rank"] for r in kept),
                     tuple(r["config"]["estimate"]["latency_us"] for r in kept),

@@ -151,8 +151,7 @@ def cache_key(
 
 def group_cache_key(graph: Graph, group: Group, arch: Arch, device: Device, kinds: Sequence[str]) -> CacheKey:
     """:func:`cache_key` of ``group`` in ``graph``, at the search's current version."""
-    version = SEARCH_VERSION
-    return cache_key(group_signature(graph, group), arch, device, kinds, version)
+    return cache_key(group_signature(graph, group), arch, device, kinds, SEARCH_VERSION)
 
 
 def _to_canonical(cfg: GroupConfig, group: Group) -> GroupConfig:
