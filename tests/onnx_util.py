@@ -48,6 +48,19 @@ def make_model(
     return model
 
 
+def contrast_nodes(x: str, y: str) -> list[onnx.NodeProto]:
+    """BSRN's contrast: each channel's mean plus its standard deviation over the pixels of
+    ``x`` (N, C, H, W), as ``y`` (N, C, 1, 1)."""
+    return [
+        helper.make_node("ReduceMean", [x], ["mean"], axes=[2, 3], keepdims=1),
+        helper.make_node("Sub", [x, "mean"], ["centred"]),
+        helper.make_node("Mul", ["centred", "centred"], ["squares"]),
+        helper.make_node("ReduceMean", ["squares"], ["variance"], axes=[2, 3], keepdims=1),
+        helper.make_node("Sqrt", ["variance"], ["deviation"]),
+        helper.make_node("Add", ["deviation", "mean"], [y]),
+    ]
+
+
 def run_both(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]):
     """(welder interpreter outputs, onnxruntime outputs), keyed by output name."""
     graph = import_onnx(model)

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-from onnx_util import assert_close, assert_matches_ort, make_model, onnxruntime_outputs
+from onnx_util import assert_close, assert_matches_ort, contrast_nodes, make_model, onnxruntime_outputs
 
 import welder
 from welder.arch import get_arch
@@ -389,6 +389,27 @@ def test_split_reductions_run_as_generated_kernels(dtype) -> None:
     reference = import_onnx(model).run({"x": x})
     for name in ("scaled", "pooled", "summed"):
         assert error_metric(ours[name], reference[name]) <= threshold_for(graph.tensor(name).dtype), name
+
+
+@pytest.mark.skipif(not emulator_available(), reason="the CPU emulator needs Linux and g++")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_contrast_of_few_channels_runs_in_blocks_past_the_default_limit(dtype) -> None:
+    """BSRN's contrast (a channel's mean plus its standard deviation) over 64 x 128 pixels
+    of 4 channels is at most 4 blocks: the policy offers blocks of 512 and 1024 threads
+    splitting the reduction, and each runs on the emulator as the interpreter computes the
+    graph."""
+    x = RNG.standard_normal((1, 4, 64, 128)).astype(dtype)
+    nodes = contrast_nodes("x", "contrast")
+    model = make_model(nodes, {"x": x}, ["contrast"])
+    graph = planned_graph(import_onnx(model))
+    [planned] = plan_model(graph, get_arch("H100"), topk=8).groups
+    large = {(c.threads, c.grid): c for c in planned.configs if c.threads > 256}
+    assert {threads for threads, _ in large} == {512, 1024}
+    reference = import_onnx(model).run({"x": x})["contrast"]
+    for cfg in large.values():
+        assert cfg.estimate.blocks <= 4 and max(st.reduce_threads for st in cfg.stages) > 32
+        ours = EmulatedModel(graph, generate_model(graph, [(planned.group, cfg)])).run({"x": x})["contrast"]
+        assert error_metric(ours, reference) <= threshold_for(graph.tensor("contrast").dtype), cfg.threads
 
 
 def test_a_half_global_average_pool_sums_in_fp32() -> None:

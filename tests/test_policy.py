@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 from onnx import helper
-from onnx_util import make_model
+from onnx_util import contrast_nodes, make_model
 
 from welder import arch as arch_module
 from welder.arch import ARCHS, Arch, get_arch, match_gpu_name
@@ -25,6 +25,7 @@ from welder.schedule.kinds.simt import (
     LINE_BYTES,
     STEP_LINES,
     base_tile,
+    few_blocks,
     make_config,
     schedule_group,
     thread_layout,
@@ -103,7 +104,10 @@ def check_config(cfg, group, graph, a):
     the shared-memory plan, the occupancy it claims, the thread layout and the staging."""
     shape_of, dtype_of = _shape_dtype(graph)
     assert cfg.threads % a.warp_size == 0 and a.warp_size <= cfg.threads <= a.max_threads_per_block
-    assert cfg.threads <= Options().max_threads
+    limit = Options().max_threads
+    reduces = any(group.computes[s].is_reduction for s in group.stages)
+    few = reduces and math.prod(cfg.block_tile) < limit and few_blocks(cfg.estimate.blocks, limit, a)
+    assert cfg.threads <= limit or few
 
     # Shared memory: rebuild every buffer and its live range (stage positions) from the
     # stages: a tile lives until the last stage that reads it, staging buffers and
@@ -374,6 +378,31 @@ def test_block_size_is_chosen_among_warp_multiples():
         check_config(c, group, graph, a)
     top = schedule_group(group, shape_of, dtype_of, a, Options(topk=6))
     assert len({c.threads for c in top}) >= 2
+
+
+def _contrast(channels: int, pixels: int):
+    return whole_graph_group(contrast_nodes("x", "y"), {"x": _w(1, channels, pixels, pixels)}, ["y"])
+
+
+@pytest.mark.parametrize(
+    "channels, tile, largest",
+    [
+        (64, (1, 1, 1, 1), 1024),  # 64 blocks of one output: up to the arch's largest block
+        (64, (1, 4, 1, 1), 1024),  # 16 blocks of 4 outputs
+        (528, (1, 1, 1, 1), 256),  # 528 x 256 threads fill half the H100's thread slots
+        (512, (1, 512, 1, 1), 256),  # one block, but of 512 outputs: threads have outputs to own
+    ],
+)
+def test_a_reduction_of_few_blocks_may_use_larger_blocks(channels, tile, largest):
+    """Blocks past ``Options.max_threads`` are offered only to a reduction whose tile has
+    fewer outputs than that many threads and whose grid would fill less than half the GPU's
+    thread slots: a grid that small gains loads in flight only from larger blocks."""
+    graph, group = _contrast(channels, 32)
+    a = get_arch("H100")
+    sizes = {c.threads for c in tile_configs(group, tile, *_shape_dtype(graph), a)}
+    assert max(sizes) == largest
+    assert Options().max_threads == 256
+    assert few_blocks(channels // tile[1], 256, a) == (largest > 256 or tile[1] >= 256)
 
 
 def test_thread_layout_prefers_square_register_tiles():

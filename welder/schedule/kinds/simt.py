@@ -584,7 +584,7 @@ def tile_configs(
     facts = _tile_facts(group, info, tile, shape_of, dtype_of, arch)
     if facts is None:
         return []
-    sizes = [threads] if threads else block_sizes(group, facts.regions, arch, options)
+    sizes = [threads] if threads else block_sizes(group, facts.regions, arch, options, math.prod(facts.grid))
     configs = [c for t in sizes if (c := _config(group, info, facts, t, shape_of, arch)) is not None]
     if not configs:
         return []
@@ -602,17 +602,30 @@ def tile_configs(
     return [pick, *sorted((c for c in configs if c is not pick), key=_rank_key)]
 
 
-def block_sizes(group: Group, regions: GroupRegions, arch: Arch, options: Options = Options()) -> list[int]:
+def block_sizes(
+    group: Group, regions: GroupRegions, arch: Arch, options: Options = Options(), blocks: int | None = None
+) -> list[int]:
     """Block sizes worth trying for a tile: the warp size times powers of two, up to the
     limit, that leave no warp without work (at most one thread per output, or per
     reduction point where spare threads split a reduction) and no thread more than
-    ``MAX_REG_TILE`` outputs of the root."""
+    ``MAX_REG_TILE`` outputs of the root.
+
+    The limit is ``options.max_threads``, or the arch's largest block for a reduction
+    whose tile has fewer outputs than that and whose grid of ``blocks`` fills less than half
+    the GPU's thread slots at that limit (:func:`few_blocks`): the loads such a kernel keeps
+    in flight scale with its resident warps, and larger blocks, their threads splitting the
+    reduction, are the only way left to add warps (BSRN's contrast, a mean
+    and deviation over 256 x 256 per channel, ran 64 blocks of 256 threads in 36 us on an
+    H200, reading 8 MB twice; 128 threads took 67 us, 64 threads 131)."""
     limit = min(options.max_threads, arch.max_threads_per_block)
-    root = math.prod(regions.members[group.root].extents)
     work = max(
         math.prod(regions.members[s].extents) * math.prod(a.extent for a in group.computes[s].reduce_axes)
         for s in group.stages
     )
+    root = math.prod(regions.members[group.root].extents)
+    reduces = any(group.computes[s].is_reduction for s in group.stages)
+    if reduces and root < limit and blocks is not None and few_blocks(blocks, limit, arch):
+        limit = arch.max_threads_per_block
     sizes = []
     t = arch.warp_size
     while t <= limit:
@@ -621,13 +634,19 @@ def block_sizes(group: Group, regions: GroupRegions, arch: Arch, options: Option
         t *= 2
     if not sizes:
         sizes.append(t // 2)  # the largest: a tile too big for any block fails in thread_layout
-    if not any(group.computes[s].is_reduction for s in group.stages):
+    if not reduces:
         # Nothing to reuse or to wait for at a barrier: a smaller block buys nothing, and
         # blocks of one or two warps cannot fill an SM (``max_blocks_per_sm``) and leave
         # more blocks to start for the same work.  How many blocks share the work is the
         # tile's choice.
         return sizes[-1:]
     return sizes
+
+
+def few_blocks(blocks: int, threads: int, arch: Arch) -> bool:
+    """Whether ``blocks`` blocks of ``threads`` threads fill less than half the thread slots of
+    the GPU's SMs."""
+    return 2 * blocks * threads < arch.sm_count * arch.max_threads_per_sm
 
 
 def _tile_facts(
