@@ -19,7 +19,7 @@ from welder.frontend.onnx import import_onnx
 from welder.ir.expr import free_vars
 from welder.ir.interpret import np_dtype
 from welder.schedule.group import make_group
-from welder.schedule.kinds import Options
+from welder.schedule.kinds import Options, simt
 from welder.schedule.kinds.simt import (
     BLOCK_SIZE_TOLERANCE,
     LINE_BYTES,
@@ -214,8 +214,9 @@ def test_large_matmul_on_h100_has_high_arithmetic_intensity():
 
     What it picks today: 128 x 128 on 256 threads of 8 x 8 outputs, K in steps of 64
     (the longest that keeps the 2 blocks per SM the 96 registers per thread allow: 64 KB
-    of staging), 2 * 4096^3 = 137.4 GFLOP, estimated at about 3.5 ms -- compute bound at
-    60% of the 67 TFLOPS fp32 peak (3.42 ms) plus the last wave's imbalance."""
+    of staging), 2 * 4096^3 = 137.4 GFLOP, estimated at about 3.8 ms -- compute bound at
+    60% of the 67 TFLOPS fp32 peak (3.42 ms) plus the last wave's imbalance, plus one
+    chain of the 4096 points each thread reduces in turn (0.25 ms)."""
     graph, group = _matmul(4096, 4096, 4096)
     shape_of, dtype_of = _shape_dtype(graph)
     a = get_arch("H100")
@@ -285,6 +286,29 @@ def test_few_rows_split_their_reduction_over_threads():
     # Left to itself the policy splits too: 64 rows cannot fill the machine one per thread.
     [best] = schedule_group(group, *_shape_dtype(graph), a)
     assert best.stages[0].reduce_threads > 1
+
+
+def test_a_reduction_estimate_counts_the_points_each_thread_combines_in_turn(monkeypatch):
+    """A thread's reduction points take ``SERIAL_POINT_CYCLES`` each, one after another: the
+    estimate is at least every wave's chain of them, plus one chain, recomputed here from the
+    config's own fields.  8 rows of 65536 in blocks of one row take 2048 points a thread at
+    32 threads and 256 at 256, so the larger block is estimated faster by at least the
+    difference, as the H200 measured such reductions."""
+    graph, group = _row_sum(8, 65536)
+    a = get_arch("H200")
+    per_point = simt.SERIAL_POINT_CYCLES / (a.clock_ghz * 1e3)
+    with_term = {t: make_config(group, (1,), *_shape_dtype(graph), a, threads=t) for t in (32, 256)}
+    monkeypatch.setattr(simt, "SERIAL_POINT_CYCLES", 0)
+    without = {t: make_config(group, (1,), *_shape_dtype(graph), a, threads=t) for t in (32, 256)}
+    for t, cfg in with_term.items():
+        [st] = cfg.stages
+        points = math.ceil(65536 / st.reduce_threads)
+        assert st.reduce_threads == t and points == 65536 // t
+        chain = points * per_point
+        expected = max(without[t].estimate.latency_us, cfg.estimate.waves * chain) + chain
+        assert cfg.estimate.latency_us == pytest.approx(expected, abs=1e-3)
+    gap = with_term[32].estimate.latency_us - with_term[256].estimate.latency_us
+    assert gap >= (2048 - 256) * per_point
 
 
 def _region(origin, extent):

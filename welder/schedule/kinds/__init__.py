@@ -56,7 +56,8 @@ SEARCH_VERSION = 10  # 4: attention past 256 keys (online softmax); 5: shorter s
 # reductions alone and left other groups cached under the versions before them; version 9
 # changes which of every kind's configs make the topk, which is only known by proposing for a
 # group, so every group is keyed at 9 and tuned again once; 10: a reduction of few blocks is
-# offered blocks past ``Options.max_threads`` (simt.few_blocks).
+# offered blocks past ``Options.max_threads`` (simt.few_blocks), and a SIMT estimate counts
+# the reduction points a thread takes in turn (simt.serial_points), which reorders the topk.
 
 
 KINDS: dict[str, KernelKind] = {

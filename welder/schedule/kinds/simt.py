@@ -60,6 +60,13 @@ WARPS_PER_PARTITION = 4
 # 8192x768 fp16 took 0.6 ns a block -- 120 us for 196608 blocks of 32 elements, 41 us for
 # 65536 of 96 -- against 12 us for 3072 to 12288 blocks of 512 to 2048 elements).
 BLOCK_ISSUE_CYCLES = 1.2
+# GPU clock cycles each reduction point a thread takes in turn: the loop's loads and combine
+# wait on one another.  A kernel takes at least its waves' serial chains, plus one chain that
+# nothing hides (:func:`estimate_cost`).  Fitted on the H200's times of 3,347 SIMT configs
+# (ten tunes of batch-1 models, 2026-11-29): over the estimate without it, their time grew
+# with the points a thread reduces (1.14x at 2-7, 1.7x at 32-127, 5.8x past 256), about
+# 60 ns a point.
+SERIAL_POINT_CYCLES = 120
 # Block sizes whose estimates lie this close to the best one count as ties.
 BLOCK_SIZE_TOLERANCE = 0.02
 # The most reduction points one step stages, in 128-byte lines of the input's elements:
@@ -1236,6 +1243,10 @@ def estimate_cost(
     waves = -(-blocks // concurrency)
     smem_block = sum(_smem_traffic(info, st) for st in stages)
     latency = _kernel_time(blocks, per_sm, threads, facts.dram_bytes, facts.flops_block, smem_block, arch)
+    # A wave lasts at least its threads' serial chain, and the last wave's chain is exposed
+    # whatever overlapped before it.
+    chain = serial_points(info, stages) * SERIAL_POINT_CYCLES / (arch.clock_ghz * 1e3)
+    latency = max(latency, waves * chain) + chain
     return Estimate(
         blocks=blocks,
         blocks_per_sm=per_sm,
@@ -1305,6 +1316,16 @@ def _kernel_time(
         t += wave(-(-rest // active), active)
     issue = blocks * BLOCK_ISSUE_CYCLES / (arch.clock_ghz * 1e3)
     return max(t, issue) + LAUNCH_OVERHEAD_US
+
+
+def serial_points(info: _GroupInfo, stages: Sequence[SimtConfig]) -> int:
+    """Reduction points one thread combines in turn, over every stage of a block: a
+    stage's reduction over the threads that split it."""
+    return sum(
+        -(-math.prod(a.extent for a in info.stages[st.node].compute.reduce_axes) // st.reduce_threads)
+        for st in stages
+        if info.stages[st.node].compute.is_reduction
+    )
 
 
 def _smem_traffic(info: _GroupInfo, st: SimtConfig) -> int:
