@@ -12,7 +12,10 @@ configs this reports:
 * **regret**: the time of the config ranked first over the fastest time (1.00: the cost
   model's first choice was the fastest);
 * **first**: the rank of the fastest config (0: first);
-* **rho**: the Spearman rank correlation of the estimates with the times (1: the same order).
+* **rho**: the Spearman rank correlation of the estimates with the times (1: the same order);
+* **time / estimate**: over every timed config, the median of its time over its estimate
+  and the standard deviation of that ratio's log (how far off the estimates are, and how
+  unevenly: what the fusion search, which adds estimates up, depends on).
 
 grouped by the kernel kind of the configs' first stage and the precision (``fp16`` where the
 file's path says so, as ``scripts/calibration.py`` decides), as the median and worst decile
@@ -25,7 +28,8 @@ have no timed table: a group counts only where this run tuned it.
 ``--rerank`` judges today's cost model on the same times: each group is rebuilt from the
 ``model.onnx`` beside its tuned.json (as ``scripts/candidates.py`` does), proposed for again
 with the kinds the tune used, and its timed configs are put in the new order; the table then
-shows the regret and first place of that order beside the tune's own (``now``).  A config
+shows the regret and first place of that order, and today's time / estimate, beside the
+tune's own (``now``).  A config
 the search no longer proposes drops out of the new order; a group none of whose timed
 configs it proposes is left out of both columns.  So a change to the estimates can be
 tried on the CPU against every ranking a GPU round recorded.
@@ -34,6 +38,7 @@ tried on the CPU against every ranking a GPU round recorded.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -64,6 +69,8 @@ class GroupRanking:
     configs: tuple[dict, ...] = ()
     #: With --rerank: each timed config's rank in today's proposals (None: not proposed).
     reranked: tuple[int | None, ...] | None = None
+    #: With --rerank: each timed config's estimate today (None: not proposed).
+    estimates_now: tuple[float | None, ...] | None = None
 
     @property
     def regret(self) -> float:
@@ -94,9 +101,14 @@ class KindRanking:
     first_share: float
     fastest_rank_median: float
     rho_median: float
+    #: Time over estimate of every timed config: median and log standard deviation.
+    ratio_median: float = math.nan
+    ratio_log_sd: float = math.nan
     regret_median_now: float | None = None
     regret_p90_now: float | None = None
     first_share_now: float | None = None
+    ratio_median_now: float | None = None
+    ratio_log_sd_now: float | None = None
 
 
 def ranks_of(values: Sequence[float]) -> list[float]:
@@ -173,7 +185,8 @@ def rerank(found: Sequence[GroupRanking], doc: dict, graph: Any) -> list[GroupRa
         timed = [config_from_json(c) for c in g.configs]
         placed = tuple(next((i for i, c in enumerate(order) if same_kernel(c, t)), None) for t in timed)
         if any(r is not None for r in placed):
-            out.append(replace(g, reranked=placed))
+            now = tuple(None if i is None else order[i].estimate.latency_us for i in placed)
+            out.append(replace(g, reranked=placed, estimates_now=now))
     return out
 
 
@@ -184,8 +197,20 @@ def summarise(found: Sequence[GroupRanking]) -> list[KindRanking]:
     return [_kind_ranking(kind, precision, gs) for (kind, precision), gs in sorted(by_kind.items())]
 
 
+def ratio_spread(pairs: Iterable[tuple[float, float | None]]) -> tuple[float, float]:
+    """(median, log standard deviation) of time over estimate, over the (time, estimate)
+    pairs that have an estimate: how far the estimates are off, and how unevenly."""
+    ratios = [t / e for t, e in pairs if e]
+    if not ratios:
+        return math.nan, math.nan
+    logs = [math.log(r) for r in ratios]
+    mean = sum(logs) / len(logs)
+    return quantile(ratios, 0.5), math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
+
+
 def _kind_ranking(kind: str, precision: str, gs: Sequence[GroupRanking]) -> KindRanking:
     regrets = [g.regret for g in gs]
+    ratio_median, ratio_log_sd = ratio_spread((t, e) for g in gs for t, e in zip(g.times, g.estimates))
     stats = KindRanking(
         kind,
         precision,
@@ -195,44 +220,54 @@ def _kind_ranking(kind: str, precision: str, gs: Sequence[GroupRanking]) -> Kind
         sum(g.fastest_rank == g.ranks[0] for g in gs) / len(gs),
         quantile([float(g.fastest_rank) for g in gs], 0.5),
         quantile([g.rho for g in gs], 0.5),
+        ratio_median,
+        ratio_log_sd,
     )
     now = [g.regret_now for g in gs]
     if any(r is None for r in now):
         return stats
+    median_now, log_sd_now = ratio_spread((t, e) for g in gs for t, e in zip(g.times, g.estimates_now or ()))
     return replace(
         stats,
         regret_median_now=quantile(now, 0.5),
         regret_p90_now=quantile(now, 0.9),
         first_share_now=sum(r == 1.0 for r in now) / len(now),
+        ratio_median_now=median_now,
+        ratio_log_sd_now=log_sd_now,
     )
 
 
 def format_table(stats: Sequence[KindRanking]) -> str:
     lines = [
         "| kind | precision | groups | regret median | regret p90 | fastest ranked first "
-        "| rank of fastest | rho |",
-        "|---|---|---|---|---|---|---|---|",
+        "| rank of fastest | rho | time / estimate | log sd |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {s.kind} | {s.precision} | {s.groups} | {s.regret_median:.2f} | {s.regret_p90:.2f} "
-        f"| {s.first_share:.0%} | {s.fastest_rank_median:.0f} | {s.rho_median:.2f} |"
+        f"| {s.first_share:.0%} | {s.fastest_rank_median:.0f} | {s.rho_median:.2f} "
+        f"| {s.ratio_median:.2f} | {s.ratio_log_sd:.3f} |"
         for s in stats
     ]
     if any(s.regret_median_now is not None for s in stats):
         lines += [
             "",
-            "| kind | precision | regret median, tune -> now | regret p90 | fastest ranked first |",
-            "|---|---|---|---|---|",
+            "| kind | precision | regret median, tune -> now | regret p90 | fastest ranked first "
+            "| time / estimate | log sd |",
+            "|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {s.kind} | {s.precision} | {s.regret_median:.2f} -> {s.regret_median_now:.2f} "
             f"| {s.regret_p90:.2f} -> {s.regret_p90_now:.2f} "
-            f"| {s.first_share:.0%} -> {s.first_share_now:.0%} |"
+            f"| {s.first_share:.0%} -> {s.first_share_now:.0%} "
+            f"| {s.ratio_median:.2f} -> {s.ratio_median_now:.2f} "
+            f"| {s.ratio_log_sd:.3f} -> {s.ratio_log_sd_now:.3f} |"
             for s in stats
             if s.regret_median_now is not None
         ]
     lines.append(
-        "\nregret: time of the config ranked first / the fastest time; rho: Spearman, estimates vs times"
+        "\nregret: time of the config ranked first / the fastest time; rho: Spearman, estimates vs times; "
+        "time / estimate: median over every timed config, and the standard deviation of its log"
     )
     return "\n".join(lines)
 

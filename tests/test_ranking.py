@@ -72,6 +72,10 @@ def test_regret_first_place_and_worst_decile_per_kind(tmp_path: Path) -> None:
     assert stats.regret_median == pytest.approx(np.quantile(regrets, 0.5))
     assert stats.regret_p90 == pytest.approx(np.quantile(regrets, 0.9))
     assert stats.first_share == 0.5
+    kept = [(10.0, 1.0), (12.0, 2.0), (15.0, 3.0), (30.0, 1.0), (20.0, 3.0)]
+    ratios = np.array([t / e for t, e in kept])
+    assert stats.ratio_median == pytest.approx(np.median(ratios))
+    assert stats.ratio_log_sd == pytest.approx(np.std(np.log(ratios)))
 
 
 def test_a_tuned_json_from_the_tuner_reads_back(tmp_path: Path) -> None:
@@ -131,6 +135,8 @@ def test_rerank_with_the_same_cost_model_keeps_every_rank(tmp_path: Path) -> Non
         assert g.reranked == g.ranks and g.regret_now == pytest.approx(g.regret)
     stats = ranking.summarise(again)
     assert all(s.regret_median_now == pytest.approx(s.regret_median) for s in stats)
+    assert all(s.ratio_median_now == pytest.approx(s.ratio_median) for s in stats)
+    assert all(s.ratio_log_sd_now == pytest.approx(s.ratio_log_sd) for s in stats)
 
 
 def test_rerank_reads_the_new_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
