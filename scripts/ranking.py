@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -203,9 +204,7 @@ def ratio_spread(pairs: Iterable[tuple[float, float | None]]) -> tuple[float, fl
     ratios = [t / e for t, e in pairs if e]
     if not ratios:
         return math.nan, math.nan
-    logs = [math.log(r) for r in ratios]
-    mean = sum(logs) / len(logs)
-    return quantile(ratios, 0.5), math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
+    return quantile(ratios, 0.5), statistics.pstdev(math.log(r) for r in ratios)
 
 
 def _kind_ranking(kind: str, precision: str, gs: Sequence[GroupRanking]) -> KindRanking:

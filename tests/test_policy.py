@@ -426,7 +426,14 @@ def test_a_reduction_of_few_blocks_may_use_larger_blocks(channels, tile, largest
     sizes = {c.threads for c in tile_configs(group, tile, *_shape_dtype(graph), a)}
     assert max(sizes) == largest
     assert Options().max_threads == 256
-    assert few_blocks(channels // tile[1], 256, a) == (largest > 256 or tile[1] >= 256)
+
+
+def test_few_blocks_is_under_half_the_thread_slots():
+    """The H100's 132 SMs of 2048 threads hold 270,336: 527 blocks of 256 fill less than
+    half, 528 exactly half."""
+    a = get_arch("H100")
+    assert few_blocks(527, 256, a) and not few_blocks(528, 256, a)
+    assert few_blocks(263, 512, a) and not few_blocks(264, 512, a)
 
 
 def test_thread_layout_prefers_square_register_tiles():

@@ -591,7 +591,7 @@ def tile_configs(
     facts = _tile_facts(group, info, tile, shape_of, dtype_of, arch)
     if facts is None:
         return []
-    sizes = [threads] if threads else block_sizes(group, facts.regions, arch, options, math.prod(facts.grid))
+    sizes = [threads] if threads else block_sizes(group, facts.regions, math.prod(facts.grid), arch, options)
     configs = [c for t in sizes if (c := _config(group, info, facts, t, shape_of, arch)) is not None]
     if not configs:
         return []
@@ -610,7 +610,7 @@ def tile_configs(
 
 
 def block_sizes(
-    group: Group, regions: GroupRegions, arch: Arch, options: Options = Options(), blocks: int | None = None
+    group: Group, regions: GroupRegions, blocks: int, arch: Arch, options: Options = Options()
 ) -> list[int]:
     """Block sizes worth trying for a tile: the warp size times powers of two, up to the
     limit, that leave no warp without work (at most one thread per output, or per
@@ -631,7 +631,7 @@ def block_sizes(
     )
     root = math.prod(regions.members[group.root].extents)
     reduces = any(group.computes[s].is_reduction for s in group.stages)
-    if reduces and root < limit and blocks is not None and few_blocks(blocks, limit, arch):
+    if reduces and root < limit and few_blocks(blocks, limit, arch):
         limit = arch.max_threads_per_block
     sizes = []
     t = arch.warp_size
