@@ -282,6 +282,45 @@ def test_nofusion_makes_arithmetic_between_products_the_epilogue_of_the_first():
     assert [grp.members for grp in result.groups] == [("a", "ab", "e"), ("y",)]
 
 
+def normalised_attention(c: int = 48, pixels: int = 65536) -> Graph:
+    """Restormer's transposed attention: queries and keys (c x pixels, from a product) each
+    divided by its rows' L2 norms, then their c x c product."""
+    nodes = []
+    for n in ("q", "k"):
+        nodes += [
+            helper.make_node("MatMul", [f"w{n}", "x"], [n]),
+            helper.make_node("ReduceL2", [n], [f"{n}l2"], axes=[1], keepdims=1),
+            helper.make_node("Clip", [f"{n}l2", "eps"], [f"{n}c"]),
+            helper.make_node("Div", [n, f"{n}c"], [f"{n}n"]),
+        ]
+    nodes += [
+        helper.make_node("Transpose", ["kn"], ["knt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["qn", "knt"], ["attn"]),
+    ]
+    inits = {"wq": _w(c, c), "wk": _w(c, c), "eps": np.array(1e-12, np.float32)}
+    return import_onnx(make_model(nodes, {"x": _w(c, pixels)}, ["attn"], inits))
+
+
+def test_nofusion_keeps_arithmetic_apart_where_its_prologue_is_slower():
+    """Rows of 65,536 are too long for the norms' kernels to divide as their epilogue, so
+    the division becomes the product's prologue only where the measure finds that no slower
+    than two kernels: not on the H100's cost model, where it would put the product on CUDA
+    cores without FFMA; yes where launches dominate."""
+    g = normalised_attention()
+    arch = get_arch("H100")
+    cost = CostModel(g, arch, Options(topk=1))
+    groups = [p.group for p in plan_model(g, arch, topk=1, nofusion=True).groups]
+    product, *divisions = (next(grp for grp in groups if n in grp.members) for n in ("attn", "qn", "kn"))
+    assert product.members == ("knt", "attn")
+    assert all(d.members[-1] in ("qn", "kn") and "ql2:sum" not in d.members for d in divisions)
+    union = make_group(g, set(product.members).union(*(d.members for d in divisions)))
+    assert sum(cost(grp) for grp in [product, *divisions]) < cost(union)
+    launches = launch_bound(g)
+    result = fuse(g, lambda grp: None if cost(grp) is None else launches(grp), nofusion=True)
+    _check_nofusion(g, result.groups)
+    assert {"qc", "qn", "kc", "kn"} <= set(_group_of(result, "attn").members)
+
+
 def test_nofusion_leaves_a_view_alone_for_a_computed_epilogue():
     """y feeds a reshape and a ReLU -> transpose; only one of them can be y's epilogue.  The
     reshape on its own is a view that launches nothing, so the ReLU and transpose take it."""
