@@ -27,7 +27,7 @@ import onnx
 import pytest
 from node_cases import importable
 from onnx import TensorProto, helper
-from onnx_util import make_model
+from onnx_util import contrast_nodes, make_model
 
 from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
@@ -42,7 +42,13 @@ from welder.runtime.emu import compile_kernels
 from welder.schedule.config import Estimate, GroupConfig
 from welder.schedule.group import Group, make_group
 from welder.schedule.kinds import Options
-from welder.schedule.kinds.simt import SimtConfig, StagedInput, make_config, schedule_group
+from welder.schedule.kinds.simt import (
+    SimtConfig,
+    StagedInput,
+    make_config,
+    reduce_vector_twin,
+    schedule_group,
+)
 from welder.schedule.plan import plan_model
 from welder.tile.propagate import partitions_output, propagate_group, read_regions
 
@@ -724,6 +730,44 @@ def test_every_config_of_a_group_is_correct():
     assert not failures, "\n".join(failures)
 
 
+def reduce_vector_batch() -> Batch:
+    """The twins reading reductions in 16-byte vectors (``SimtConfig.rvector``) of the
+    first twelve configs of: BSRN's contrast over 64 x 128 pixels in both precisions (two
+    reductions over x, the second with the mean as a scalar beside x's vectors) and a half
+    LayerNorm of four rows of 2048 (vector reductions, then a vectorised normalisation)."""
+    rng = np.random.default_rng(17)
+    models = {
+        f"contrast_{dtype.__name__}": make_model(
+            contrast_nodes("x", "y"), {"x": _w(rng, 1, 4, 64, 128, dtype=dtype)}, ["y"]
+        )
+        for dtype in (np.float32, np.float16)
+    }
+    models["layernorm_f16"] = make_model(
+        [helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1)],
+        {"x": _w(rng, 4, 2048, dtype=np.float16)},
+        ["y"],
+        {"s": _w(rng, 2048, dtype=np.float16), "b": _w(rng, 2048, dtype=np.float16)},
+    )
+    batch = Batch("rv")
+    for name, model in models.items():
+        graph = import_onnx(model)
+        group = _whole(graph)
+        shape_of, dtype_of = (lambda t, g=graph: g.tensor(t).shape), (lambda t, g=graph: g.tensor(t).dtype)
+        configs = schedule_group(group, shape_of, dtype_of, ARCH, Options(topk=12))
+        vectors = [t for c in configs if (t := reduce_vector_twin(group, c, shape_of, dtype_of, ARCH))]
+        assert vectors, name
+        for k, cfg in enumerate(vectors):
+            batch.add(f"{name}_{k}", graph, [(group, cfg)], _feeds(graph, rng))
+    return batch
+
+
+def test_reductions_read_in_vectors_are_correct():
+    batch = reduce_vector_batch()
+    assert all("welder_vload" in k.source for k in batch.kernels)
+    failures = batch.run_all()
+    assert not failures, "\n".join(failures)
+
+
 def all_batches() -> list[Batch]:
     """Every batch of this file: what the nvcc test compiles and the GPU tests run."""
     return [
@@ -734,6 +778,7 @@ def all_batches() -> list[Batch]:
         cross_warp_batch(),
         fp16_batch(),
         config_sweep_batch(),
+        reduce_vector_batch(),
     ]
 
 

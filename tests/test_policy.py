@@ -27,6 +27,7 @@ from welder.schedule.kinds.simt import (
     base_tile,
     few_blocks,
     make_config,
+    reduce_vector_twin,
     schedule_group,
     thread_layout,
     tile_configs,
@@ -159,6 +160,22 @@ def check_config(cfg, group, graph, a):
             assert st.node == group.root == group.stages[-1] and not c.is_reduction
             assert st.vector * np.dtype(graph.tensor(st.node).dtype).itemsize == 16
             assert st.tile[-1] % st.vector == 0 and shape_of(st.node)[-1] % st.vector == 0
+        # A reduction in vectors: 16 bytes of an input it reads along its innermost reduce
+        # axis, a whole number of them in that axis and in the input's rows, one at least per
+        # thread that splits it.
+        if st.rvector > 1:
+            assert c.is_reduction and st.reduce_threads > 1 and not st.staged
+            last = c.reduce_axes[-1]
+            assert last.extent % st.rvector == 0
+            assert math.prod(ax.extent for ax in c.reduce_axes) >= st.rvector * st.reduce_threads
+            rows = [
+                ld for ld in c.loads() if ld.tensor in group.inputs and last.name in free_vars(ld.indices[-1])
+            ]
+            assert any(
+                np.dtype(graph.tensor(ld.tensor).dtype).itemsize * st.rvector == 16
+                and shape_of(ld.tensor)[-1] % st.rvector == 0
+                for ld in rows
+            )
         # Staging: one step's region of each staged input, as propagation computes it.
         assert len(st.rstep) == len(c.reduce_axes)
         assert all(1 <= r <= ax.extent for r, ax in zip(st.rstep, c.reduce_axes))
@@ -182,7 +199,8 @@ def test_configs_obey_the_arch_and_tile_exactly(case, arch):
     configs = schedule_group(group, shape_of, dtype_of, a, Options(topk=6))
     assert configs, f"no config for {case} on {arch}"
     root_shape = shape_of(group.root)
-    for cfg in configs:
+    twins = [reduce_vector_twin(group, c, shape_of, dtype_of, a) for c in configs]
+    for cfg in [*configs, *filter(None, twins)]:
         check_config(cfg, group, graph, a)
         # The grid covers the root exactly: no block is wholly outside, none missing.
         for s, t, g in zip(root_shape, cfg.block_tile, cfg.grid):
@@ -293,22 +311,76 @@ def test_a_reduction_estimate_counts_the_points_each_thread_combines_in_turn(mon
     estimate is at least every wave's chain of them, plus one chain, recomputed here from the
     config's own fields.  8 rows of 65536 in blocks of one row take 2048 points a thread at
     32 threads and 256 at 256, so the larger block is estimated faster by at least the
-    difference, as the H200 measured such reductions."""
+    difference, as the H200 measured such reductions; read in vectors of 4 floats
+    (:func:`reduce_vector_twin`), a quarter as many."""
     graph, group = _row_sum(8, 65536)
+    shape_of, dtype_of = _shape_dtype(graph)
     a = get_arch("H200")
     per_point = simt.SERIAL_POINT_CYCLES / (a.clock_ghz * 1e3)
-    with_term = {t: make_config(group, (1,), *_shape_dtype(graph), a, threads=t) for t in (32, 256)}
+
+    def configs():  # the scalar config and its twin in vectors, at 32 and 256 threads
+        plain = [make_config(group, (1,), shape_of, dtype_of, a, threads=t) for t in (32, 256)]
+        return {
+            (c.threads, v): c
+            for p in plain
+            for v, c in ((1, p), (4, reduce_vector_twin(group, p, shape_of, dtype_of, a)))
+        }
+
+    with_term = configs()
     monkeypatch.setattr(simt, "SERIAL_POINT_CYCLES", 0)
-    without = {t: make_config(group, (1,), *_shape_dtype(graph), a, threads=t) for t in (32, 256)}
-    for t, cfg in with_term.items():
+    without = configs()
+    for (t, v), cfg in with_term.items():
         [st] = cfg.stages
-        points = math.ceil(65536 / st.reduce_threads)
-        assert st.reduce_threads == t and points == 65536 // t
+        points = math.ceil(65536 / (st.reduce_threads * st.rvector))
+        assert (st.reduce_threads, st.rvector) == (t, v) and points == 65536 // (t * v)
         chain = points * per_point
-        expected = max(without[t].estimate.latency_us, cfg.estimate.waves * chain) + chain
+        expected = max(without[t, v].estimate.latency_us, cfg.estimate.waves * chain) + chain
         assert cfg.estimate.latency_us == pytest.approx(expected, abs=1e-3)
-    gap = with_term[32].estimate.latency_us - with_term[256].estimate.latency_us
+    gap = with_term[32, 1].estimate.latency_us - with_term[256, 1].estimate.latency_us
     assert gap >= (2048 - 256) * per_point
+
+
+@pytest.mark.parametrize("dtype, width", [(np.float32, 4), (np.float16, 8)])
+def test_a_reduction_split_over_threads_has_a_twin_reading_its_rows_in_vectors(dtype, width):
+    """BSRN's contrast over 256 x 256 pixels of 64 channels: every config whose reductions
+    are split over threads and stage nothing has a twin with the same tile and block whose
+    reductions read 16 bytes of x per load, estimated with a thread's chain of points
+    ``width`` times shorter -- so no slower than the original."""
+    graph, group = whole_graph_group(
+        contrast_nodes("x", "y"), {"x": _w(1, 64, 256, 256).astype(dtype)}, ["y"]
+    )
+    a = get_arch("H200")
+    shape_of, dtype_of = _shape_dtype(graph)
+    configs = tile_configs(group, (1, 1, 1, 1), shape_of, dtype_of, a)
+    assert all(st.rvector == 1 for c in configs for st in c.stages)
+    split = [c for c in configs if all(st.reduce_threads > 1 for st in c.stages[:2])]
+    assert split
+    for original in split:
+        twin = reduce_vector_twin(group, original, shape_of, dtype_of, a)
+        check_config(twin, group, graph, a)
+        assert (twin.threads, twin.block_tile) == (original.threads, original.block_tile)
+        for st, orig in zip(twin.stages, original.stages):
+            reduction = group.computes[st.node].is_reduction
+            assert st.rvector == (width if reduction else 1) and st.reduce_threads == orig.reduce_threads
+        assert twin.stages[0].family == "simt_vector"
+        assert twin.estimate.latency_us < original.estimate.latency_us
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        lambda: CASES["reduce_outer"](),  # reduced along the outer axis: no row to walk
+        lambda: CASES["matmul"](),  # a product's rows are read for several outputs
+        lambda: _row_sum(8, 1002),  # a row of 1002 floats is no whole number of vectors
+        lambda: _row_sum(64, 4),  # one vector a row, fewer than the threads splitting it
+    ],
+)
+def test_no_vector_twin_where_rows_do_not_step_in_whole_vectors(case):
+    graph, group = case()
+    shape_of, dtype_of = _shape_dtype(graph)
+    configs = schedule_group(group, shape_of, dtype_of, get_arch("H100"), Options(topk=20))
+    assert any(st.reduce_threads > 1 for c in configs for st in c.stages)
+    assert not any(reduce_vector_twin(group, c, shape_of, dtype_of, get_arch("H100")) for c in configs)
 
 
 def _region(origin, extent):

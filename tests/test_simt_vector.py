@@ -145,9 +145,10 @@ def test_reads_in_a_branch_of_a_select_stay_scalar() -> None:
     ids=["LayerNorm: x, scale, shift", "softmax: x"],
 )
 def test_the_last_stage_of_a_normalisation_writes_vectors(op: str, vector_loads: int) -> None:
-    """The reductions stay scalar; the last stage (scale and shift, or the division) reads its
-    row-contiguous global inputs as vectors and writes vectors, the reductions' results from
-    shared memory one element at a time."""
+    """The last stage (scale and shift, or the division) reads its row-contiguous global
+    inputs as vectors and writes vectors, the reductions' results from shared memory one
+    element at a time; the reductions read x one vector at a time only in the twins that
+    say so (``SimtConfig.rvector``), one load each."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 768)).astype(np.float16)
     extra = {name: rng.standard_normal(768).astype(np.float16) for name in ("s", "b")}
@@ -158,8 +159,12 @@ def test_the_last_stage_of_a_normalisation_writes_vectors(op: str, vector_loads:
     vectors = [c for c in configs if c.stages[-1].vector == 8]
     assert vectors and any(c.stages[-1].vector == 1 for c in configs)
     assert all(st.vector == 1 for c in vectors for st in c.stages[:-1])
-    source = generate_kernel(graph, group, vectors[0], "vec").source
-    assert source.count("welder_vload<") == vector_loads and source.count("welder_vstore(") == 1
+    unstaged = [c for c in vectors if not any(st.staged for st in c.stages)]  # staging loads vectors too
+    assert {c.stages[0].rvector for c in unstaged} == {1, 8}
+    for cfg in unstaged:
+        source = generate_kernel(graph, group, cfg, "vec").source
+        in_rows = sum(st.rvector > 1 for st in cfg.stages[:-1])
+        assert source.count("welder_vload<") == vector_loads + in_rows and source.count("welder_vstore(") == 1
     _check(graph, configs)
 
 

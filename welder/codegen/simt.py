@@ -16,13 +16,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from welder.ir.compute import Compute, reduce_identity
-from welder.ir.expr import Binary, Expr, Load, Select, free_vars, is_half, walk
+from welder.ir.expr import Binary, Load, free_vars, is_half, walk
 from welder.ir.interpret import np_dtype
 from welder.ir.window import sliding_window
 from welder.schedule.config import GroupConfig, StageConfig
-from welder.schedule.kinds.simt import SimtConfig, StagedInput, vector_aligned
+from welder.schedule.kinds.simt import (
+    SimtConfig,
+    StagedInput,
+    steps_in_vectors,
+    unconditional_loads,
+    vector_aligned,
+)
 from welder.tile.propagate import Region, read_regions
-from welder.tile.region import Affine, Interval, bound
+from welder.tile.region import Affine, Interval
 
 from .common import StageCtx, flat_index, read_value, sanitize_comment
 from .cprint import COMPUTE_TYPES, HALF_FORMATS, STORAGE_TYPES, CPrinter, literal
@@ -115,6 +121,7 @@ class _ReduceDim:
     step: int = 0
     value: str = ""
     partial: bool = False
+    width: int = 1  # counts vectors of this many elements (SimtConfig.rvector): r<axis>v
 
 
 @dataclass
@@ -176,6 +183,8 @@ class SimtStageCtx(StageCtx):
     redi_view: str = ""
     vector: int = 1  # elements per vector on the innermost axis (an elementwise stage)
     vaxis: int = 0
+    rvector: int = 1  # elements per vector on the innermost reduce axis (a reduction)
+    rvaxis: int = 0
     vloads: list[_VectorLoad] = field(default_factory=list)
     vout_type: str = ""
     vflat: str = ""  # the output's flat index of a vector's first element
@@ -268,7 +277,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
         unroll_reduce=st.window,
     )
     if c.reduce_op:
-        _reduction(kb, ctx, k, c, st, staged_names, is_arg)
+        _reduction(kb, ctx, k, c, st, staged_names, is_arg, printer)
         if st.window and nonneg_origin:
             _window(ctx, c, st, printer, kb.shape_of)
         return ctx
@@ -351,17 +360,47 @@ def _vectorize(
     ctx.vector, ctx.vaxis = width, axis
     ctx.vout_type = _vec_type(c.dtype, width)
     ctx.vflat = flat_index([f"i{d}" + ("v" if d == axis else "") for d in range(len(c.shape))], c.shape)
-    at_start = CPrinter(kb.global_load, var={f"i{axis}": f"i{axis}v"}, nonneg=scalar.nonneg)
+    _vector_reads(kb, ctx, c, scalar, f"i{axis}", width, staged)
+
+
+def _vectorize_reduction(
+    kb: KernelBuilder, ctx: SimtStageCtx, st: SimtConfig, c: Compute, scalar: CPrinter
+) -> None:
+    """A reduction split over threads that walks its innermost reduce axis ``r<axis>`` in
+    vectors of ``st.rvector`` elements (``welder.schedule.kinds.simt.reduce_vector``): a
+    thread's point is a vector starting at ``r<axis>v``; each input whose innermost index
+    steps with the axis is loaded there as one vector, and the body is combined per element
+    of it (the other inputs stay scalar reads)."""
+    width, axis = st.rvector, len(c.reduce_axes) - 1
+    ctx.rvector, ctx.rvaxis = width, axis
+    _vector_reads(kb, ctx, c, scalar, f"r{axis}", width, {})
+
+
+def _vector_reads(
+    kb: KernelBuilder,
+    ctx: SimtStageCtx,
+    c: Compute,
+    scalar: CPrinter,
+    var: str,
+    width: int,
+    staged: Mapping[str, tuple[StagedInput, str]],
+) -> None:
+    """The stage's body with each input whose innermost index steps with ``var`` read from
+    one vector loaded where ``var`` starts a vector (``<var>v``; ``ctx.vloads``) and the
+    others as ``scalar`` reads them.  An input staged in shared memory (``staged``: tensor
+    -> its buffer and view) is loaded from the buffer where it holds whole rows and read
+    element by element from it otherwise."""
+    at_start = CPrinter(kb.global_load, var={var: f"{var}v"}, nonneg=scalar.nonneg)
     names: dict[Load, str] = {}
-    for ld in _unconditional_loads(c.body):
-        if ld in names or not _vector_loadable(kb, ld, axis, width):
+    for ld in unconditional_loads(c.body):
+        if ld in names or not _vector_loadable(kb, ld, var, width):
             continue
         param = kb.params[ld.tensor]
         idx = [at_start(i) for i in ld.indices]
         if ld.tensor in staged:
             sd, view = staged[ld.tensor]
             if not _whole_rows(sd, param.shape, width):
-                continue  # read element by element from the buffer
+                continue
             local = [f"({i} - {view}_o{d})" for d, i in enumerate(idx)]
             source, flat = view, flat_index(local, sd.extents)
         else:
@@ -384,33 +423,14 @@ def _whole_rows(sd: StagedInput, shape: Sequence[int], width: int) -> bool:
     return sd.shift == 0 and sd.extents[-1] == shape[-1] and sd.extents[-1] % width == 0
 
 
-def _unconditional_loads(e: Expr) -> list[Load]:
-    """The loads every element evaluates: not those in a branch of a Select (a Concat's or
-    a Pad's other side, whose indices may lie outside its tensor where it is not taken),
-    nor those addressed by other loads (a gather's)."""
-    found: list[Load] = []
-    stack = [e]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, Load):
-            if not any(isinstance(x, Load) for i in n.indices for x in walk(i)):
-                found.append(n)
-        elif isinstance(n, Select):
-            stack.append(n.cond)
-        else:
-            stack.extend(n.children())
-    return found
-
-
 def _vec_type(dtype: str, width: int) -> str:
     return f"welder_vec<{STORAGE_TYPES[dtype]}, {width}>"
 
 
-def _vector_loadable(kb: KernelBuilder, ld: Load, axis: int, width: int) -> bool:
-    """Whether ``ld`` reads ``width`` contiguous, aligned elements as the stage's innermost
-    index ``i<axis>`` steps through a vector: a global parameter of a float type at most 16
-    bytes a vector, whose innermost index is ``i<axis>`` plus a multiple of the width (no
-    other index using it), in rows of whole vectors."""
+def _vector_loadable(kb: KernelBuilder, ld: Load, var: str, width: int) -> bool:
+    """Whether ``ld`` reads ``width`` contiguous, aligned elements as the index ``var`` steps
+    through a vector: a global parameter of a float type at most 16 bytes a vector, in rows
+    of whole vectors, whose innermost index steps with ``var`` (``steps_in_vectors``)."""
     param = kb.params.get(ld.tensor)
     if param is None or ld.tensor in kb.tile_views or not ld.indices:
         return False
@@ -418,16 +438,7 @@ def _vector_loadable(kb: KernelBuilder, ld: Load, axis: int, width: int) -> bool
         return False
     if np_dtype(ld.dtype).itemsize * width > MAX_VECTOR_BYTES or param.shape[-1] % width:
         return False
-    own = f"i{axis}"
-    if any(own in free_vars(i) for i in ld.indices[:-1]):
-        return False
-    # The innermost index as an affine form: each variable a point, so the interval is one value.
-    last = ld.indices[-1]
-    point = bound(last, {v: Interval(Affine.make({v: 1}), 1) for v in free_vars(last)})
-    form = None if point is None or point.extent != 1 else point.affine
-    if form is None or form.coefs.get(own) != 1:
-        return False
-    return form.const % width == 0 and all(c % width == 0 for v, c in form.terms if v != own)
+    return steps_in_vectors(ld, var, width)
 
 
 def _reduction(
@@ -438,6 +449,7 @@ def _reduction(
     st: SimtConfig,
     staged_names: dict[str, str],
     is_arg: bool,
+    printer: CPrinter,
 ) -> None:
     body_dtype = c.body.dtype
     ctx.acc_t = COMPUTE_TYPES[body_dtype]
@@ -474,9 +486,12 @@ def _reduction(
         stride = 1
         dims = []
         for r in reversed(range(len(extents))):
-            dims.append(_ReduceDim(r, extents[r], stride=stride))
-            stride *= extents[r]
+            width = st.rvector if r == len(extents) - 1 else 1
+            dims.append(_ReduceDim(r, extents[r] // width, stride=stride, width=width))
+            stride *= extents[r] // width
         ctx.reduce_dims = list(reversed(dims))
+        if st.rvector > 1:
+            _vectorize_reduction(kb, ctx, st, c, printer)
     if st.reduce_threads > 1:
         ctx.shuffle_start = min(st.reduce_threads, 32) // 2
         ctx.warps_per_output = max(1, st.reduce_threads // 32)
