@@ -57,6 +57,9 @@ VECTOR_TYPES: dict[tuple[str, int], tuple[str, str]] = {
 }
 #: The widest load a thread issues (LDG.128).
 MAX_VECTOR_BYTES = 16
+#: Iterations of a reduction read in vectors that a thread unrolls, so that as many 16-byte
+#: loads are in flight at once: without it nvcc kept one (BSRN's contrast mean, sm_90 PTX).
+VECTORS_IN_FLIGHT = 4
 
 
 # -- the context the template reads --------------------------------------------------------
@@ -185,6 +188,7 @@ class SimtStageCtx(StageCtx):
     vaxis: int = 0
     rvector: int = 1  # elements per vector on the innermost reduce axis (a reduction)
     rvaxis: int = 0
+    unroll: int = 1  # iterations of a reduction in vectors unrolled (VECTORS_IN_FLIGHT at most)
     vloads: list[_VectorLoad] = field(default_factory=list)
     vout_type: str = ""
     vflat: str = ""  # the output's flat index of a vector's first element
@@ -373,6 +377,8 @@ def _vectorize_reduction(
     of it (the other inputs stay scalar reads)."""
     width, axis = st.rvector, len(c.reduce_axes) - 1
     ctx.rvector, ctx.rvaxis = width, axis
+    per_thread = -(-ctx.reduce_total // (width * st.reduce_threads))
+    ctx.unroll = max(1, min(VECTORS_IN_FLIGHT, per_thread))
     _vector_reads(kb, ctx, c, scalar, f"r{axis}", width, {})
 
 
