@@ -395,8 +395,8 @@ def nofusion_partition(
        projection, say), rather than a kernel of its own -- where the measure finds the
        union no slower than the two kernels apart.  Restormer's normalised queries and keys
        (each row divided by its L2 norm over 65,536 pixels) took their product off FFMA as
-       its prologue: 1,789 us an attention block on an H200 in fp32, against 99 us for the product and
-       15 us for the division apart.
+       its prologue: 1,789 us an attention block on an H200 in fp32, against 99 us for the
+       product and 15 us for the division apart.
     4. The groups left anchored at an injective node (nothing upstream to join, or the sink
        taken) are kernels of their own; a group that cannot be scheduled as one kernel
        falls back to one group per node.

@@ -134,8 +134,10 @@ class SimtConfig(StageConfig):
 
     @property
     def family(self) -> str:
-        if self.window or self.stream:
-            return "simt_window" if self.window else "simt_stream"
+        if self.window:
+            return "simt_window"
+        if self.stream:
+            return "simt_stream"
         return "simt_vector" if self.rvector > 1 else self.kind
 
     def renamed(self, names: Mapping[str, str]) -> SimtConfig:
@@ -971,7 +973,7 @@ def reduce_vector(
         and ld.indices
         and dtype_of(ld.tensor) in ("float16", "bfloat16", "float32")
     ]
-    points = math.prod(a.extent for a in c.reduce_axes)
+    points = info.stages[stage.node].points
     for width in sorted({VECTOR_BYTES // np_dtype(dtype_of(ld.tensor)).itemsize for ld in loads}):
         if axis.extent % width or points // width < stage.reduce_threads:
             continue
@@ -1443,10 +1445,7 @@ def serial_points(info: _GroupInfo, stages: Sequence[SimtConfig]) -> int:
     stage's reduction over the threads that split it, counting a vector
     (``SimtConfig.rvector``) as one point."""
     return sum(
-        -(
-            -math.prod(a.extent for a in info.stages[st.node].compute.reduce_axes)
-            // (st.reduce_threads * st.rvector)
-        )
+        -(-info.stages[st.node].points // (st.reduce_threads * st.rvector))
         for st in stages
         if info.stages[st.node].compute.is_reduction
     )
