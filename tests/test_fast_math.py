@@ -3,9 +3,9 @@ welder_erf16 in welder_math.cuh, fp16's fast division) over every value of the f
 the generated kernel's result against the float64 function rounded once to the format,
 at most one unit in the last place off, and that rarely (where the exact value sits near a
 rounding boundary).  Exact values under float's smallest normal number (2^-126, which only
-bf16 reaches) may come out as zero: the kernels compute in float, and __expf flushes such
+bf16 reaches) may come out as zero: the kernels compute in float, and welder_exp16 flushes such
 results.  The emulator runs the kernels here; tests/test_gpu.py runs the same
-check on the GPU, where __expf and __fdividef are the hardware's approximations.
+check on the GPU, where welder_exp16 and __fdividef are the hardware's approximations.
 """
 
 from __future__ import annotations

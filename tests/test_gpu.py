@@ -192,13 +192,42 @@ def test_generated_kernels_match_the_interpreter_and_the_emulator(context, sm):
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("op", list(FUNCTIONS))
 def test_16_bit_math_is_within_an_ulp_of_the_exact_value_for_every_input(context, sm, op, fmt):
-    """tests/test_fast_math.py's check with the hardware's __expf and __fdividef."""
+    """tests/test_fast_math.py's check with the hardware's ex2.approx and __fdividef."""
     dtype = FORMATS[fmt]
     model, feeds = unary_model(op, dtype)
     graph = import_onnx(model)
     kernels = _kernels(graph, f"fast_{op}_{fmt}", topk=1)
     got = run_native(graph, kernels, GpuModule(compile_cubin([k.source for k in kernels], sm)), feeds)
     assert_rounded_once(op, dtype, got["y"], feeds["x"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_max_and_min_keep_a_nan(context, sm, dtype):
+    """welder_max and welder_min (one max.NaN / min.NaN on sm_80 and later): a NaN in a pair
+    or anywhere in a row comes out NaN, as numpy's maximum and minimum give it; every other
+    value is numpy's exactly, elementwise, in row reductions and in a softmax's maximum."""
+    x, y = _w(64, 256, dtype=dtype), _w(64, 256, dtype=dtype)
+    x[::3, 5] = np.nan
+    y[1::4, 200] = np.nan
+    nodes = [
+        helper.make_node("Max", ["x", "y"], ["mx"]),
+        helper.make_node("Min", ["x", "y"], ["mn"]),
+        helper.make_node("ReduceMax", ["x"], ["rmax"], axes=[1], keepdims=0),
+        helper.make_node("ReduceMin", ["y"], ["rmin"], axes=[1], keepdims=0),
+        helper.make_node("Softmax", ["y"], ["sm"], axis=1),
+    ]
+    graph = import_onnx(make_model(nodes, {"x": x, "y": y}, ["mx", "mn", "rmax", "rmin", "sm"], opset=13))
+    kernels = _kernels(graph, f"nan_minmax_{np.dtype(dtype).name}", topk=1)
+    feeds = {"x": x, "y": y}
+    got = run_native(graph, kernels, GpuModule(compile_cubin([k.source for k in kernels], sm)), feeds)
+    np.testing.assert_array_equal(got["mx"], np.maximum(x, y))
+    np.testing.assert_array_equal(got["mn"], np.minimum(x, y))
+    np.testing.assert_array_equal(got["rmax"], x.max(axis=1))
+    np.testing.assert_array_equal(got["rmin"], y.min(axis=1))
+    assert np.array_equal(np.isnan(got["sm"]).any(axis=1), np.isnan(y).any(axis=1))
+    clean = ~np.isnan(y).any(axis=1)
+    expected = graph.run(feeds)["sm"]
+    assert error_metric(got["sm"][clean], expected[clean]) <= threshold_for(graph.tensor("sm").dtype)
 
 
 def test_time_kernel_median_is_positive_and_scales_with_work(context, sm):

@@ -104,11 +104,12 @@ _FLOAT_FN = {
 }
 
 # Functions of 16-bit floats (computed in float, then rounded to 11 or 8 significant bits) by
-# cheaper forms whose error stays far under the rounding: __expf is one ex2.approx, within
+# cheaper forms whose error stays far under the rounding: welder_exp16 is one ex2.approx, within
 # 2 + 1.173 |x| float ulp, under 2^-6 of an fp16 ulp for every |x| < 88, where float's
-# exponential is finite; welder_erf16 is a rational fit within 5e-6 (welder_math.cuh).  Float
-# keeps the exact forms (within 2 ulp): exact fp32 is what fp32 promises.
-_FAST_16 = {"exp": "__expf", "erf": "welder_erf16"}
+# exponential is finite (results under 2^-126 flushed to zero); welder_erf16 is a rational fit
+# within 5e-6 (welder_math.cuh).  Float keeps the exact forms (within 2 ulp): exact fp32 is
+# what fp32 promises.
+_FAST_16 = {"exp": "welder_exp16", "erf": "welder_erf16"}
 
 
 # Longest node name a kernel carries into its error messages.
