@@ -347,6 +347,28 @@ def test_nofusion_keeps_an_epilogue_apart_where_the_union_is_slower():
     assert [grp.members for grp in result.groups] == [("u:conv", "u", "d", "cat", "t")]
 
 
+def test_nofusion_keeps_a_prologue_apart_where_the_group_is_slower():
+    """BSRN's concatenation in front of a 1x1 convolution: as its prologue it keeps the
+    convolution off the tensor cores, so it is a kernel of its own where the measure finds
+    the two faster (the H100's cost model, in fp16), and a prologue where launches dominate."""
+    c, h = 32, 128
+    nodes = [
+        helper.make_node("Concat", ["a", "b"], ["cat"], axis=1),
+        helper.make_node("Conv", ["cat", "w"], ["y"]),
+    ]
+    inputs = {"a": _w(1, c, h, h).astype(np.float16), "b": _w(1, c, h, h).astype(np.float16)}
+    g = import_onnx(make_model(nodes, inputs, ["y"], {"w": _w(c, 2 * c, 1, 1).astype(np.float16)}))
+    arch = get_arch("H100")
+    cost = CostModel(g, arch, Options(topk=1))
+    groups = [p.group for p in plan_model(g, arch, topk=1, nofusion=True).groups]
+    assert [grp.members for grp in groups] == [("cat",), ("y:conv", "y")]
+    assert sum(cost(grp) for grp in groups) < cost(make_group(g, set(g.nodes)))
+    launches = launch_bound(g)
+    result = fuse(g, lambda grp: None if cost(grp) is None else launches(grp), nofusion=True)
+    _check_nofusion(g, result.groups)
+    assert [grp.members for grp in result.groups] == [("cat", "y:conv", "y")]
+
+
 def test_nofusion_leaves_a_view_alone_for_a_computed_epilogue():
     """y feeds a reshape and a ReLU -> transpose; only one of them can be y's epilogue.  The
     reshape on its own is a view that launches nothing, so the ReLU and transpose take it."""

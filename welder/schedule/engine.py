@@ -36,10 +36,10 @@ from welder.schedule.kinds.library import LibraryGroup
 
 #: Bumped when the fusion search or ``nofusion_partition`` changes which groups it forms: a
 #: model's plan stored before (``welder.tune.plan_cache``) is no answer for it now.
-FUSION_VERSION = 5  # 2: --nofusion's arithmetic is the epilogue of its reduction;
+FUSION_VERSION = 6  # 2: --nofusion's arithmetic is the epilogue of its reduction;
 # 3: no product span between two sums of squares (_matrix_product);
 # 4: --nofusion's deferred arithmetic joins its reader only where the measure finds it no slower;
-# 5: so does an epilogue (step 2)
+# 5: so does an epilogue (step 2); 6: a prologue goes apart where the measure finds that faster
 MAX_GROUP_MEMBERS = 48
 MAX_GROUP_STAGES = 8
 #: Groups the parent of CostModel's worker processes memoises before it forks them again.
@@ -401,7 +401,12 @@ def nofusion_partition(
        (each row divided by its L2 norm over 65,536 pixels) took their product off FFMA as
        its prologue: 1,789 us an attention block on an H200 in fp32, against 99 us for the
        product and 15 us for the division apart.
-    4. The groups left anchored at an injective node (nothing upstream to join, or the sink
+    4. Prologues apart: each connected piece of what a reduction's group computes in front
+       of the reduction becomes a kernel of its own where the measure finds the two
+       kernels faster than the group.  A concatenation in front of BSRN's 1x1 convolutions
+       kept them off the tensor cores (1.59 ms of its fp16 `--nofusion` on an H200; full
+       welder's search splits them).
+    5. The groups left anchored at an injective node (nothing upstream to join, or the sink
        taken) are kernels of their own; a group that cannot be scheduled as one kernel
        falls back to one group per node.
     """
@@ -481,6 +486,16 @@ def nofusion_partition(
         readers = {home.get(c.name, -1) for m in part for c in graph.consumers(m) if c.name not in part}
         if part and len(readers) == 1 and -1 not in readers and not any(m in graph.outputs for m in part):
             join_if_no_slower(k, readers.pop())
+    for k in sorted(reducing, key=lambda k: rank[root[k]]):
+        for piece in _prologue_pieces(graph, parts[k]):
+            whole, rest, alone = cost(parts[k]), cost(parts[k] - piece), cost(piece)
+            if None not in (whole, rest, alone) and rest + alone < whole:
+                if log is not None:
+                    log.append(
+                        f"nofusion: prologue {sorted(piece)} apart: {rest + alone:.2f} < {whole:.2f} us"
+                    )
+                parts[k] -= piece
+                parts.append(piece)
     found = []
     for part in filter(None, parts):
         if len(part) > 1 and measure(make_group(graph, part)) is None:
@@ -490,6 +505,28 @@ def nofusion_partition(
         else:
             found.append(part)
     return found
+
+
+def _prologue_pieces(graph: Graph, members: set[str]) -> list[set[str]]:
+    """The members a group's reduction reads, directly or through others (its prologue),
+    in connected pieces: each may be a kernel of its own."""
+    reductions = [m for m in members if graph.nodes[m].compute.is_reduction]
+    ahead: set[str] = set()
+    stack = [t for r in reductions for t in graph.nodes[r].inputs if t in members]
+    while stack:
+        m = stack.pop()
+        if m not in ahead:
+            ahead.add(m)
+            stack.extend(t for t in graph.nodes[m].inputs if t in members)
+    pieces: list[set[str]] = []
+    for m in sorted(ahead):
+        linked = [
+            p
+            for p in pieces
+            if any(t in p for t in graph.nodes[m].inputs) or any(m in graph.nodes[q].inputs for q in p)
+        ]
+        pieces = [p for p in pieces if p not in linked] + [{m}.union(*linked)]
+    return pieces
 
 
 def _arithmetic(compute: Compute) -> bool:
