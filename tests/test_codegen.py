@@ -768,6 +768,112 @@ def test_reductions_read_in_vectors_are_correct():
     assert not failures, "\n".join(failures)
 
 
+def padded_read_batch() -> Batch:
+    """Reductions reading a padded input they stage (the padding select read as the staged
+    load alone: ``_padding_read_staged``) under hand-built tiles, dividing the output or
+    not, with scalar and vector staging: a depthwise 3x3 convolution in fp32 and fp16, a
+    dense one with uneven pads, and a Pad of 1.5 in front of a convolution, whose select
+    must stay (the staging fill is zero)."""
+    rng = np.random.default_rng(29)
+    models = {
+        f"depthwise_{dtype.__name__}": make_model(
+            [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=8)],
+            {"x": _w(rng, 1, 8, 24, 40, dtype=dtype)},
+            ["y"],
+            {"w": _w(rng, 8, 1, 3, 3, dtype=dtype)},
+        )
+        for dtype in (np.float32, np.float16)
+    }
+    models["dense"] = make_model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 2, 1, 0])],
+        {"x": _w(rng, 1, 3, 12, 20)},
+        ["y"],
+        {"w": _w(rng, 4, 3, 3, 3)},
+    )
+    models["pad_one_and_a_half"] = make_model(
+        [
+            helper.make_node("Pad", ["x", "pads", "v"], ["p"], mode="constant"),
+            helper.make_node("Conv", ["p", "w"], ["y"]),
+        ],
+        {"x": _w(rng, 1, 4, 16, 16)},
+        ["y"],
+        {
+            "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+            "v": np.array(1.5, np.float32),
+            "w": _w(rng, 4, 4, 3, 3),
+        },
+    )
+    batch = Batch("pad")
+    for name, model in models.items():
+        graph = import_onnx(model)
+        group = _whole(graph)
+        out = graph.tensor(group.root).shape
+        for tile in ((1, 2, 8, 8), (1, 1, 5, 7), (1, out[1], out[2], out[3])):
+            for vector in (1, 4):
+                cfg = hand_config(graph, group, tile, 32, vector=vector)
+                label = f"{name}_{'x'.join(map(str, tile))}_v{vector}"
+                batch.add(label, graph, [(group, cfg)], _feeds(graph, rng))
+    return batch
+
+
+def test_padded_reads_of_staged_inputs_are_correct():
+    failures = padded_read_batch().run_all()
+    assert not failures, "\n".join(failures)
+
+
+def test_a_padding_select_is_dropped_only_where_it_fails_outside_the_tensor():
+    """``_out_of_bounds_when_false`` against brute force: a select may go only where, for
+    every index value, its condition failing means the index lies outside [0, 8)."""
+    from welder.codegen.simt import _out_of_bounds_when_false
+    from welder.ir.expr import Var, binary, const, logical_and, logical_or
+
+    x, y = Var("i0"), Var("i1")
+    ld = Load("t", (x - 1, y), "float32")
+    conditions = [
+        *(binary(op, x - 1, const(c)) for op in ("ge", "lt", "gt", "le") for c in (-1, 0, 1, 7, 8, 9)),
+        logical_and(binary("ge", x - 1, const(0)), binary("lt", x - 1, const(8))),
+        logical_and(binary("ge", y, const(0)), binary("lt", x - 1, const(9))),
+        logical_or(binary("ge", x - 1, const(0)), binary("lt", x - 1, const(8))),
+        binary("ge", x, const(0)),
+        binary("lt", x + 0 * y - 1 + 1, const(8)),
+        logical_and(binary("ge", x, const(1)), binary("lt", x, const(9))),  # an inlined Pad's form
+    ]
+    for cond in conditions:
+        safe = all(
+            _evaluates(cond, {"i0": a, "i1": b}) or not (0 <= a - 1 < 8 and 0 <= b < 8)
+            for a in range(-4, 14)
+            for b in range(-4, 14)
+        )
+        if _out_of_bounds_when_false(cond, ld, (8, 8)):
+            assert safe, cond
+    assert _out_of_bounds_when_false(conditions[-5], ld, (8, 8))
+    assert _out_of_bounds_when_false(conditions[-1], ld, (8, 8))
+
+
+def _evaluates(e, env: dict[str, int]) -> int | bool:
+    """An index or bool expression's value at one point (Var, Const and Binary only)."""
+    from welder.ir.expr import Binary, Const, Var
+
+    if isinstance(e, Var):
+        return env[e.name]
+    if isinstance(e, Const):
+        return e.value
+    assert isinstance(e, Binary), e
+    a, b = _evaluates(e.a, env), _evaluates(e.b, env)
+    ops = {
+        "add": lambda: a + b,
+        "sub": lambda: a - b,
+        "mul": lambda: a * b,
+        "ge": lambda: a >= b,
+        "gt": lambda: a > b,
+        "le": lambda: a <= b,
+        "lt": lambda: a < b,
+        "and": lambda: a and b,
+        "or": lambda: a or b,
+    }
+    return ops[e.op]()
+
+
 def all_batches() -> list[Batch]:
     """Every batch of this file: what the nvcc test compiles and the GPU tests run."""
     return [
@@ -779,6 +885,7 @@ def all_batches() -> list[Batch]:
         fp16_batch(),
         config_sweep_batch(),
         reduce_vector_batch(),
+        padded_read_batch(),
     ]
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from welder.ir.compute import Compute, reduce_identity
-from welder.ir.expr import Binary, Load, free_vars, is_half, walk
+from welder.ir.expr import Binary, Const, Expr, Load, Select, free_vars, is_half, rewrite, walk
 from welder.ir.interpret import np_dtype
 from welder.ir.window import sliding_window
 from welder.schedule.config import GroupConfig, StageConfig
@@ -28,7 +28,7 @@ from welder.schedule.kinds.simt import (
     vector_aligned,
 )
 from welder.tile.propagate import Region, read_regions
-from welder.tile.region import Affine, Interval
+from welder.tile.region import Affine, Interval, bound
 
 from .common import StageCtx, flat_index, read_value, sanitize_comment
 from .cprint import COMPUTE_TYPES, HALF_FORMATS, STORAGE_TYPES, CPrinter, literal
@@ -270,7 +270,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
         nreg=math.prod(st.reg_tile),
         dims=dims,
         valid=" && ".join(valid) or "true",
-        body=printer(c.body),
+        body=printer(_padding_read_staged(c, st, kb.shape_of)),
         value_t=COMPUTE_TYPES[out_dtype],
         out_dtype=out_dtype,
         tile_view=kb.tile_views.get(st.node),
@@ -290,6 +290,62 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
     if st.vector > 1:
         _vectorize(kb, ctx, st, c, printer, {sd.tensor: (sd, staged_names[sd.tensor]) for sd in st.staged})
     return ctx
+
+
+def _padding_read_staged(c: Compute, st: SimtConfig, shape_of) -> Expr:
+    """``c``'s body with every padding select around a load of a tensor the stage stages --
+    ``select(index in bounds, load, 0)`` -- read as the load alone: the staging copy writes
+    zero wherever an index lies outside the tensor (:func:`_staged`), which is the select's
+    value there, and the staged region holds every index the select guards (it bounds the
+    load's indices, not the condition).  A depthwise convolution's taps each paid four
+    compares and a select for it, which made BSRN's and Restormer's bound by issue.
+    Windowed and streaming stages read their inputs their own way and keep the select."""
+    staged = {sd.tensor for sd in st.staged if not sd.resident}
+    if not c.reduce_op or st.window or st.stream or not staged:
+        return c.body
+
+    def read(e: Expr) -> Expr | None:
+        padding = (
+            isinstance(e, Select)
+            and isinstance(e.a, Load)
+            and e.a.tensor in staged
+            and _zero(e.b)
+            and _out_of_bounds_when_false(e.cond, e.a, shape_of(e.a.tensor))
+        )
+        return e.a if padding else None
+
+    return rewrite(c.body, read)
+
+
+def _zero(e: Expr) -> bool:
+    """Whether ``e`` is the constant +0 (the staging copy's fill)."""
+    return isinstance(e, Const) and e.value == 0 and math.copysign(1.0, float(e.value)) > 0
+
+
+def _out_of_bounds_when_false(cond: Expr, ld: Load, shape: Sequence[int]) -> bool:
+    """Whether ``cond`` is a conjunction of bounds each of which fails only where an index of
+    ``ld`` lies outside the tensor: ``x >= c`` or ``x < c``, where the index is ``x + d``
+    for a constant d (an inlined Pad checks ``i + r >= 1`` and reads ``i + r - 1``) and
+    ``c + d <= 0`` or ``c + d`` at least the extent."""
+    if isinstance(cond, Binary) and cond.op == "and":
+        return _out_of_bounds_when_false(cond.a, ld, shape) and _out_of_bounds_when_false(cond.b, ld, shape)
+    if not (isinstance(cond, Binary) and cond.op in ("ge", "lt") and isinstance(cond.b, Const)):
+        return False
+    x = _affine(cond.a)
+    for index, extent in zip(ld.indices, shape):
+        i = _affine(index)
+        if x is None or i is None or not i.same_terms(x):
+            continue
+        edge = cond.b.value + i.const - x.const  # the bound, on the index
+        if (edge <= 0) if cond.op == "ge" else (edge >= extent):
+            return True
+    return False
+
+
+def _affine(e: Expr) -> Affine | None:
+    """``e`` as a sum of its variables times constants plus a constant, where it is one."""
+    iv = bound(e, {v: Interval(Affine.make({v: 1}), 1) for v in free_vars(e)})
+    return iv.affine if iv is not None and iv.extent == 1 else None
 
 
 def _guarded(ld: Load, shape: Sequence[int], printer: CPrinter) -> str:
