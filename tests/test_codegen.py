@@ -48,6 +48,7 @@ from welder.schedule.kinds.simt import (
     make_config,
     reduce_vector_twin,
     schedule_group,
+    window_twin,
 )
 from welder.schedule.plan import plan_model
 from welder.tile.propagate import partitions_output, propagate_group, read_regions
@@ -808,16 +809,21 @@ def padded_read_batch() -> Batch:
         graph = import_onnx(model)
         group = _whole(graph)
         out = graph.tensor(group.root).shape
-        for tile in ((1, 2, 8, 8), (1, 1, 5, 7), (1, out[1], out[2], out[3])):
+        for tile in ((1, 2, 8, 8), (1, 1, 5, 7), (1, 2, 4, 16), (1, out[1], out[2], out[3])):
             for vector in (1, 4):
                 cfg = hand_config(graph, group, tile, 32, vector=vector)
                 label = f"{name}_{'x'.join(map(str, tile))}_v{vector}"
                 batch.add(label, graph, [(group, cfg)], _feeds(graph, rng))
+                twin = window_twin(group, cfg)  # the same staged tile read as a sliding window
+                if twin is not None:
+                    batch.add(f"{label}_window", graph, [(group, twin)], _feeds(graph, rng))
     return batch
 
 
 def test_padded_reads_of_staged_inputs_are_correct():
-    failures = padded_read_batch().run_all()
+    batch = padded_read_batch()
+    assert sum(c.label.endswith("_window") for c in batch.cases) >= 4
+    failures = batch.run_all()
     assert not failures, "\n".join(failures)
 
 

@@ -260,6 +260,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
     is_arg = c.reduce_op in ("argmax", "argmin")
     staged_names = {sd.tensor: f"stage{k}_{j}" for j, sd in enumerate(st.staged)}
     printer = _printer(kb, k, st, staged_names, nonneg_origin)
+    body = _padding_read_staged(c, st, kb.shape_of)
     ctx = SimtStageCtx(
         template=TEMPLATE,
         comment=sanitize_comment(f"{st.node} ({'reduce ' + c.reduce_op if c.reduce_op else 'injective'})"),
@@ -270,7 +271,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
         nreg=math.prod(st.reg_tile),
         dims=dims,
         valid=" && ".join(valid) or "true",
-        body=printer(_padding_read_staged(c, st, kb.shape_of)),
+        body=printer(body),
         value_t=COMPUTE_TYPES[out_dtype],
         out_dtype=out_dtype,
         tile_view=kb.tile_views.get(st.node),
@@ -283,7 +284,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
     if c.reduce_op:
         _reduction(kb, ctx, k, c, st, staged_names, is_arg, printer)
         if st.window and nonneg_origin:
-            _window(ctx, c, st, printer, kb.shape_of)
+            _window(ctx, c, body, st, printer, kb.shape_of)
         return ctx
     # an injective stage's staged inputs are all resident: rows a reduction before it staged
     ctx.staged = [_staged(kb, k, st, c, sd, staged_names[sd.tensor]) for sd in st.staged]
@@ -298,10 +299,11 @@ def _padding_read_staged(c: Compute, st: SimtConfig, shape_of) -> Expr:
     zero wherever an index lies outside the tensor (:func:`_staged`), which is the select's
     value there, and the staged region holds every index the select guards (it bounds the
     load's indices, not the condition).  A depthwise convolution's taps each paid four
-    compares and a select for it, which made BSRN's and Restormer's bound by issue.
-    Windowed and streaming stages read their inputs their own way and keep the select."""
+    compares and a select for it, which made Restormer's bound by issue.  A sliding
+    window reads each distinct value once, from the same tile; streaming stages read their
+    rows their own way and keep the select."""
     staged = {sd.tensor for sd in st.staged if not sd.resident}
-    if not c.reduce_op or st.window or st.stream or not staged:
+    if not c.reduce_op or st.stream or not staged:
         return c.body
 
     def read(e: Expr) -> Expr | None:
@@ -361,19 +363,20 @@ def _guarded(ld: Load, shape: Sequence[int], printer: CPrinter) -> str:
     return f"(({' && '.join(checks)}) ? {value} : {literal(0, ld.dtype)})" if checks else value
 
 
-def _window(ctx: SimtStageCtx, c: Compute, st: SimtConfig, printer: CPrinter, shape_of) -> None:
+def _window(ctx: SimtStageCtx, c: Compute, body: Expr, st: SimtConfig, printer: CPrinter, shape_of) -> None:
     """A sliding window's reduction with each distinct value of the windowed factor read once
     per thread and row (SimtConfig.window; the kind proposes it only where
     :func:`~welder.ir.window.sliding_window` holds).  Without a non-negative tile origin the
     stage keeps the generic loops, unrolled: a value's first reader must be valid whenever
-    a later one is, which outputs of increasing index guarantee only from a valid start."""
+    a later one is, which outputs of increasing index guarantee only from a valid start.
+    ``body`` is ``c``'s, its padding of staged reads dropped (:func:`_padding_read_staged`)."""
     win = sliding_window(c)
-    assert win is not None and isinstance(c.body, Binary), f"{st.node}: no sliding window"
+    assert win is not None and isinstance(body, Binary), f"{st.node}: no sliding window"
     reg = st.reg_tile[-1]
     tap = [a.name for a in c.reduce_axes].index(win.tap)
     taps = c.reduce_axes[tap].extent
     reps, uses = win.slots(reg, taps)
-    x, w = (c.body.a, c.body.b) if win.x == 0 else (c.body.b, c.body.a)
+    x, w = (body.a, body.b) if win.x == 0 else (body.b, body.a)
     slides = {win.axis, win.tap}
     invariant = list(
         dict.fromkeys(ld for ld in walk(x) if isinstance(ld, Load) and not free_vars(ld) & slides)
