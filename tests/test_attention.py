@@ -73,6 +73,41 @@ def test_attention_matches_the_interpreter(label: str) -> None:
             assert err <= threshold_for("float16"), f"{cfg.stages[0]} launch {launch}: error {err:.3e}"
 
 
+@needs_emulator
+@pytest.mark.parametrize("label", ["bert: mask, 128 tokens", "bert: mask, 300 tokens (online softmax)"])
+def test_keys_split_across_warps_match_the_interpreter(label: str) -> None:
+    """Few rows make few warps, so the rule also offers warps that share each ring slot's
+    keys (``splits``), combining their rows' maxima, sums and ``O`` at the end: two and four
+    of them, against the interpreter (the emulator checks the combine's shared memory for
+    races too)."""
+    graph = import_onnx(attention_model(CASES[label]))
+    group = make_group(graph, list(graph.nodes))
+    configs = attention.KIND.propose(group, _context(graph, topk=64))
+    split = [c for c in configs if c.stages[0].splits > 1]
+    assert {c.stages[0].splits for c in split} == set(attention.SPLITS), label
+    assert all(c.stages[0].family == "attention/split" and c.stages[0].chunk for c in split)
+    assert all(c.threads == 32 * c.stages[0].warps * c.stages[0].splits for c in split)
+    chosen = [
+        min(split, key=lambda c: (c.stages[0].splits != n, c.estimate.latency_us)) for n in attention.SPLITS
+    ]
+    feeds = _feeds(graph)
+    reference = graph.run(feeds)["y"]
+    for cfg, runs in zip(chosen, emulate_configs(graph, group, chosen, feeds, launches=2)):
+        for launch, outputs in enumerate(runs):
+            err = error_metric(outputs["y"], reference)
+            assert err <= threshold_for("float16"), f"{cfg.stages[0]} launch {launch}: error {err:.3e}"
+
+
+def test_keys_are_split_only_where_the_rows_make_few_warps() -> None:
+    """At batch 1 BERT's 128 rows of 2 heads are a few warps: split keys are offered; at
+    batch 64 (1,536 blocks of rows) they are not."""
+    for batch, expected in ((1, True), (64, False)):
+        graph = import_onnx(attention_model(Case(batch, 12, 128, 64, "mask")))
+        group = make_group(graph, list(graph.nodes))
+        configs = attention.KIND.propose(group, _context(graph, topk=64))
+        assert any(c.stages[0].splits > 1 for c in configs) == expected, batch
+
+
 def _transposed_operands(tokens: int = 24, width: int = 16) -> tuple:
     """Attention whose Q, K and V come in ``[batch, head, width, token]`` (tokens
     contiguous): Q's rows and V's columns run along the product's K, K's along its N -- the

@@ -31,6 +31,9 @@ at the end.  ``exp(L - m)`` is at most one, so in fp16 the unnormalised ``P`` ro
 well as the normalised one does.  A softmax over fewer keys is offered in chunks too
 (:data:`SHORT_CHUNKS`), beside the one-pass configs: a chunk holds fewer keys' K and V in
 shared memory and fewer of ``S``'s accumulators in registers, so more blocks fit an SM.
+Where the rows make few warps (a batch of one), a slot may hold ``splits`` chunks, each
+multiplied by a warp of its own, the warps of a row group combining their maxima, sums and
+``O`` at the end (:attr:`AttentionConfig.splits`).
 
 The rule proposes nothing (None) for anything else; ``mma`` and SIMT stages still cover
 the group's parts.
@@ -84,6 +87,12 @@ SHORT_CHUNKS = (32, 64)
 MAX_HEAD = 128
 #: Warps per block (16 rows each).
 WARPS = (1, 2, 4, 8)
+#: Warps sharing each ring slot's keys (:attr:`AttentionConfig.splits`), offered in chunks
+#: where the rows make fewer than SPLIT_BELOW_WARPS warps an SM: Conformer's attention at
+#: batch 1 is 128 blocks of 2 warps, each walking 512 keys alone (15.3 us a layer on an H200
+#: against 8.9 estimated; a sub-partition of an SM without a warp leaves its tensor core idle).
+SPLITS = (2, 4)
+SPLIT_BELOW_WARPS = 8
 #: Reductions a row stage may compute (in registers, combined by shuffles).
 ROW_REDUCTIONS = ("sum", "max", "min")
 #: The shared-memory buffer holding Q's rows, K and V.
@@ -122,15 +131,27 @@ class AttentionConfig(StageConfig):
     fused: tuple[str, ...] = ()  # the first product, then the row stages, in order
     smem_offset: int | None = None  # where the second product's tile lives when read in the group
     chunk: int = 0  # keys per pass of the online softmax; 0: all keys in one pass
+    # Warps per 16 rows, each multiplying its own chunk of every ring slot (only in chunks):
+    # the parallelism of a batch-1 attention, whose rows make few warps (:func:`_splits`).
+    splits: int = 1
 
     @property
     def chunk_keys(self) -> int:
         """Keys whose K and V rows one ring slot holds (all of them without chunks)."""
+        return self.chunk * self.splits or self.keys
+
+    @property
+    def warp_keys(self) -> int:
+        """Keys a warp multiplies a pass."""
         return self.chunk or self.keys
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps
+        return 32 * self.warps * self.splits
+
+    @property
+    def family(self) -> str:
+        return f"{self.kind}/split" if self.splits > 1 else self.kind
 
     @property
     def block_m(self) -> int:
@@ -341,11 +362,11 @@ def _pad16(x: int) -> int:
     return mma._round_up(x, 16)
 
 
-def operand_elements(att: Attention, warps: int, chunk: int = 0) -> tuple[int, int, int]:
+def operand_elements(att: Attention, warps: int, chunk: int = 0, splits: int = 1) -> tuple[int, int, int]:
     """Elements (padded rows included) of Q's rows and of one ring slot of K and of V (all
-    keys, or ``chunk`` of them)."""
-    q, k = mma.ring_elements(scores_config(att, warps, 16, chunk), att.scores)
-    v = mma.ring_elements(values_config(att, warps, 16, chunk), att.values_contraction())[1]
+    keys, or ``splits`` chunks of them)."""
+    q, k = mma.ring_elements(scores_config(att, warps, 16, chunk, splits), att.scores)
+    v = mma.ring_elements(values_config(att, warps, 16, chunk, splits), att.values_contraction())[1]
     return q, k, v
 
 
@@ -355,36 +376,52 @@ def ring_slots(chunk: int) -> int:
     return 2 if chunk else 1
 
 
-def operand_bytes(att: Attention, warps: int, chunk: int = 0) -> int:
-    """Shared memory for Q's rows and the ring slots of K and V."""
-    q, k, v = operand_elements(att, warps, chunk)
-    return (q + ring_slots(chunk) * (k + v)) * att.scores.fmt.elem_bytes
+def operand_bytes(att: Attention, warps: int, chunk: int = 0, splits: int = 1) -> int:
+    """Shared memory for Q's rows and the ring slots of K and V -- with ``splits``, at least
+    what the warps of a row group leave there for each other after the keys (:func:`combine_floats`)."""
+    q, k, v = operand_elements(att, warps, chunk, splits)
+    ring = (q + ring_slots(chunk) * (k + v)) * att.scores.fmt.elem_bytes
+    return max(ring, 4 * combine_floats(att, warps, splits)) if splits > 1 else ring
 
 
-def _one_slice(node: str, warps: int, n: int, k: int, copy_bytes: int) -> mma.MmaConfig:
+def combine_floats(att: Attention, warps: int, splits: int) -> int:
+    """Floats the warps of split keys write for the first of their row group to combine:
+    per lane two row maxima, two sums and its ``O`` accumulators."""
+    return 32 * warps * splits * (4 + _pad16(att.width) // 2)
+
+
+def _one_slice(node: str, warps: int, n: int, k: int, copy_bytes: int, splits: int = 1) -> mma.MmaConfig:
     """A product of the kernel as a one-slice ``mma`` stage of ``16 x warps`` rows, ``n``
-    columns and depth ``k`` (both padded to 16): how its operands are laid out and copied."""
+    columns and depth ``k`` (both padded to 16): how its operands are laid out and copied
+    (by every thread of the ``warps x splits`` warps)."""
     return mma.MmaConfig(
         node,
         tile=(),
         block=(16 * warps, _pad16(n)),
         block_k=_pad16(k),
-        warps=(warps, 1),
+        warps=(warps, splits),
         pipeline=1,
         copy_bytes=copy_bytes,
         pipeline_offset=0,
     )
 
 
-def scores_config(att: Attention, warps: int, copy_bytes: int, chunk: int = 0) -> mma.MmaConfig:
-    """``S``'s product (of every key, or of a ``chunk``) as a one-slice ``mma`` stage (Q is
-    A, K is B)."""
-    return _one_slice(att.scores.compute.name, warps, chunk or att.keys, att.head, copy_bytes)
+def scores_config(
+    att: Attention, warps: int, copy_bytes: int, chunk: int = 0, splits: int = 1
+) -> mma.MmaConfig:
+    """``S``'s product (of every key, or of a ring slot's ``splits`` chunks) as a one-slice
+    ``mma`` stage (Q is A, K is B)."""
+    keys = chunk * splits or att.keys
+    return _one_slice(att.scores.compute.name, warps, keys, att.head, copy_bytes, splits)
 
 
-def values_config(att: Attention, warps: int, copy_bytes: int, chunk: int = 0) -> mma.MmaConfig:
-    """``O``'s product (over every key, or a ``chunk``) as a one-slice ``mma`` stage (V is B)."""
-    return _one_slice(att.out.name, warps, att.width, chunk or att.keys, copy_bytes)
+def values_config(
+    att: Attention, warps: int, copy_bytes: int, chunk: int = 0, splits: int = 1
+) -> mma.MmaConfig:
+    """``O``'s product (over every key, or a ring slot's ``splits`` chunks) as a one-slice
+    ``mma`` stage (V is B)."""
+    keys = chunk * splits or att.keys
+    return _one_slice(att.out.name, warps, att.width, keys, copy_bytes, splits)
 
 
 def registers(att: Attention, warps: int, chunk: int = 0) -> int:
@@ -423,16 +460,24 @@ class AttentionKind:
         found = []
         for warps in WARPS:
             for chunk in chunk_choices(att):
-                found += _config(group, att, warps, chunk, ctx, self)
+                for splits in (1, *(SPLITS if chunk and not self.fp32 else ())):
+                    found += _config(group, att, warps, chunk, ctx, self, splits)
         found.sort(key=lambda c: c.estimate.latency_us)
         return top_by_family(found, ctx.options.topk)
 
 
 def _config(
-    group: Group, att: Attention, warps: int, chunk: int, ctx: ScheduleContext, rule: AttentionKind
+    group: Group,
+    att: Attention,
+    warps: int,
+    chunk: int,
+    ctx: ScheduleContext,
+    rule: AttentionKind,
+    splits: int = 1,
 ) -> list[GroupConfig]:
-    """The configs of ``warps`` warps (16 rows each) taking ``chunk`` keys a pass (0: all);
-    none where they do not fit."""
+    """The configs of ``warps`` warps (16 rows each) taking ``chunk`` keys a pass (0: all),
+    each with ``splits`` warps sharing a ring slot's keys; none where they do not fit, nor
+    split keys where the rows alone make warps enough (:data:`SPLIT_BELOW_WARPS`)."""
     bm = 16 * warps
     if warps > 1 and bm // 2 >= _pad16(att.scores.m):
         return []  # mostly padding
@@ -445,6 +490,8 @@ def _config(
         return []
     root_shape = ctx.shape_of(group.root)
     grid = tuple(-(-s // t) for s, t in zip(root_shape, tile))
+    if splits > 1 and math.prod(grid) * warps >= SPLIT_BELOW_WARPS * ctx.arch.sm_count:
+        return []
     for out in group.outputs:
         if out != group.root and not partitions_output(regions.members[out], ctx.shape_of(out), tile, grid):
             return []
@@ -457,13 +504,14 @@ def _config(
         warps=warps,
         # FMAs walk the keys in pieces of 8 (Swin's 49 as 56); mma.sync in k16 slices;
         # chunks in whole chunks.
-        keys=mma._round_up(att.keys, chunk or (8 if rule.fp32 else 16)),
+        keys=mma._round_up(att.keys, chunk * splits or (8 if rule.fp32 else 16)),
         head=_pad16(att.head),
         width=_pad16(att.width),
         copy_bytes=copy_bytes,
         operands_offset=0,
         fused=att.stages[:-1],
         chunk=chunk,
+        splits=splits,
     )
     threads = stage.threads
     later = []
@@ -473,7 +521,7 @@ def _config(
             return []
         later.append(st)
     info = simt.group_info(group, ctx.shape_of, ctx.dtype_of, ctx.arch)
-    operands = Buffer(OPERANDS, operand_bytes(att, warps, chunk), 0, 0)
+    operands = Buffer(OPERANDS, operand_bytes(att, warps, chunk, splits), 0, 0)
     placeholder = simt.SimtConfig(att.out.name, stage.tile, (1,) * len(tile), (1,) * len(tile))
     # Without later stages O goes straight to global memory and needs no tile.
     offsets, smem = simt.place_smem(info, [placeholder, *later] if later else [], [operands])
@@ -606,7 +654,7 @@ def _estimate(
         math.prod(regions.members[st.node].extents) * group.computes[st.node].point_flops for st in later
     )
     simt_us = rounds * simt_flops / (arch.fp32_tflops * 1e12 * simt.COMPUTE_EFFICIENCY / arch.sm_count) * 1e6
-    q, k, v = operand_elements(att, stage.warps, stage.chunk)
+    q, k, v = operand_elements(att, stage.warps, stage.chunk, stage.splits)
     item = att.scores.fmt.elem_bytes
     read_block = (q + (k + v) * stage.keys // stage.chunk_keys) * item
     write_block = simt.block_bytes(
