@@ -230,6 +230,29 @@ def test_max_and_min_keep_a_nan(context, sm, dtype):
     assert error_metric(got["sm"][clean], expected[clean]) <= threshold_for(graph.tensor("sm").dtype)
 
 
+def test_attention_with_split_keys_matches_the_interpreter(context, sm):
+    """tests/test_attention.py's configs whose warps split the keys (2 and 4 a ring slot,
+    combined through shared memory at the end), natively, over 300 keys with a mask."""
+    import test_attention
+    from test_mma import _context
+
+    from welder.schedule.kinds import attention
+
+    graph = import_onnx(
+        test_attention.attention_model(test_attention.CASES["bert: mask, 300 tokens (online softmax)"])
+    )
+    group = make_group(graph, list(graph.nodes))
+    configs = [c for c in attention.KIND.propose(group, _context(graph, topk=64)) if c.stages[0].splits > 1]
+    assert {c.stages[0].splits for c in configs} == set(attention.SPLITS)
+    kernels = [generate_kernel(graph, group, c, f"split_attention_{i}") for i, c in enumerate(configs)]
+    module = GpuModule(compile_cubin([k.source for k in kernels], sm))
+    feeds = test_attention._feeds(graph)
+    reference = graph.run(feeds)["y"]
+    for cfg, kernel in zip(configs, kernels):
+        got = run_native(graph, [kernel], module, feeds)["y"]
+        assert error_metric(got, reference) <= threshold_for("float16"), cfg.stages[0]
+
+
 def test_time_kernel_median_is_positive_and_scales_with_work(context, sm):
     small = import_onnx(make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": _w(1 << 18)}, ["y"]))
     big = import_onnx(make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": _w(1 << 24)}, ["y"]))
