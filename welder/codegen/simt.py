@@ -28,7 +28,7 @@ from welder.schedule.kinds.simt import (
     vector_aligned,
 )
 from welder.tile.propagate import Region, read_regions
-from welder.tile.region import Affine, Interval, bound
+from welder.tile.region import Affine, Interval, affine_form
 
 from .common import StageCtx, flat_index, read_value, sanitize_comment
 from .cprint import COMPUTE_TYPES, HALF_FORMATS, STORAGE_TYPES, CPrinter, literal
@@ -333,21 +333,15 @@ def _out_of_bounds_when_false(cond: Expr, ld: Load, shape: Sequence[int]) -> boo
         return _out_of_bounds_when_false(cond.a, ld, shape) and _out_of_bounds_when_false(cond.b, ld, shape)
     if not (isinstance(cond, Binary) and cond.op in ("ge", "lt") and isinstance(cond.b, Const)):
         return False
-    x = _affine(cond.a)
+    x = affine_form(cond.a)
     for index, extent in zip(ld.indices, shape):
-        i = _affine(index)
+        i = affine_form(index)
         if x is None or i is None or not i.same_terms(x):
             continue
         edge = cond.b.value + i.const - x.const  # the bound, on the index
         if (edge <= 0) if cond.op == "ge" else (edge >= extent):
             return True
     return False
-
-
-def _affine(e: Expr) -> Affine | None:
-    """``e`` as a sum of its variables times constants plus a constant, where it is one."""
-    iv = bound(e, {v: Interval(Affine.make({v: 1}), 1) for v in free_vars(e)})
-    return iv.affine if iv is not None and iv.extent == 1 else None
 
 
 def _guarded(ld: Load, shape: Sequence[int], printer: CPrinter) -> str:

@@ -23,6 +23,8 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import networkx as nx
+
 from welder.arch import Arch
 from welder.graph import Graph
 from welder.hostcpu import usable_cores
@@ -510,23 +512,9 @@ def nofusion_partition(
 def _prologue_pieces(graph: Graph, members: set[str]) -> list[set[str]]:
     """The members a group's reduction reads, directly or through others (its prologue),
     in connected pieces: each may be a kernel of its own."""
-    reductions = [m for m in members if graph.nodes[m].compute.is_reduction]
-    ahead: set[str] = set()
-    stack = [t for r in reductions for t in graph.nodes[r].inputs if t in members]
-    while stack:
-        m = stack.pop()
-        if m not in ahead:
-            ahead.add(m)
-            stack.extend(t for t in graph.nodes[m].inputs if t in members)
-    pieces: list[set[str]] = []
-    for m in sorted(ahead):
-        linked = [
-            p
-            for p in pieces
-            if any(t in p for t in graph.nodes[m].inputs) or any(m in graph.nodes[q].inputs for q in p)
-        ]
-        pieces = [p for p in pieces if p not in linked] + [{m}.union(*linked)]
-    return pieces
+    within = graph.nx.subgraph(members)
+    ahead = set().union(*(nx.ancestors(within, m) for m in members if graph.nodes[m].compute.is_reduction))
+    return sorted((set(p) for p in nx.weakly_connected_components(within.subgraph(ahead))), key=sorted)
 
 
 def _arithmetic(compute: Compute) -> bool:

@@ -145,6 +145,14 @@ def union(a: Interval | None, b: Interval | None) -> Interval | None:
     return Interval(Affine(la.terms, lo), hi - lo)
 
 
+def affine_form(e: Expr) -> Affine | None:
+    """Index expression ``e`` as a sum of its variables times constants plus a constant,
+    where it is one (each variable bound to a point, so that the interval is one value)."""
+    names = {n.name for n in walk(e) if isinstance(n, Var)}
+    point = bound(e, {v: Interval(Affine.make({v: 1}), 1) for v in names})
+    return point.affine if point is not None and point.extent == 1 else None
+
+
 def bound(e: Expr, env: Mapping[str, Interval]) -> Interval | None:
     """Interval of the values index expression ``e`` takes when every axis variable
     ranges over its interval in ``env``; None if unbounded (data-dependent indices)."""

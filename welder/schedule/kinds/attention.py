@@ -132,7 +132,7 @@ class AttentionConfig(StageConfig):
     smem_offset: int | None = None  # where the second product's tile lives when read in the group
     chunk: int = 0  # keys per pass of the online softmax; 0: all keys in one pass
     # Warps per 16 rows, each multiplying its own chunk of every ring slot (only in chunks):
-    # the parallelism of a batch-1 attention, whose rows make few warps (:func:`_splits`).
+    # the parallelism of a batch-1 attention, whose rows make few warps (:data:`SPLITS`).
     splits: int = 1
 
     @property
@@ -384,10 +384,15 @@ def operand_bytes(att: Attention, warps: int, chunk: int = 0, splits: int = 1) -
     return max(ring, 4 * combine_floats(att, warps, splits)) if splits > 1 else ring
 
 
+def lane_floats(att: Attention) -> int:
+    """Floats a lane of split keys leaves for the first warp of its row group to combine:
+    two row maxima, two sums and its ``O`` accumulators."""
+    return 4 + _pad16(att.width) // 2
+
+
 def combine_floats(att: Attention, warps: int, splits: int) -> int:
-    """Floats the warps of split keys write for the first of their row group to combine:
-    per lane two row maxima, two sums and its ``O`` accumulators."""
-    return 32 * warps * splits * (4 + _pad16(att.width) // 2)
+    """Floats the ``warps x splits`` warps of split keys leave (:func:`lane_floats` a lane)."""
+    return 32 * warps * splits * lane_floats(att)
 
 
 def _one_slice(node: str, warps: int, n: int, k: int, copy_bytes: int, splits: int = 1) -> mma.MmaConfig:

@@ -44,7 +44,7 @@ from welder.tile.propagate import (
     propagate_group,
     read_regions,
 )
-from welder.tile.region import Affine, Interval, bound
+from welder.tile.region import Affine, affine_form
 
 MAX_REG_TILE = 64  # outputs per thread, so accumulators stay in registers
 MIN_INNER_THREADS = 8  # consecutive threads along the innermost axis: 32-byte sectors for fp32
@@ -1022,10 +1022,7 @@ def steps_in_vectors(ld: Load, var: str, width: int) -> bool:
     vectors, a vector starting at a multiple of ``width`` is aligned)."""
     if not ld.indices or any(var in free_vars(i) for i in ld.indices[:-1]):
         return False
-    last = ld.indices[-1]
-    # The innermost index as an affine form: each variable a point, so the interval is one value.
-    point = bound(last, {v: Interval(Affine.make({v: 1}), 1) for v in free_vars(last)})
-    form = None if point is None or point.extent != 1 else point.affine
+    form = affine_form(ld.indices[-1])
     if form is None or form.coefs.get(var) != 1:
         return False
     return form.const % width == 0 and all(c % width == 0 for v, c in form.terms if v != var)
