@@ -21,14 +21,15 @@ import onnx
 import pytest
 from onnx import helper
 from onnx_util import make_model
-from test_mma import _context, emulate_configs, needs_emulator
+from test_mma import _context, _matmul, emulate_configs, needs_emulator
 
 from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
+from welder.codegen import generate_kernel
 from welder.frontend.onnx import import_onnx
 from welder.schedule.engine import CostModel, fuse
 from welder.schedule.group import make_group
-from welder.schedule.kinds import attention
+from welder.schedule.kinds import attention, mma
 from welder.schedule.kinds.attention import AttentionConfig, AttentionFfmaConfig
 from welder.tune.measure import group_inputs
 
@@ -88,14 +89,39 @@ def test_keys_split_across_warps_match_the_interpreter(label: str) -> None:
     graph = import_onnx(attention_model(CASES[label]))
     group = make_group(graph, list(graph.nodes))
     configs = attention.KIND.propose(group, _context(graph, topk=64))
-    split = [c for c in configs if c.stages[0].splits > 1]
-    assert {c.stages[0].splits for c in split} == set(attention.SPLITS), label
+    split = [c for c in configs if c.stages[0].key_splits > 1]
+    assert {c.stages[0].key_splits for c in split} == set(attention.SPLITS), label
     assert all(c.stages[0].family == "attention/split" and c.stages[0].chunk for c in split)
-    assert all(c.threads == 32 * c.stages[0].warps * c.stages[0].splits for c in split)
+    assert all(c.threads == 32 * c.stages[0].warps * c.stages[0].key_splits for c in split)
     chosen = [
-        min(split, key=lambda c: (c.stages[0].splits != n, c.estimate.latency_us)) for n in attention.SPLITS
+        min(split, key=lambda c: (c.stages[0].key_splits != n, c.estimate.latency_us))
+        for n in attention.SPLITS
     ]
     _assert_matches(graph, group, chosen)
+
+
+def test_kernels_launch_the_blocks_their_estimates_priced() -> None:
+    """Warps splitting keys are warps of one block, and split-K is blocks of one tile: a
+    kernel launches the blocks its config's estimate counted.  Until the attention field
+    was named ``key_splits`` the kernel builder read it as split-K's ``splits`` and
+    launched a block per split, each computing the whole tile -- outputs right, work
+    doubled or quadrupled, which no comparison of outputs shows."""
+    graph = import_onnx(attention_model(CASES["bert: mask, 128 tokens"]))
+    group = make_group(graph, list(graph.nodes))
+    split = [c for c in attention.KIND.propose(group, _context(graph, topk=64)) if c.stages[0].key_splits > 1]
+    model, _ = _matmul(24, 600, 40)
+    product = import_onnx(model)
+    split_k = [
+        c
+        for c in mma.KIND.propose(make_group(product, list(product.nodes)), _context(product, topk=50))
+        if c.stages[0].splits > 1
+    ]
+    assert split and split_k
+    for g, configs in ((graph, split), (product, split_k)):
+        for cfg in configs:
+            kernel = generate_kernel(g, make_group(g, list(g.nodes)), cfg, "probe")
+            assert kernel.grid == cfg.estimate.blocks, (cfg.stages[0], kernel.grid)
+    assert any(c.estimate.blocks > c.num_blocks for c in split_k)
 
 
 def test_keys_are_split_only_where_the_rows_make_few_warps() -> None:
@@ -105,7 +131,7 @@ def test_keys_are_split_only_where_the_rows_make_few_warps() -> None:
         graph = import_onnx(attention_model(Case(batch, 12, 128, 64, "mask")))
         group = make_group(graph, list(graph.nodes))
         configs = attention.KIND.propose(group, _context(graph, topk=64))
-        assert any(c.stages[0].splits > 1 for c in configs) == expected, batch
+        assert any(c.stages[0].key_splits > 1 for c in configs) == expected, batch
 
 
 def _transposed_operands(tokens: int = 24, width: int = 16) -> tuple:

@@ -242,8 +242,10 @@ def test_attention_with_split_keys_matches_the_interpreter(context, sm):
         test_attention.attention_model(test_attention.CASES["bert: mask, 300 tokens (online softmax)"])
     )
     group = make_group(graph, list(graph.nodes))
-    configs = [c for c in attention.KIND.propose(group, _context(graph, topk=64)) if c.stages[0].splits > 1]
-    assert {c.stages[0].splits for c in configs} == set(attention.SPLITS)
+    configs = [
+        c for c in attention.KIND.propose(group, _context(graph, topk=64)) if c.stages[0].key_splits > 1
+    ]
+    assert {c.stages[0].key_splits for c in configs} == set(attention.SPLITS)
     kernels = [generate_kernel(graph, group, c, f"split_attention_{i}") for i, c in enumerate(configs)]
     module = GpuModule(compile_cubin([k.source for k in kernels], sm))
     feeds = test_attention._feeds(graph)

@@ -70,7 +70,7 @@ class AttentionStageCtx(StageCtx):
     chunk: int  # keys per pass of the online softmax; 0: one pass
     chunk_keys: int  # keys in shared memory at a time (chunk x splits, or all of them)
     warp_keys: int  # keys a warp multiplies a pass (chunk, or all of them)
-    splits: int  # warps sharing a ring slot's keys (AttentionConfig.splits)
+    splits: int  # warps sharing a ring slot's keys (AttentionConfig.key_splits)
     row_warps: int  # warps of 16 rows (the block's rows)
     combine_stride: int  # floats a lane leaves for its row group's first warp, with splits
     part_view: str | None  # the float view (over the ring) they go through
@@ -114,8 +114,8 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     s_index = kb.stage_index[att.scores.compute.name]
     s_origins = [kb.origin_name(s_index, d) for d in range(len(att.scores.compute.axes))]
     o_origins = [kb.origin_name(k, d) for d in range(len(att.out.axes))]
-    first = scores_config(att, st.warps, st.copy_bytes, st.chunk, st.splits)
-    second = values_config(att, st.warps, st.copy_bytes, st.chunk, st.splits)
+    first = scores_config(att, st.warps, st.copy_bytes, st.chunk, st.key_splits)
+    second = values_config(att, st.warps, st.copy_bytes, st.chunk, st.key_splits)
     values = att.values_contraction()
     q_elems, k_elems = ring_elements(first, att.scores)
     v_elems = ring_elements(second, values)[1]
@@ -126,8 +126,8 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     kb.add_view(f"att{k}_q", dtype, offset, q_elems)
     kb.add_view(f"att{k}_k", dtype, offset + q_elems * item, slots * k_elems)
     kb.add_view(f"att{k}_v", dtype, offset + (q_elems + slots * k_elems) * item, slots * v_elems)
-    if st.splits > 1:  # the same bytes, once the keys are done (kinds.attention.operand_bytes)
-        kb.add_view(f"att{k}_part", "float32", offset, combine_floats(att, st.warps, st.splits))
+    if st.key_splits > 1:  # the same bytes, once the keys are done (kinds.attention.operand_bytes)
+        kb.add_view(f"att{k}_part", "float32", offset, combine_floats(att, st.warps, st.key_splits))
     # Every origin of S's region and of O's: the template's group kernel prints both lists.
     s_region = kb.regions.members[att.scores.compute.name]
     # O's output fields (its tile for later stages, a global store) as its mma stage's.
@@ -157,10 +157,10 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
         chunk=st.chunk,
         chunk_keys=st.chunk_keys,
         warp_keys=st.warp_keys,
-        splits=st.splits,
+        splits=st.key_splits,
         row_warps=st.warps,
         combine_stride=lane_floats(att),
-        part_view=f"att{k}_part" if st.splits > 1 else None,
+        part_view=f"att{k}_part" if st.key_splits > 1 else None,
         key_extent=att.keys,
         head=st.head,
         width=st.width,
@@ -188,7 +188,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
 def _keys_note(st: AttentionConfig) -> str:
     if not st.chunk:
         return f"{st.keys} keys"
-    split = f", {st.splits} warps to a slot" if st.splits > 1 else ""
+    split = f", {st.key_splits} warps to a slot" if st.key_splits > 1 else ""
     return f"{st.keys} keys in chunks of {st.chunk}{split}"
 
 

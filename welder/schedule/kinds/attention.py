@@ -33,7 +33,7 @@ well as the normalised one does.  A softmax over fewer keys is offered in chunks
 shared memory and fewer of ``S``'s accumulators in registers, so more blocks fit an SM.
 Where the rows make few warps (a batch of one), a slot may hold ``splits`` chunks, each
 multiplied by a warp of its own, the warps of a row group combining their maxima, sums and
-``O`` at the end (:attr:`AttentionConfig.splits`).
+``O`` at the end (:attr:`AttentionConfig.key_splits`).
 
 The rule proposes nothing (None) for anything else; ``mma`` and SIMT stages still cover
 the group's parts.
@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from welder.ir.compute import Compute
 from welder.ir.expr import (
@@ -87,7 +87,7 @@ SHORT_CHUNKS = (32, 64)
 MAX_HEAD = 128
 #: Warps per block (16 rows each).
 WARPS = (1, 2, 4, 8)
-#: Warps sharing each ring slot's keys (:attr:`AttentionConfig.splits`), offered in chunks
+#: Warps sharing each ring slot's keys (:attr:`AttentionConfig.key_splits`), offered in chunks
 #: where the rows make fewer than SPLIT_BELOW_WARPS warps an SM: Conformer's attention at
 #: batch 1 is 128 blocks of 2 warps, each walking 512 keys alone (15.3 us a layer on an H200
 #: against 8.9 estimated; a sub-partition of an SM without a warp leaves its tensor core idle).
@@ -133,12 +133,21 @@ class AttentionConfig(StageConfig):
     chunk: int = 0  # keys per pass of the online softmax; 0: all keys in one pass
     # Warps per 16 rows, each multiplying its own chunk of every ring slot (only in chunks):
     # the parallelism of a batch-1 attention, whose rows make few warps (:data:`SPLITS`).
-    splits: int = 1
+    key_splits: int = 1
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> AttentionConfig:
+        """As the base's; reads ``splits``, this field's name in search version 12's
+        ``tuned.json`` files, as ``key_splits`` (renamed: the kernel took a stage's
+        ``splits`` for blocks per tile, ``MmaConfig.splits``)."""
+        if "splits" in d:
+            d = {("key_splits" if k == "splits" else k): v for k, v in d.items()}
+        return super().from_json(d)
 
     @property
     def chunk_keys(self) -> int:
         """Keys whose K and V rows one ring slot holds (all of them without chunks)."""
-        return self.chunk * self.splits or self.keys
+        return self.chunk * self.key_splits or self.keys
 
     @property
     def warp_keys(self) -> int:
@@ -147,11 +156,11 @@ class AttentionConfig(StageConfig):
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps * self.splits
+        return 32 * self.warps * self.key_splits
 
     @property
     def family(self) -> str:
-        return f"{self.kind}/split" if self.splits > 1 else self.kind
+        return f"{self.kind}/split" if self.key_splits > 1 else self.kind
 
     @property
     def block_m(self) -> int:
@@ -516,7 +525,7 @@ def _config(
         operands_offset=0,
         fused=att.stages[:-1],
         chunk=chunk,
-        splits=splits,
+        key_splits=splits,
     )
     threads = stage.threads
     later = []
@@ -659,7 +668,7 @@ def _estimate(
         math.prod(regions.members[st.node].extents) * group.computes[st.node].point_flops for st in later
     )
     simt_us = rounds * simt_flops / (arch.fp32_tflops * 1e12 * simt.COMPUTE_EFFICIENCY / arch.sm_count) * 1e6
-    q, k, v = operand_elements(att, stage.warps, stage.chunk, stage.splits)
+    q, k, v = operand_elements(att, stage.warps, stage.chunk, stage.key_splits)
     item = att.scores.fmt.elem_bytes
     read_block = (q + (k + v) * stage.keys // stage.chunk_keys) * item
     write_block = simt.block_bytes(
