@@ -105,7 +105,8 @@ def test_kernels_launch_the_blocks_their_estimates_priced() -> None:
     kernel launches the blocks its config's estimate counted.  Until the attention field
     was named ``key_splits`` the kernel builder read it as split-K's ``splits`` and
     launched a block per split, each computing the whole tile -- outputs right, work
-    doubled or quadrupled, which no comparison of outputs shows."""
+    doubled or quadrupled, which no comparison of outputs shows.  The builder now asks
+    each stage's ``blocks_per_tile``."""
     graph = import_onnx(attention_model(CASES["bert: mask, 128 tokens"]))
     group = make_group(graph, list(graph.nodes))
     split = [c for c in attention.KIND.propose(group, _context(graph, topk=64)) if c.stages[0].key_splits > 1]

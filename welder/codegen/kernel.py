@@ -170,7 +170,7 @@ class KernelBuilder:
         """Blocks per root tile: more than one where a stage splits its reduction among
         blocks (split-K); the kernel then launches ``splits`` blocks per tile, tile-major
         within each split, and the block's split is ``split`` in the kernel."""
-        return max(getattr(st, "splits", 1) for st in self.cfg.stages)
+        return max(st.blocks_per_tile for st in self.cfg.stages)
 
     @property
     def resident(self) -> int:

@@ -36,6 +36,14 @@ class StageConfig:
         ``welder.schedule.kinds.propose``): the kind, unless a kind splits its own."""
         return self.kind
 
+    @property
+    def blocks_per_tile(self) -> int:
+        """Blocks the kernel launches for each root tile: more than one only where the
+        stage splits its reduction among blocks (split-K, ``MmaConfig.splits``).  A property
+        every kind answers, so that no other field is taken for it by its name: attention's
+        warps splitting keys once were, and launched a block per split."""
+        return 1
+
     def renamed(self, names: Mapping[str, str]) -> StageConfig:
         """Copy with node and tensor names mapped through ``names`` (others kept)."""
         raise NotImplementedError(f"{type(self).__name__} does not rename its tensors")

@@ -214,6 +214,10 @@ class MmaConfig(StageConfig):
         """Blocks per thread-block cluster (1: no clusters)."""
         return 1
 
+    @property
+    def blocks_per_tile(self) -> int:
+        return self.splits
+
     def renamed(self, names: Mapping[str, str]) -> MmaConfig:
         return replace(
             self, node=names.get(self.node, self.node), epilogue=tuple(names.get(e, e) for e in self.epilogue)
