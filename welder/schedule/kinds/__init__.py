@@ -60,7 +60,8 @@ SEARCH_VERSION = 13  # 4: attention past 256 keys (online softmax); 5: shorter s
 # the reduction points a thread takes in turn (simt.serial_points), which reorders the topk;
 # 11: reductions split over threads walk their rows in 16-byte vectors (simt.reduce_vector_twin);
 # 12: attention of few row warps splits each ring slot's keys across warps (attention.SPLITS).
-# 13: those configs launch one block a tile (12 launched one a split, each computing the whole tile).
+# 13: those configs launch one block a tile (12 launched one a split, each computing the whole tile),
+# and a window twin lays out a group's first reduction stage, behind a producer stage too (simt.window_twin).
 
 
 KINDS: dict[str, KernelKind] = {

@@ -809,8 +809,10 @@ WINDOW_RUN = 8
 
 
 def window_twin(group: Group, cfg: GroupConfig) -> GroupConfig | None:
-    """``cfg`` with its first stage laid out for a sliding window (``SimtConfig.window``),
-    or None where that stage is no sliding window or it would not pay.
+    """``cfg`` with its first reduction stage laid out for a sliding window
+    (``SimtConfig.window``), or None where that stage is no sliding window or it would not
+    pay.  Stages before it (a prologue the window reads from shared memory: Conformer's GLU
+    in front of its depthwise convolution) keep their layouts.
 
     The generic layout strides a thread's outputs by the thread count, so no two of them
     share an input, and walks the taps in a loop: a 3x3 depthwise convolution reads nine
@@ -820,7 +822,8 @@ def window_twin(group: Group, cfg: GroupConfig) -> GroupConfig | None:
     row fall on ``R + K - 1`` distinct elements, which the compiler loads once: the same
     addresses, computed from constants.  The estimate is the generic one; the tuner
     measures the twin as a family of its own."""
-    st = cfg.stages[0]
+    k = next((k for k, st in enumerate(cfg.stages) if group.computes[st.node].reduce_axes), 0)
+    st = cfg.stages[k]
     c = group.computes[st.node]
     last = len(c.shape) - 1
     extents = [a.extent for a in c.reduce_axes]
@@ -842,7 +845,7 @@ def window_twin(group: Group, cfg: GroupConfig) -> GroupConfig | None:
         reg = (*reg[:-1], reg[-1] * run)
         if math.prod(reg) <= MAX_REG_TILE and math.prod(reg) * math.prod(extents) <= MAX_WINDOW_UNROLL:
             twin = replace(st, window=True, thread_shape=tshape, reg_tile=reg, reduce_threads=1)
-            return replace(cfg, stages=[twin, *cfg.stages[1:]])
+            return replace(cfg, stages=[*cfg.stages[:k], twin, *cfg.stages[k + 1 :]])
     return None
 
 
