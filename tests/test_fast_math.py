@@ -125,3 +125,48 @@ def test_16_bit_math_is_within_an_ulp_of_the_exact_value_for_every_input(op: str
     kernels = generate_model(graph, [(p.group, p.configs[0]) for p in plan.groups])
     got = EmulatedModel(graph, kernels).run(feeds)
     assert_rounded_once(op, dtype, got["y"], feeds["x"])
+
+
+#: What a softmax subtracts before its exp (welder_exp16_sub): its row's maximum, here one per
+#: column -- small and moderate, then a row masked whole (BERT's additive mask, -10^4).
+MAXIMA = np.concatenate([np.linspace(-64.0, 64.0, 253), [0.0, 1.0e4, -1.0e4]])
+
+
+def difference_model(dtype: type) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """exp(x - m) of every value ``x`` of ``dtype`` against each of the :data:`MAXIMA`."""
+    x = every_value(dtype)
+    nodes = [helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Exp", ["d"], ["y"])]
+    return make_model(nodes, {"x": x}, ["y"], {"m": MAXIMA.astype(dtype)}, opset=20), {"x": x}
+
+
+def assert_difference_rounded_once(dtype: type, got: np.ndarray, x: np.ndarray) -> None:
+    """``got`` within one unit in the last place of the float64 exp(x - m) rounded to
+    ``dtype`` (or zero, under float's normal range), for all but ``OFF_BY_ONE`` of the
+    values; NaN exactly where the exact value is."""
+    m = MAXIMA.astype(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact64 = np.exp(x.astype(np.float64) - m.astype(np.float64))
+    exact = exact64.astype(dtype)
+    nan = np.isnan(exact.astype(np.float32))
+    assert np.array_equal(nan, np.isnan(got.astype(np.float32)))
+    off = np.abs(ordered(got[~nan]) - ordered(exact[~nan]))
+    off[(got[~nan].astype(np.float32) == 0) & (exact64[~nan] < FLOAT_TINY)] = 0
+    assert off.max() <= 1, f"{dtype.__name__}: {off.max()} ulp off"
+    assert np.mean(off) <= OFF_BY_ONE, f"{dtype.__name__}: {np.mean(off):.2%} of values one ulp off"
+
+
+@pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_the_exp_of_a_difference_is_within_an_ulp_for_every_input(fmt: str) -> None:
+    """exp(x - m), which a softmax computes, is one FFMA and an ex2 (welder_exp16_sub:
+    x log2(e) - m log2(e)): within one unit in the last place of the float64 value rounded
+    once, for every value of the format against 256 maxima, and that rarely.
+    tests/test_gpu.py runs the same check with the hardware's ex2.approx."""
+    dtype = FORMATS[fmt]
+    model, feeds = difference_model(dtype)
+    graph = import_onnx(model)
+    plan = plan_model(graph, get_arch("H100"), topk=1)
+    kernels = generate_model(graph, [(p.group, p.configs[0]) for p in plan.groups])
+    assert all("welder_exp16_sub(" in k.source for k in kernels)
+    got = EmulatedModel(graph, kernels).run(feeds)["y"]
+    assert_difference_rounded_once(dtype, got, feeds["x"])

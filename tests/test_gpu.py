@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 from onnx import helper
 from onnx_util import make_model
-from test_fast_math import FORMATS, FUNCTIONS, assert_rounded_once, unary_model
+from test_fast_math import (
+    FORMATS,
+    FUNCTIONS,
+    assert_difference_rounded_once,
+    assert_rounded_once,
+    difference_model,
+    unary_model,
+)
 
 from welder.arch import match_gpu_name
 from welder.check import error_metric, threshold_for
@@ -199,6 +206,17 @@ def test_16_bit_math_is_within_an_ulp_of_the_exact_value_for_every_input(context
     kernels = _kernels(graph, f"fast_{op}_{fmt}", topk=1)
     got = run_native(graph, kernels, GpuModule(compile_cubin([k.source for k in kernels], sm)), feeds)
     assert_rounded_once(op, dtype, got["y"], feeds["x"])
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_the_exp_of_a_difference_is_within_an_ulp_for_every_input(context, sm, fmt):
+    """tests/test_fast_math.py's check of welder_exp16_sub with the hardware's ex2.approx."""
+    dtype = FORMATS[fmt]
+    model, feeds = difference_model(dtype)
+    graph = import_onnx(model)
+    kernels = _kernels(graph, f"fast_exp_sub_{fmt}", topk=1)
+    got = run_native(graph, kernels, GpuModule(compile_cubin([k.source for k in kernels], sm)), feeds)
+    assert_difference_rounded_once(dtype, got["y"], feeds["x"])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

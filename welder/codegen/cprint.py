@@ -106,9 +106,11 @@ _FLOAT_FN = {
 # Functions of 16-bit floats (computed in float, then rounded to 11 or 8 significant bits) by
 # cheaper forms whose error stays far under the rounding: welder_exp16 is one ex2.approx, within
 # 2 + 1.173 |x| float ulp, under 2^-6 of an fp16 ulp for every |x| < 88, where float's
-# exponential is finite (results under 2^-126 flushed to zero); welder_erf16 is a rational fit
-# within 5e-6 (welder_math.cuh).  Float keeps the exact forms (within 2 ulp): exact fp32 is
-# what fp32 promises.
+# exponential is finite (results under 2^-126 flushed to zero), and of a difference
+# (welder_exp16_sub, a softmax's exp(x - max)) with the two scaled by log2(e) apart, in one
+# FFMA, within 2^-6 of an fp16 ulp for |x|, |max| under 64 (tests/test_fast_math.py);
+# welder_erf16 is a rational fit within 5e-6 (welder_math.cuh).  Float keeps the exact forms
+# (within 2 ulp): exact fp32 is what fp32 promises.
 _FAST_16 = {"exp": "welder_exp16", "erf": "welder_erf16"}
 
 
@@ -270,6 +272,10 @@ class CPrinter:
             if double:
                 return f"(1.0 / (1.0 + exp(-{x})))"
             return _divide("1.0f", f"(1.0f + {_float_fn('exp', dtype)}(-{x}))", dtype)
+        arg = e.args[0]
+        if e.fn == "exp" and dtype in HALF_FORMATS and isinstance(arg, Binary) and arg.op == "sub":
+            # a softmax's exp(x - max): one FFMA, x log2(e) - max log2(e), the row's term once
+            return f"welder_exp16_sub({self.expr(arg.a)}, {self.expr(arg.b)})"
         fn = _float_fn(e.fn, dtype)
         if double:
             fn = fn[:-1]
