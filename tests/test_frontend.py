@@ -17,7 +17,7 @@ from welder.cli import parse_input_shape
 from welder.codegen import generate_model
 from welder.errors import ModelError, ShapeError, UnsupportedError
 from welder.frontend.onnx import import_onnx, load_model
-from welder.ir.expr import Const
+from welder.ir.expr import Binary, Const, Load, walk
 from welder.pipeline import planned_graph
 from welder.runtime.emu import available as emulator_available
 from welder.runtime.emulate import EmulatedModel
@@ -290,6 +290,12 @@ def test_scales_move_past_the_products_they_feed():
     (product,) = [n for n in graph.topo_order() if n.compute.is_product]
     assert product.name == "s:unscaled" and set(product.inputs) <= {"q", "k", "kt"}
     assert not {"qs", "ks"} & set(graph.nodes)
+    # both operands' scales, one multiply a score: the sum times the factors' product
+    scale = graph.nodes["s"].compute.body
+    assert isinstance(scale, Binary) and scale.op == "mul" and isinstance(scale.a, Load)
+    assert scale.a.tensor == "s:unscaled" and not any(
+        isinstance(e, Load) and e.tensor == "s:unscaled" for e in walk(scale.b)
+    )
     _assert_graph_matches_ort(graph, model, feeds)
 
     divided = [
@@ -307,6 +313,7 @@ def test_scales_move_past_the_products_they_feed():
     model, feeds = _sdpa_scores(divided, outputs)
     graph = import_onnx(model).move_scales_past_products()
     assert "by_div:unscaled" in graph.nodes and "qd" not in graph.nodes
+    assert graph.nodes["by_div"].compute.body.op == "div"
     assert {"qr", "shared", "out"} <= set(graph.nodes)
     assert not {"by_rows:unscaled", "by_shared:unscaled", "by_output:unscaled"} & set(graph.nodes)
     _assert_graph_matches_ort(graph, model, feeds)

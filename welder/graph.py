@@ -267,10 +267,10 @@ class Graph:
             sum_name = f"{node.name}:unscaled"
             body = Binary("mul", *operands)
             nodes.append(replace(node, compute=replace(c, name=sum_name, body=body)))
-            scaled: Expr = Load(sum_name, tuple(a.var for a in c.axes), c.dtype)
-            for op, factor in factors:
-                scaled = Binary(op, scaled, factor)
-            nodes.append(Node(Compute(node.name, c.axes, scaled, c.dtype), "Mul", node.source))
+            unscaled = Load(sum_name, tuple(a.var for a in c.axes), c.dtype)
+            nodes.append(
+                Node(Compute(node.name, c.axes, _scaled(unscaled, factors), c.dtype), "Mul", node.source)
+            )
         return Graph(self.inputs, nodes, self.outputs, self.constants, name=self.name).eliminate_dead_nodes()
 
     def split_long_reductions(self) -> Graph:
@@ -466,3 +466,22 @@ def _split_reduction(c: Compute) -> list[Compute] | None:
     if total != c.name:
         computes.append(compute(c.name, c.shape, lambda *idx: cast(Load(total, idx, acc), c.dtype), c.dtype))
     return computes
+
+
+def _scaled(x: Expr, factors: list[tuple[str, Expr]]) -> Expr:
+    """``x`` times its scalar factors' product, over their divisors' (``(op, factor)``,
+    ``op`` mul or div): one operation an element, the factors combined once.  Both operands
+    of attention's product move their scales here, and ``(x * c) * c`` was two
+    multiplies of every score."""
+    muls = [f for op, f in factors if op == "mul"]
+    divs = [f for op, f in factors if op == "div"]
+
+    def product(fs: list[Expr]) -> Expr:
+        out = fs[0]
+        for f in fs[1:]:
+            out = Binary("mul", out, f)
+        return out
+
+    if muls and divs:
+        return Binary("mul", x, Binary("div", product(muls), product(divs)))
+    return Binary("mul", x, product(muls)) if muls else Binary("div", x, product(divs))
