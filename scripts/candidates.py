@@ -68,7 +68,7 @@ def row(rank: int, config: GroupConfig, timed: bool, chosen: bool, measured: str
     marks = ("*" if timed else " ") + ("=" if chosen else " ")
     meas = "" if measured is None else f"  {measured:>9}"
     return (
-        f"{marks} {rank:>4}  {e.latency_us:>9.2f}{meas}  {config.stages[0].family:<14} {tile:<16} "
+        f"{marks} {rank:>4}  {e.latency_us:>9.2f}{meas}  {config.family:<14} {tile:<16} "
         f"{config.threads:>4}  {e.blocks:>7}  {e.blocks_per_sm:>3}  {e.waves:>5}  {e.smem_bytes:>6}  "
         f"{e.regs_per_thread:>4}"
     )

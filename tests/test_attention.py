@@ -29,7 +29,7 @@ from welder.codegen import generate_kernel
 from welder.frontend.onnx import import_onnx
 from welder.schedule.engine import CostModel, fuse
 from welder.schedule.group import make_group
-from welder.schedule.kinds import attention, mma
+from welder.schedule.kinds import attention, config_from_json, mma
 from welder.schedule.kinds.attention import AttentionConfig, AttentionFfmaConfig
 from welder.tune.measure import group_inputs
 
@@ -123,6 +123,20 @@ def test_kernels_launch_the_blocks_their_estimates_priced() -> None:
             kernel = generate_kernel(g, make_group(g, list(g.nodes)), cfg, "probe")
             assert kernel.grid == cfg.estimate.blocks, (cfg.stages[0], kernel.grid)
     assert any(c.estimate.blocks > c.num_blocks for c in split_k)
+
+
+def test_tuned_files_of_the_old_field_name_still_read() -> None:
+    """tuned.json files of search version 12 name ``key_splits`` ``splits``: read back, a
+    config keeps its split keys (and launches one block a tile)."""
+    graph = import_onnx(attention_model(CASES["bert: mask, 128 tokens"]))
+    group = make_group(graph, list(graph.nodes))
+    cfg = next(
+        c for c in attention.KIND.propose(group, _context(graph, topk=64)) if c.stages[0].key_splits > 1
+    )
+    old = cfg.to_json()
+    old["stages"][0]["splits"] = old["stages"][0].pop("key_splits")
+    read = config_from_json(old)
+    assert read.stages[0] == cfg.stages[0] and read.stages[0].blocks_per_tile == 1
 
 
 def test_keys_are_split_only_where_the_rows_make_few_warps() -> None:

@@ -102,16 +102,25 @@ def assert_rounded_once(op: str, dtype: type, got: np.ndarray, x: np.ndarray) ->
     rounding = float(info.eps) * np.abs(exact64[cancels]) + float(info.smallest_subnormal)
     bound = ERF_ERROR * np.abs(wide[cancels]) / 2 + rounding
     assert np.all(error <= bound), f"{op}: {np.max(error - bound):.2e} over the bound where 1 + erf cancels"
-    kept = ~nan & ~cancels
+    _assert_within_an_ulp(f"{op} {dtype.__name__}", got, exact64, dtype, ~nan & ~cancels, x)
+
+
+def _assert_within_an_ulp(
+    label: str, got: np.ndarray, exact64: np.ndarray, dtype: type, kept: np.ndarray, x: np.ndarray
+) -> None:
+    """Where ``kept``: ``got`` at most one unit in the last place off ``exact64`` rounded to
+    ``dtype`` (zero counts as right under float's normal range), on at most ``OFF_BY_ONE``
+    of the values."""
+    exact = exact64.astype(dtype)
     off = np.abs(ordered(got[kept]) - ordered(exact[kept]))
     flushed = (got[kept].astype(np.float32) == 0) & (np.abs(exact64[kept]) < FLOAT_TINY)
     off[flushed] = 0
     worst = int(np.argmax(off))
     assert off.max() <= 1, (
-        f"{op} {dtype.__name__}: {off.max()} ulp off at x = {x[kept][worst]!r}: "
+        f"{label}: {off.max()} ulp off at x = {x[kept][worst]!r}: "
         f"{got[kept][worst]!r}, exactly {exact[kept][worst]!r}"
     )
-    assert np.mean(off) <= OFF_BY_ONE, f"{op} {dtype.__name__}: {np.mean(off):.2%} of values one ulp off"
+    assert np.mean(off) <= OFF_BY_ONE, f"{label}: {np.mean(off):.2%} of values one ulp off"
 
 
 @pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
@@ -146,13 +155,11 @@ def assert_difference_rounded_once(dtype: type, got: np.ndarray, x: np.ndarray) 
     m = MAXIMA.astype(dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         exact64 = np.exp(x.astype(np.float64) - m.astype(np.float64))
-    exact = exact64.astype(dtype)
-    nan = np.isnan(exact.astype(np.float32))
-    assert np.array_equal(nan, np.isnan(got.astype(np.float32)))
-    off = np.abs(ordered(got[~nan]) - ordered(exact[~nan]))
-    off[(got[~nan].astype(np.float32) == 0) & (exact64[~nan] < FLOAT_TINY)] = 0
-    assert off.max() <= 1, f"{dtype.__name__}: {off.max()} ulp off"
-    assert np.mean(off) <= OFF_BY_ONE, f"{dtype.__name__}: {np.mean(off):.2%} of values one ulp off"
+    nan = np.isnan(exact64.astype(dtype).astype(np.float32))
+    assert np.array_equal(nan, np.isnan(got.astype(np.float32))), (
+        "exp(x - m): NaN where the exact value is not"
+    )
+    _assert_within_an_ulp(f"exp(x - m) {dtype.__name__}", got, exact64, dtype, ~nan, x)
 
 
 @pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")

@@ -7,6 +7,7 @@ in topological order; networkx provides the graph algorithms the scheduler needs
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -477,10 +478,7 @@ def _scaled(x: Expr, factors: list[tuple[str, Expr]]) -> Expr:
     divs = [f for op, f in factors if op == "div"]
 
     def product(fs: list[Expr]) -> Expr:
-        out = fs[0]
-        for f in fs[1:]:
-            out = Binary("mul", out, f)
-        return out
+        return functools.reduce(lambda a, b: Binary("mul", a, b), fs)
 
     if muls and divs:
         return Binary("mul", x, Binary("div", product(muls), product(divs)))

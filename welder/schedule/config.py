@@ -92,6 +92,13 @@ class GroupConfig:
         return n
 
     @property
+    def family(self) -> str:
+        """The config's family (:attr:`StageConfig.family`): its first stage's, or the first
+        one a later stage has of its own -- a window twin of a convolution behind a producer
+        stage is as much a twin as one of a first stage."""
+        return next((st.family for st in self.stages if st.family != st.kind), self.stages[0].family)
+
+    @property
     def kernel(self) -> bool:
         """Whether welder generates this group's kernel; False where a library call computes
         the group (its tiling fields are then unused)."""

@@ -120,7 +120,7 @@ def alike(c: GroupConfig) -> tuple:
     and measure within a few per cent of one another."""
     e = c.estimate
     return (
-        c.stages[0].family,
+        c.family,
         c.threads,
         getattr(c.stages[-1], "vector", 1),
         math.prod(c.block_tile),
@@ -152,13 +152,12 @@ def defer_alike(ranked: Sequence[GroupConfig]) -> list[GroupConfig]:
 
 def top_by_family(ranked: Sequence[GroupConfig], topk: int) -> list[GroupConfig]:
     """The ``topk`` best of ``ranked`` (best first) with places kept for the best of every
-    family (``StageConfig.family``) of the group's first stage -- a quarter of them each, or
-    an equal share where more than four families compete -- in estimate order, ties spread
-    over shapes (:func:`spread_ties`) and configs alike to two before them deferred
-    (:func:`defer_alike`)."""
+    family (``GroupConfig.family``) -- a quarter of them each, or an equal share where more
+    than four families compete -- in estimate order, ties spread over shapes
+    (:func:`spread_ties`) and configs alike to two before them deferred (:func:`defer_alike`)."""
     families: dict[str, list[GroupConfig]] = {}
     for c in ranked:
-        families.setdefault(c.stages[0].family, []).append(c)
+        families.setdefault(c.family, []).append(c)
     keep = max(1, topk // max(4, len(families))) if topk > 1 else 0
     chosen = [c for members in families.values() for c in defer_alike(spread_ties(members))[:keep]][:topk]
     for c in defer_alike(ranked):
