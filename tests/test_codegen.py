@@ -45,6 +45,7 @@ from welder.schedule.kinds import Options
 from welder.schedule.kinds.simt import (
     SimtConfig,
     StagedInput,
+    held_twin,
     make_config,
     reduce_vector_twin,
     schedule_group,
@@ -731,6 +732,16 @@ def test_every_config_of_a_group_is_correct():
     assert not failures, "\n".join(failures)
 
 
+def _twins_of_top12(model: onnx.ModelProto, twin) -> tuple[Graph, Group, list[GroupConfig]]:
+    """The model's graph, its whole group and the twins ``twin(group, cfg, shape_of,
+    dtype_of, arch)`` makes of its twelve best SIMT configs, where it makes one."""
+    graph = import_onnx(model)
+    group = _whole(graph)
+    shape_of, dtype_of = (lambda t: graph.tensor(t).shape), (lambda t: graph.tensor(t).dtype)
+    configs = schedule_group(group, shape_of, dtype_of, ARCH, Options(topk=12))
+    return graph, group, [t for c in configs if (t := twin(group, c, shape_of, dtype_of, ARCH))]
+
+
 def reduce_vector_batch() -> Batch:
     """The twins reading reductions in 16-byte vectors (``SimtConfig.rvector``) of the
     first twelve configs of: BSRN's contrast over 64 x 128 pixels in both precisions (two
@@ -751,11 +762,7 @@ def reduce_vector_batch() -> Batch:
     )
     batch = Batch("rv")
     for name, model in models.items():
-        graph = import_onnx(model)
-        group = _whole(graph)
-        shape_of, dtype_of = (lambda t, g=graph: g.tensor(t).shape), (lambda t, g=graph: g.tensor(t).dtype)
-        configs = schedule_group(group, shape_of, dtype_of, ARCH, Options(topk=12))
-        vectors = [t for c in configs if (t := reduce_vector_twin(group, c, shape_of, dtype_of, ARCH))]
+        graph, group, vectors = _twins_of_top12(model, reduce_vector_twin)
         assert vectors, name
         for k, cfg in enumerate(vectors):
             batch.add(f"{name}_{k}", graph, [(group, cfg)], _feeds(graph, rng))
@@ -765,6 +772,65 @@ def reduce_vector_batch() -> Batch:
 def test_reductions_read_in_vectors_are_correct():
     batch = reduce_vector_batch()
     assert all("welder_vload" in k.source for k in batch.kernels)
+    failures = batch.run_all()
+    assert not failures, "\n".join(failures)
+
+
+def held_batch() -> Batch:
+    """The twins whose first reduction in vectors keeps its row in registers for the stages
+    after it (``SimtConfig.hold``: :func:`held_twin`), from every config of: a LayerNorm in
+    fp16 and fp32 (the sum of squares and the normalisation read the held row), a softmax
+    in fp16 (the sum of exponentials and the division do) and an RMS norm in fp32."""
+    rng = np.random.default_rng(41)
+    models = {
+        f"layernorm_{dtype.__name__}": make_model(
+            [helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1)],
+            {"x": _w(rng, 2, 16, width, dtype=dtype)},
+            ["y"],
+            {"s": _w(rng, width, dtype=dtype), "b": _w(rng, width, dtype=dtype)},
+        )
+        for dtype, width in ((np.float16, 512), (np.float32, 256))
+    }
+    models["softmax_float16"] = make_model(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": _w(rng, 32, 512, dtype=np.float16)}, ["y"]
+    )
+    models["rmsnorm_float32"] = make_model(
+        [
+            helper.make_node("Mul", ["x", "x"], ["sq"]),
+            helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),
+            helper.make_node("Add", ["ms", "eps"], ["a"]),
+            helper.make_node("Sqrt", ["a"], ["r"]),
+            helper.make_node("Div", ["x", "r"], ["n"]),
+            helper.make_node("Mul", ["n", "s"], ["y"]),
+        ],
+        {"x": _w(rng, 24, 128)},
+        ["y"],
+        {"s": _w(rng, 128), "eps": np.array(1e-6, np.float32)},
+    )
+    batch = Batch("hd")
+
+    def held(group, cfg, shape_of, dtype_of, arch):
+        vectors = reduce_vector_twin(group, cfg, shape_of, dtype_of, arch)
+        return held_twin(group, vectors, shape_of, dtype_of, arch)
+
+    for name, model in models.items():
+        graph, group, held_configs = _twins_of_top12(model, held)
+        assert held_configs, name
+        for k, cfg in enumerate(held_configs):
+            assert cfg.family == "simt_held"
+            batch.add(f"{name}_{k}", graph, [(group, cfg)], _feeds(graph, rng))
+    return batch
+
+
+def test_rows_held_in_registers_are_correct():
+    batch = held_batch()
+    for case in batch.cases:
+        # the row is loaded once, kept, and read back by the later stages: the second
+        # reduction (not the RMS norm's, which has one) and the normalisation
+        (k,) = case.kernels
+        assert len(re.findall(r"welder_vload<[^>]*>>\(p0,", k.source)) == 1, k.name
+        assert "held0[u] = welder_vload" in k.source and "= held0[j];" in k.source, k.name
+        assert ("= held0[u];" in k.source) != case.label.startswith("rmsnorm"), k.name
     failures = batch.run_all()
     assert not failures, "\n".join(failures)
 

@@ -212,3 +212,42 @@ def test_a_large_elementwise_add_gets_full_blocks_of_busy_threads() -> None:
         units = (*st.tile[:-1], st.tile[-1] // st.vector)
         assert all(t * g == u for t, g, u in zip(st.thread_shape, st.reg_tile, units)), st
         assert math.prod(st.thread_shape) == 256, st
+
+
+def _layer_norm(rows: int, width: int) -> Graph:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((rows, width)).astype(np.float16)
+    consts = {"s": np.ones(width, np.float16), "b": np.zeros(width, np.float16)}
+    node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1)
+    return import_onnx(make_model([node], {"x": x}, ["y"], consts))
+
+
+def test_a_layer_norm_is_offered_its_row_held_in_registers() -> None:
+    """Conformer b64 fp16's layer norm (32,768 rows of 512 halves): the kind proposes twins
+    whose first reduction holds its row (``simt_held``), each normalising the same vectors at
+    the same threads: thread t of the normalisation takes the vectors t + u * reduce_threads
+    of its row that thread t of the reduction loaded in pass u."""
+    graph = _layer_norm(32768, 512)
+    group = _whole_group(graph)
+    proposed = simt.KIND.propose(group, _context(graph, topk=20))
+    held = [c for c in proposed if c.family == "simt_held"]
+    assert held
+    for cfg in held:
+        red, out = cfg.stages[0], cfg.stages[-1]
+        assert red.hold and red.rvector == out.vector == 8
+        passes = 512 // 8 // red.reduce_threads
+        assert out.reg_tile == (1, passes) and 1 <= passes <= simt.MAX_HELD_VECTORS
+        assert out.thread_shape == (red.thread_shape[0], red.reduce_threads)
+        assert cfg.threads == math.prod(out.thread_shape)
+
+
+def test_rows_longer_than_the_registers_hold_get_no_held_twin() -> None:
+    """At 4,096 halves a row (512 vectors) blocks of 64 threads or more an output take at
+    most eight vectors a thread; at 32,768 (4,096 vectors) none does."""
+
+    def families(width: int) -> set[str]:
+        graph = _layer_norm(4, width)
+        return {c.family for c in simt.KIND.propose(_whole_group(graph), _context(graph, topk=20))}
+
+    assert "simt_held" in families(4096)
+    assert "simt_held" not in families(32768)

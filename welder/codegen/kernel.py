@@ -85,6 +85,9 @@ class KernelBuilder:
         self.tensor_maps: list[TensorMapParam] = []
         self.tile_views: dict[str, str] = {}
         self.tiles: dict[str, tuple[int, ...]] = {}
+        # per-thread arrays that outlive a stage: vectors one stage loads and later ones read
+        self.registers: list[dict] = []
+        self.held: dict[tuple, object] = {}  # what those arrays hold, keyed by the kind that fills them
         for k, st in enumerate(config.stages):
             offset = getattr(st, "smem_offset", None)
             if offset is not None:
@@ -103,6 +106,11 @@ class KernelBuilder:
         ``dtype``'s storage type, or of the C type ``ctype``)."""
         ctype = ctype or STORAGE_TYPES[dtype]
         self.views.append({"name": name, "ctype": ctype, "offset": offset, "count": count})
+
+    def add_registers(self, name: str, ctype: str, count: int) -> None:
+        """A per-thread array ``name`` of ``count`` values of C type ``ctype``, declared
+        before the first stage so that every stage can read it."""
+        self.registers.append({"name": name, "ctype": ctype, "count": count})
 
     def add_tensor_map(
         self,
@@ -150,6 +158,7 @@ class KernelBuilder:
             "smem_bytes": self.cfg.smem_bytes,
             "params": [*self.params.values(), *self.tensor_maps],
             "views": self.views,
+            "registers": self.registers,
             "block_coords": coords,
         }
         body = environment().get_template("group_kernel.cu.j2").render(k=ctx, stages=stage_ctxs)

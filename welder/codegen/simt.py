@@ -23,6 +23,7 @@ from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.kinds.simt import (
     SimtConfig,
     StagedInput,
+    held_rows,
     steps_in_vectors,
     unconditional_loads,
     vector_aligned,
@@ -82,6 +83,27 @@ class _VectorLoad:
     type: str
     param: str  # the pointer read: a parameter or a shared view
     flat: str
+    keep: str = ""  # the register array it is also kept in (a held reduction: SimtConfig.hold)
+    held: str = ""  # the register array it is read from instead (an earlier stage kept it)
+    slot: str = ""  # the array's index: the reduction's pass or the vector stage's j
+    source: Load | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """Vectors a held reduction (``SimtConfig.hold``) keeps, one array per input: the
+    reduction's layout (which element each thread loads in which pass) and the vector's
+    flat index as printed, with the reduce variable ``rvar``."""
+
+    array: str
+    flat: str
+    param: str
+    rvar: str
+    passes: int
+    width: int
+    reduce_threads: int
+    threads: tuple[int, ...]  # the reduction's thread shape (simt.held_rows: which are rows)
+    origins: tuple[str, ...]  # its tile origin
 
 
 @dataclass
@@ -189,6 +211,7 @@ class SimtStageCtx(StageCtx):
     rvector: int = 1  # elements per vector on the innermost reduce axis (a reduction)
     rvaxis: int = 0
     unroll: int = 1  # iterations of a reduction in vectors unrolled (VECTORS_IN_FLIGHT at most)
+    passes: int = 0  # a reduction in vectors walked in this many passes u (held vectors' slots)
     vloads: list[_VectorLoad] = field(default_factory=list)
     vout_type: str = ""
     vflat: str = ""  # the output's flat index of a vector's first element
@@ -418,6 +441,43 @@ def _vectorize(
     ctx.vout_type = _vec_type(c.dtype, width)
     ctx.vflat = flat_index([f"i{d}" + ("v" if d == axis else "") for d in range(len(c.shape))], c.shape)
     _vector_reads(kb, ctx, c, scalar, f"i{axis}", width, staged)
+    _read_held(kb, ctx, st, c, scalar)
+
+
+def _read_held(kb: KernelBuilder, ctx: SimtStageCtx, st: SimtConfig, c: Compute, scalar: CPrinter) -> None:
+    """An elementwise stage in vectors laid out as a held reduction before it (its rows at
+    the same threads, its innermost axis the reduce axis from 0, its ``j``-th vector the
+    reduction's pass ``j``: ``welder.schedule.kinds.simt.held_twin``) reads the vectors that
+    reduction kept wherever it loads the same elements: the same parameter at the same
+    index once its innermost variable is named as the reduction's."""
+    last = len(c.shape) - 1
+    if ctx.valid != "true" or math.prod(st.reg_tile[:-1]) != 1:
+        return
+    if not _zero_on_grid(kb.regions.members[st.node].dims[last], kb.cfg):
+        return
+    layout = (st.reg_tile[-1], st.vector, st.thread_shape[-1], tuple(st.thread_shape[:-1]))
+    origins = tuple(o["expr"] for o in ctx.origins[:-1])
+    for v in _global(kb, ctx.vloads):
+        ld = v.source
+        assert ld is not None
+        for held in kb.held.values():
+            rows = held_rows(held.threads, len(c.shape)) if isinstance(held, _Held) else None
+            if rows is None or held.param != v.param or held.origins[:rows] != origins:
+                continue
+            if (held.passes, held.width, held.reduce_threads, held.threads[:rows]) != layout:
+                continue
+            at = CPrinter(kb.global_load, var={f"i{last}": f"{held.rvar}v"}, nonneg=scalar.nonneg)
+            if flat_index([at(i) for i in ld.indices], kb.params[ld.tensor].shape) == held.flat:
+                v.held, v.slot = held.array, "j"
+                break
+
+
+def _zero_on_grid(iv: Interval, cfg: GroupConfig) -> bool:
+    """Whether a tile's origin along one axis is 0 in every block of the grid."""
+    lo = iv.lo
+    if not isinstance(lo, Affine) or lo.const != 0:
+        return False
+    return all(v.startswith("b") and cfg.grid[int(v[1:])] == 1 for v, coef in lo.terms if coef)
 
 
 def _vectorize_reduction(
@@ -433,6 +493,36 @@ def _vectorize_reduction(
     per_thread = -(-ctx.reduce_total // (width * st.reduce_threads))
     ctx.unroll = max(1, min(VECTORS_IN_FLIGHT, per_thread))
     _vector_reads(kb, ctx, c, scalar, f"r{axis}", width, {})
+    _hold(kb, ctx, st, c, per_thread)
+
+
+def _hold(kb: KernelBuilder, ctx: SimtStageCtx, st: SimtConfig, c: Compute, passes: int) -> None:
+    """A held reduction (``st.hold``) keeps each vector it loads from a global input in a
+    register array, one slot a pass; a later reduction walking the same elements in the same
+    passes at the same threads (the same layout and the same printed index) reads them from
+    there.  Either walks its reduction in ``passes`` unrolled passes ``u``, the slots'
+    indices.  Only where every thread takes ``passes`` vectors, one output each."""
+    if len(c.reduce_axes) != 1 or ctx.nreg != 1 or ctx.valid != "true":
+        return
+    if ctx.reduce_total % (st.rvector * st.reduce_threads) or tuple(st.thread_shape) != tuple(st.tile):
+        return
+    rvar = f"r{ctx.rvaxis}"
+    threads = tuple(st.thread_shape)
+    origins = tuple(o["expr"] for o in ctx.origins)
+    used = False
+    for v in _global(kb, ctx.vloads):
+        key = (v.param, v.flat, rvar, passes, st.rvector, st.reduce_threads, threads, origins)
+        held = kb.held.get(key)
+        if isinstance(held, _Held):
+            v.held, v.slot, used = held.array, "u", True
+        elif st.hold:
+            array = f"held{len(kb.registers)}"
+            kb.add_registers(array, v.type, passes)
+            width, split = st.rvector, st.reduce_threads
+            kb.held[key] = _Held(array, v.flat, v.param, rvar, passes, width, split, threads, origins)
+            v.keep, v.slot, used = array, "u", True
+    if used:
+        ctx.passes = passes
 
 
 def _vector_reads(
@@ -465,7 +555,7 @@ def _vector_reads(
         else:
             source, flat = param.name, flat_index(idx, param.shape)
         names[ld] = f"vl{len(names)}"
-        ctx.vloads.append(_VectorLoad(names[ld], _vec_type(ld.dtype, width), source, flat))
+        ctx.vloads.append(_VectorLoad(names[ld], _vec_type(ld.dtype, width), source, flat, source=ld))
 
     def load(ld: Load, p: CPrinter) -> str:
         if ld in names:
@@ -473,6 +563,11 @@ def _vector_reads(
         return scalar(ld)
 
     ctx.body = CPrinter(load, nonneg=scalar.nonneg)(c.body)
+
+
+def _global(kb: KernelBuilder, vloads: Sequence[_VectorLoad]) -> list[_VectorLoad]:
+    """The vector loads that read a global parameter (not a shared buffer)."""
+    return [v for v in vloads if v.source is not None and kb.params[v.source.tensor].name == v.param]
 
 
 def _whole_rows(sd: StagedInput, shape: Sequence[int], width: int) -> bool:

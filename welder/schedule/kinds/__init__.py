@@ -49,7 +49,7 @@ from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top
 #: as the SIMT kind's sliding-window twins; new tile shapes).  It is part of the tuning
 #: cache's key (``welder.tune.tuner.cache_key``): a cached winner was the best of what the
 #: search offered then, so a search that offers more must tune again.
-SEARCH_VERSION = 13  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
+SEARCH_VERSION = 14  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
 # 6: a family's tied estimates spread over block shapes (base.spread_ties); 7: SIMT streaming twins;
 # 8: streaming twins whose reductions share one staged row (simt.share_rows); 9: configs alike to
 # two before them give way to the next shapes (base.defer_alike).  Versions 7 and 8 reached row
@@ -61,7 +61,8 @@ SEARCH_VERSION = 13  # 4: attention past 256 keys (online softmax); 5: shorter s
 # 11: reductions split over threads walk their rows in 16-byte vectors (simt.reduce_vector_twin);
 # 12: attention of few row warps splits each ring slot's keys across warps (attention.SPLITS).
 # 13: those configs launch one block a tile (12 launched one a split, each computing the whole tile),
-# and a window twin lays out a group's first reduction stage, behind a producer stage too (simt.window_twin).
+# and a window twin lays out a group's first reduction stage, behind a producer stage too (simt.window_twin);
+# 14: a reduction in vectors holds its row in registers for the stages after it (simt.held_twin).
 
 
 KINDS: dict[str, KernelKind] = {
