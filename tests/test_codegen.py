@@ -957,6 +957,7 @@ def all_batches() -> list[Batch]:
         fp16_batch(),
         config_sweep_batch(),
         reduce_vector_batch(),
+        held_batch(),
         padded_read_batch(),
     ]
 
