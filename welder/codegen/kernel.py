@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from welder.graph import Graph
 from welder.ir.expr import Expr, Load
@@ -87,7 +88,7 @@ class KernelBuilder:
         self.tiles: dict[str, tuple[int, ...]] = {}
         # per-thread arrays that outlive a stage: vectors one stage loads and later ones read
         self.registers: list[dict] = []
-        self.held: dict[tuple, object] = {}  # what those arrays hold, keyed by the kind that fills them
+        self.held: list[Any] = []  # what those arrays hold, as the kind that fills them records it
         for k, st in enumerate(config.stages):
             offset = getattr(st, "smem_offset", None)
             if offset is not None:

@@ -90,20 +90,29 @@ class _VectorLoad:
 
 
 @dataclass(frozen=True)
-class _Held:
-    """Vectors a held reduction (``SimtConfig.hold``) keeps, one array per input: the
-    reduction's layout (which element each thread loads in which pass) and the vector's
-    flat index as printed, with the reduce variable ``rvar``."""
+class _RowWalk:
+    """Which vector of an input each thread of a reduction in vectors loads in which pass:
+    the parameter and the vector's flat index as printed (with the reduce variable
+    ``rvar``), and the layout the printed names stand for.  Two reductions of one kernel
+    with equal walks load the same vectors."""
 
-    array: str
-    flat: str
     param: str
+    flat: str
     rvar: str
     passes: int
     width: int
     reduce_threads: int
     threads: tuple[int, ...]  # the reduction's thread shape (simt.held_rows: which are rows)
     origins: tuple[str, ...]  # its tile origin
+
+
+@dataclass(frozen=True)
+class _Held:
+    """The register array a held reduction (``SimtConfig.hold``) keeps one input's vectors
+    in, a slot a pass, and how it loaded them."""
+
+    array: str
+    walk: _RowWalk
 
 
 @dataclass
@@ -460,14 +469,15 @@ def _read_held(kb: KernelBuilder, ctx: SimtStageCtx, st: SimtConfig, c: Compute,
     for v in _global(kb, ctx.vloads):
         ld = v.source
         assert ld is not None
-        for held in kb.held.values():
-            rows = held_rows(held.threads, len(c.shape)) if isinstance(held, _Held) else None
-            if rows is None or held.param != v.param or held.origins[:rows] != origins:
+        for held in kb.held:
+            w = held.walk
+            rows = held_rows(w.threads, len(c.shape))
+            if rows is None or w.param != v.param or w.origins[:rows] != origins:
                 continue
-            if (held.passes, held.width, held.reduce_threads, held.threads[:rows]) != layout:
+            if (w.passes, w.width, w.reduce_threads, w.threads[:rows]) != layout:
                 continue
-            at = CPrinter(kb.global_load, var={f"i{last}": f"{held.rvar}v"}, nonneg=scalar.nonneg)
-            if flat_index([at(i) for i in ld.indices], kb.params[ld.tensor].shape) == held.flat:
+            at = CPrinter(kb.global_load, var={f"i{last}": f"{w.rvar}v"}, nonneg=scalar.nonneg)
+            if flat_index([at(i) for i in ld.indices], kb.params[ld.tensor].shape) == w.flat:
                 v.held, v.slot = held.array, "j"
                 break
 
@@ -506,20 +516,17 @@ def _hold(kb: KernelBuilder, ctx: SimtStageCtx, st: SimtConfig, c: Compute, pass
         return
     if ctx.reduce_total % (st.rvector * st.reduce_threads) or tuple(st.thread_shape) != tuple(st.tile):
         return
-    rvar = f"r{ctx.rvaxis}"
-    threads = tuple(st.thread_shape)
-    origins = tuple(o["expr"] for o in ctx.origins)
+    rvar, threads, origins = f"r{ctx.rvaxis}", tuple(st.thread_shape), tuple(o["expr"] for o in ctx.origins)
     used = False
     for v in _global(kb, ctx.vloads):
-        key = (v.param, v.flat, rvar, passes, st.rvector, st.reduce_threads, threads, origins)
-        held = kb.held.get(key)
-        if isinstance(held, _Held):
+        walk = _RowWalk(v.param, v.flat, rvar, passes, st.rvector, st.reduce_threads, threads, origins)
+        held = next((h for h in kb.held if h.walk == walk), None)
+        if held is not None:
             v.held, v.slot, used = held.array, "u", True
         elif st.hold:
             array = f"held{len(kb.registers)}"
             kb.add_registers(array, v.type, passes)
-            width, split = st.rvector, st.reduce_threads
-            kb.held[key] = _Held(array, v.flat, v.param, rvar, passes, width, split, threads, origins)
+            kb.held.append(_Held(array, walk))
             v.keep, v.slot, used = array, "u", True
     if used:
         ctx.passes = passes
