@@ -65,7 +65,7 @@ FAMILIES = ("mma.sync", "wgmma", "ldmatrix", "cp.async")
 #: The families that are a tensor-core product.
 PRODUCTS = ("mma.sync", "wgmma")
 #: The kinds that put a stage on tensor cores.
-TENSOR_CORE_KINDS = ("mma", "mma_tf32", "wgmma", "attention")
+TENSOR_CORE_KINDS = ("mma", "mma_tf32", "mma_tf32x3", "wgmma", "attention")
 ARCH = "H100"
 CUDA_ARCH = "90"
 RESULTS_JSON = "results.json"

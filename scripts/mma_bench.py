@@ -1,5 +1,6 @@
 """welder's matrix-product kernels beside cuBLAS (``torch.matmul``) on the same shapes, in one run:
-the tensor-core kinds in fp16 or TF32, the ``ffma`` kind in exact fp32.
+the tensor-core kinds in fp16 or TF32; in fp32 the ``ffma`` kind and ``mma_tf32x3`` (three TF32
+products a piece, fp32's accuracy) beside cuBLAS's exact SGEMM.
 
 For each shape the best ``--candidates`` configs (cost model order) of each tensor-core kind
 named by ``--kinds`` (``mma``, and ``wgmma`` on an H100) are
@@ -43,7 +44,7 @@ from welder.device.gpu import RawModule, compile_cubin, nvcc_path, sm_arch  # no
 from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.resources import TEMPLATE_DIR  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
-from welder.schedule.kinds import Options, ScheduleContext, ffma, kind, mma, propose  # noqa: E402
+from welder.schedule.kinds import Options, ScheduleContext, ffma, kind, mma, propose, tf32x3  # noqa: E402
 
 #: (batch, M, K, N): BERT-base at sequence 128, batch 1 (QKV, FFN up and down) and batch 64
 #: (8192 rows), and attention's per-head products (12 heads of 128 x 64 x 128).
@@ -81,12 +82,12 @@ class Row:
     best_by_kind: dict  # kind: its fastest candidate's microseconds
 
 
-#: Per --dtype: the ONNX element type, the kind, torch's dtype name, element bytes, the arch's
-#: peak field and the check's threshold (welder.check.THRESHOLDS).
+#: Per --dtype: the ONNX element type, the kinds (fp16: --kinds), torch's dtype name, element
+#: bytes, the arch's peak field and the check's threshold (welder.check.THRESHOLDS).
 FORMATS = {
-    "fp16": (TensorProto.FLOAT16, mma.KIND, "half", 2, "fp16_tc_tflops", 2e-2),
-    "tf32": (TensorProto.FLOAT, mma.TF32_KIND, "float", 4, "tf32_tc_tflops", 2e-3),
-    "fp32": (TensorProto.FLOAT, ffma.KIND, "float", 4, "fp32_tflops", 1e-4),
+    "fp16": (TensorProto.FLOAT16, (mma.KIND,), "half", 2, "fp16_tc_tflops", 2e-2),
+    "tf32": (TensorProto.FLOAT, (mma.TF32_KIND,), "float", 4, "tf32_tc_tflops", 2e-3),
+    "fp32": (TensorProto.FLOAT, (ffma.KIND, tf32x3.KIND), "float", 4, "fp32_tflops", 1e-4),
 }
 
 
@@ -320,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     import cupy
     import torch
 
-    _, base_kind, tname, item, peak, limit = FORMATS[args.dtype]
-    kinds = [base_kind] if args.dtype != "fp16" else [kind(name) for name in args.kinds.split(",")]
+    _, base_kinds, tname, item, peak, limit = FORMATS[args.dtype]
+    kinds = list(base_kinds) if args.dtype != "fp16" else [kind(name) for name in args.kinds.split(",")]
     tdtype = getattr(torch, tname)
     torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
 

@@ -41,7 +41,7 @@ from welder.ir.interpret import np_dtype
 from welder.runtime.emu import compile_kernels
 from welder.schedule.config import Estimate, GroupConfig
 from welder.schedule.group import Group, make_group
-from welder.schedule.kinds import Options
+from welder.schedule.kinds import Options, ScheduleContext, tf32x3
 from welder.schedule.kinds.simt import (
     SimtConfig,
     StagedInput,
@@ -822,6 +822,41 @@ def held_batch() -> Batch:
     return batch
 
 
+def split_tf32_batch() -> Batch:
+    """fp32 products as three TF32 products a piece (the ``mma_tf32x3`` kind), the rule's
+    top four configs of each: a MatMul 1024 deep and a Gemm with B transposed and a bias,
+    768 deep.  Natively their sums run through the tensor cores' own adder, which the
+    emulator does not model; the GPU test holds them to fp32's limit against the
+    interpreter (tests/test_tf32x3.py checks the emulated kernels against fp64)."""
+    rng = np.random.default_rng(43)
+    models = {
+        "matmul_k1024": make_model(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])],
+            {"x": _w(rng, 128, 1024)},
+            ["y"],
+            {"w": _w(rng, 1024, 96) / np.float32(32)},
+        ),
+        "gemm_bt_bias_k768": make_model(
+            [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)],
+            {"x": _w(rng, 96, 768)},
+            ["y"],
+            {"w": _w(rng, 128, 768) / np.float32(27.7), "b": _w(rng, 128)},
+        ),
+    }
+    batch = Batch("tx")
+    for name, model in models.items():
+        graph = import_onnx(model)
+        group = _whole(graph)
+        ctx = ScheduleContext(
+            lambda t, g=graph: g.tensor(t).shape, lambda t, g=graph: g.tensor(t).dtype, ARCH, Options(topk=4)
+        )
+        configs = tf32x3.KIND.propose(group, ctx)
+        assert configs, name
+        for k, cfg in enumerate(configs):
+            batch.add(f"{name}_{k}", graph, [(group, cfg)], _feeds(graph, rng))
+    return batch
+
+
 def test_rows_held_in_registers_are_correct():
     batch = held_batch()
     for case in batch.cases:
@@ -959,6 +994,7 @@ def all_batches() -> list[Batch]:
         reduce_vector_batch(),
         held_batch(),
         padded_read_batch(),
+        split_tf32_batch(),
     ]
 
 

@@ -38,7 +38,6 @@ from welder.codegen import generate_kernel
 from welder.frontend.onnx import import_onnx
 from welder.runtime.emu import available
 from welder.schedule.kinds import Options, ffma, mma, propose
-from welder.schedule.kinds.ffma import FfmaConfig
 from welder.schedule.kinds.mma import config_precision, contraction
 from welder.schedule.plan import plan_model
 
@@ -53,20 +52,43 @@ RNG_PAD = np.random.default_rng(5)
 needs_emulator = pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
 
 
-def _configs(label: str, topk: int = 4):
+def case_configs(rule: mma.MmaKind, label: str, kinds: tuple[str, ...], topk: int = 4):
+    """The graph, group and feeds of the TF32 suite's case ``label``, and ``rule``'s configs."""
     _seed(label)
     model, feeds = CASES[label]()
     graph = import_onnx(model)
     group = _whole_group(graph)
-    return graph, group, feeds, ffma.KIND.propose(group, _context(graph, topk=topk, kinds=FFMA_KINDS))
+    return graph, group, feeds, rule.propose(group, _context(graph, topk=topk, kinds=kinds))
 
 
-@needs_emulator
-@pytest.mark.parametrize("label", list(CASES))
-def test_ffma_stage_computes_exact_fp32(label: str) -> None:
-    graph, group, feeds, configs = _configs(label)
-    assert configs, f"{label}: the ffma rule proposed nothing"
-    assert all(isinstance(c.stages[0], FfmaConfig) and config_precision(c) == "fp32" for c in configs)
+def split_k_case(rule: mma.MmaKind, as_format, kinds: tuple[str, ...], seed: str):
+    """A 600-deep product of few tiles under every split-K factor the policy allows for
+    ``rule``'s two best configs (``as_format``: the rule's view of an fp32 contraction)."""
+    _seed(seed)
+    model, feeds = _matmul(24, 600, 40, trans_a=True)
+    graph = import_onnx(model)
+    group = _whole_group(graph)
+    ctx = _context(graph, topk=50, kinds=kinds)
+    configs = []
+    for cfg in rule.propose(group, ctx)[:2]:
+        st = cfg.stages[0]
+        con = as_format(contraction(group.computes[st.node], ctx.shape_of))
+        for splits in mma.split_choices(con, st, cfg.num_blocks, ctx):
+            configs.append(replace(cfg, stages=[replace(st, splits=splits), *cfg.stages[1:]]))
+    assert len({c.stages[0].splits for c in configs}) >= 2
+    return graph, group, feeds, configs
+
+
+def assert_case_exact(rule: mma.MmaKind, label: str, kinds: tuple[str, ...]) -> None:
+    """``rule``'s configs of case ``label`` are its own kind's, held to fp32, and exact."""
+    graph, group, feeds, configs = case_configs(rule, label, kinds)
+    assert configs, f"{label}: the {rule.name} rule proposed nothing"
+    assert all(isinstance(c.stages[0], rule.config_type) and config_precision(c) == "fp32" for c in configs)
+    assert_exact(graph, group, feeds, configs, label)
+
+
+def assert_exact(graph, group, feeds: dict, configs: list, label: str = "") -> None:
+    """Every config's emulated outputs within :data:`EXACT` of numpy's fp64 result."""
     exact = _reference(graph, feeds, round_operands=False)
     for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
         for name, got in outputs.items():
@@ -75,23 +97,14 @@ def test_ffma_stage_computes_exact_fp32(label: str) -> None:
 
 
 @needs_emulator
+@pytest.mark.parametrize("label", list(CASES))
+def test_ffma_stage_computes_exact_fp32(label: str) -> None:
+    assert_case_exact(ffma.KIND, label, FFMA_KINDS)
+
+
+@needs_emulator
 def test_split_k_on_ffma_is_exact() -> None:
-    _seed("ffma split-k")
-    model, feeds = _matmul(24, 600, 40, trans_a=True)
-    graph = import_onnx(model)
-    group = _whole_group(graph)
-    ctx = _context(graph, topk=50, kinds=FFMA_KINDS)
-    configs = []
-    for cfg in ffma.KIND.propose(group, ctx)[:2]:
-        st = cfg.stages[0]
-        con = ffma.as_ffma(contraction(group.computes[st.node], ctx.shape_of))
-        for splits in mma.split_choices(con, st, cfg.num_blocks, ctx):
-            configs.append(replace(cfg, stages=[replace(st, splits=splits), *cfg.stages[1:]]))
-    assert len({c.stages[0].splits for c in configs}) >= 2
-    exact = _reference(graph, feeds, round_operands=False)
-    for cfg, outputs in zip(configs, _emulate(graph, group, configs, feeds)):
-        for name, got in outputs.items():
-            assert error_metric(got, exact[name]) <= EXACT, cfg.stages[0]
+    assert_exact(*split_k_case(ffma.KIND, ffma.as_ffma, FFMA_KINDS, "ffma split-k"))
 
 
 @needs_emulator
@@ -159,12 +172,13 @@ def test_a_gathered_fp32_operand_is_copied_by_rows_or_in_pairs_and_exact(shape: 
 
 
 def test_exact_fp32_products_get_ffma_beside_simt_candidates() -> None:
-    """By default an fp32 product is offered both ways (the tuner measures each family);
-    fp16 products and a GPU without cp.async get no ffma stage."""
+    """By default an fp32 product is offered as FMAs beside SIMT reductions (and three TF32
+    products, tests/test_tf32x3.py; the tuner measures each family); fp16 products and a GPU
+    without cp.async get no ffma stage."""
     graph = import_onnx(_matmul(512, 768, 768)[0])
     group = _whole_group(graph)
     found = propose(group, _context(graph, topk=8, kinds=Options.kinds))
-    assert {c.stages[0].kind for c in found} == {"ffma", "simt"}
+    assert {"ffma", "simt"} <= {c.stages[0].kind for c in found}
     plan = plan_model(graph, ARCH, topk=8)
     assert "ffma" in {c.stages[0].kind for c in plan.groups[0].configs}
     assert ffma.KIND.propose(group, _context(graph, arch="V100")) is None

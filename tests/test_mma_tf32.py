@@ -251,17 +251,19 @@ def test_both_contiguity_cases_use_their_own_fragment_loads() -> None:
     assert con is not None and con.copy_bytes() == 8
 
 
-def test_without_tf32_no_mma_stage_is_proposed_for_fp32() -> None:
-    """Exact fp32 stays off the tensor cores: on CUDA cores, as FMAs in the mma kind's tiles
-    (``ffma``) or as any SIMT reduction."""
+def test_without_tf32_no_tf32_stage_is_proposed_for_fp32() -> None:
+    """Without ``--tf32`` fp32 keeps fp32's accuracy: on CUDA cores, as FMAs in the mma kind's
+    tiles (``ffma``) or as any SIMT reduction, or on tensor cores as three TF32 products a
+    piece (``mma_tf32x3``), never one."""
     graph = import_onnx(_matmul(512, 768, 768)[0])
     group = _whole_group(graph)
     assert mma.KIND.propose(group, _context(graph)) is None  # the fp16 kind leaves fp32 alone
-    for kinds, allowed in ((Options.kinds, {"ffma", "simt"}), (("simt",), {"simt"})):
+    exact = {"mma_tf32x3", "ffma", "simt"}
+    for kinds, allowed in ((Options.kinds, exact), (("simt",), {"simt"})):
         found = propose(group, _context(graph, kinds=kinds))
         assert found and {st.kind for c in found for st in c.stages} <= allowed
     plan = plan_model(graph, ARCH, topk=2)
-    assert {st.kind for g in plan.groups for c in g.configs for st in c.stages} <= {"ffma", "simt"}
+    assert {st.kind for g in plan.groups for c in g.configs for st in c.stages} <= exact
     # With TF32 allowed the large product goes to tensor cores; a V100 has none for it.
     assert propose(group, _context(graph))[0].stages[0].kind == "mma_tf32"
     plan = plan_model(graph, ARCH, topk=2, kinds=TF32_KINDS)
@@ -373,8 +375,8 @@ class _Perturbing(ScriptedDevice):
 def test_tune_flag_puts_fp32_products_on_tf32_and_records_it(tmp_path: Path) -> None:
     """``welder tune --tf32`` (cost model): the fp32 product is an mma stage, its kernel holds
     the TF32 product, and tuned.json records the precision that test_acc and ``welder
-    check`` read; without the flag the product runs on CUDA cores (its FMA stage) and fp32
-    is recorded."""
+    check`` read; without the flag the cost model puts the product on three TF32 products a
+    piece (fp32's accuracy, ``mma_tf32x3``) and fp32 is recorded."""
     model, _ = _matmul(512, 768, 768)
     for flags in ([], ["--tf32"]):
         prefix = tmp_path / ("tf32" if flags else "exact")
@@ -385,8 +387,8 @@ def test_tune_flag_puts_fp32_products_on_tf32_and_records_it(tmp_path: Path) -> 
         doc = json.loads((prefix / "tuned.json").read_text())
         kinds = {st["kind"] for g in doc["groups"] for st in g["configs"][0]["stages"]}
         sources = "".join(g["kernel"]["source"] for g in doc["groups"])
-        assert ("welder_mma_m16n8k8_tf32(" in sources) == bool(flags)
-        assert kinds == ({"mma_tf32"} if flags else {"ffma"})
+        assert ("welder_mma_m16n8k8_tf32(" in sources) and ("welder_tf32_split(" in sources) != bool(flags)
+        assert kinds == ({"mma_tf32"} if flags else {"mma_tf32x3"})
         assert doc["precision"] == ("tf32" if flags else "fp32")
         assert recorded_precision(prefix) == doc["precision"]
 

@@ -171,6 +171,10 @@ def test_each_kind_is_held_to_the_ceiling_of_its_units(kind: str, half: bool, ce
     assert profile._ceiling(kind, half, ARCH) == getattr(ARCH, ceiling)
 
 
+def test_three_tf32_products_are_held_to_a_third_of_the_tf32_rate() -> None:
+    assert profile._ceiling("mma_tf32x3+simt", False, ARCH) == ARCH.tf32_tc_tflops / 3
+
+
 def test_a_tf32_tune_s_floor_counts_its_contractions_at_the_tf32_rate(prefix: Path, tmp_path: Path) -> None:
     """Allowed TF32 (tuned.json's precision), the fp32 contractions' ceiling is the TF32
     tensor cores', the rest stays at the fp32 rate; the same files without it keep fp32.

@@ -33,9 +33,9 @@ from welder.ir.interpret import np_dtype
 
 #: Where the times come from: the built runtime on the GPU, the tuner's measurements, the cost model.
 SOURCES = ("run", "tuning", "predicted")
-#: Kinds whose arithmetic runs on tensor cores (for 16-bit operands; TF32 has its own kind;
+#: Kinds whose arithmetic runs on tensor cores (for 16-bit operands; TF32 has its own kinds;
 #: ``attention_ffma`` and ``ffma`` run on CUDA cores).
-TENSOR_CORE_KINDS = {"mma", "wgmma", "mma_tf32", "attention"}
+TENSOR_CORE_KINDS = {"mma", "wgmma", "mma_tf32", "mma_tf32x3", "attention"}
 
 
 class ProfileError(WelderError):
@@ -153,6 +153,8 @@ def _ceiling(kind: str, half: bool, arch: Arch) -> float:
     first = kind.split("+")[0]
     if first == "mma_tf32":
         return arch.tf32_tc_tflops
+    if first == "mma_tf32x3":  # three TF32 products for each of the group's
+        return arch.tf32_tc_tflops / 3
     if half and (first in TENSOR_CORE_KINDS or first == "library"):
         return arch.fp16_tc_tflops
     return arch.fp32_tflops

@@ -164,6 +164,7 @@ class MmaStageCtx(ContractionStageCtx):
     mma_k: int
     mma: str  # the welder_mma.cuh function of one product
     convert: str | None  # the welder_mma.cuh function rounding each loaded element, if any
+    products: int  # per piece and K step: 3 where each operand is split into two TF32 values
     warps_n: int
     warp_m: int
     warp_n: int
@@ -423,6 +424,7 @@ def contraction_stage(
         mma_k=fmt.mma_k,
         mma=fmt.instruction,
         convert=fmt.convert,
+        products=fmt.products,
         warps_n=st.warps[1],
         warp_m=wm,
         warp_n=wn,

@@ -15,6 +15,8 @@
 //                 b[0] = B[t][g], b[1] = B[t+4][g]
 //       C, D:     c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1]
 //   welder_float_to_tf32(f)                  f rounded to tf32 (cvt.rna), as a uint32_t operand
+//   welder_tf32_split(x, lo)                 x (fp32 bits) becomes its tf32 rounding hi, lo x - hi,
+//                                            which the tensor core truncates: x = hi + lo to 2^-21
 //   welder_register(pair)                    a __half2 or __nv_bfloat162 as the register holding it
 //
 //   welder_ldmatrix_x1/x2/x4(r, p)           loads 1/2/4 8x8 matrices of 16-bit elements from shared
@@ -166,4 +168,14 @@ template <class T2>
 __device__ __forceinline__ uint32_t welder_register(T2 pair) {
   static_assert(sizeof(T2) == 4, "a register holds two 16-bit elements");
   return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// hi is x rounded to nearest, ties away, as cvt.rna rounds finite values below the largest
+// (two integer instructions where sm_90's cvt.rna.tf32 takes four); x - hi is exact in fp32,
+// and the tensor core reads its leading 11 bits as lo.  An infinite x has a NaN lo: its
+// products are NaN where exact fp32's are infinite.
+__device__ __forceinline__ void welder_tf32_split(uint32_t& x, uint32_t& lo) {
+  const float f = __uint_as_float(x);
+  x = (x + 0x1000u) & 0xFFFFE000u;
+  lo = __float_as_uint(f - __uint_as_float(x));
 }

@@ -7,6 +7,8 @@ mma              :mod:`.mma` -- fp16 contractions on tensor cores  ``codegen_tem
                  (the group's first stage; later stages SIMT)
 mma_tf32         :mod:`.mma` -- the same for fp32 contractions,    the same template
                  as TF32 (listed only with ``--tf32``)
+mma_tf32x3       :mod:`.tf32x3` -- fp32 contractions to fp32's    the same template, three products
+                 accuracy, each operand a pair of TF32 values     a piece
 ffma             :mod:`.ffma` -- exact fp32 contractions in the  ``codegen_templates/stages/ffma.cu.j2``
                  mma kind's tiles, FMAs on CUDA cores            (the mma template's ring and epilogue)
 wgmma            :mod:`.wgmma` -- fp16 contractions on Hopper's    ``codegen_templates/stages/wgmma.cu.j2``
@@ -42,14 +44,14 @@ from welder.errors import WelderError
 from welder.schedule.calibration import calibrated, precision_of
 from welder.schedule.config import Estimate, GroupConfig, StageConfig, tuples_of
 from welder.schedule.group import Group
-from welder.schedule.kinds import attention, ffma, library, mma, simt, wgmma
+from welder.schedule.kinds import attention, ffma, library, mma, simt, tf32x3, wgmma
 from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top_by_family
 
 #: Bumped whenever a kind starts proposing candidates it did not before (a new family, such
 #: as the SIMT kind's sliding-window twins; new tile shapes).  It is part of the tuning
 #: cache's key (``welder.tune.tuner.cache_key``): a cached winner was the best of what the
 #: search offered then, so a search that offers more must tune again.
-SEARCH_VERSION = 14  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
+SEARCH_VERSION = 15  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
 # 6: a family's tied estimates spread over block shapes (base.spread_ties); 7: SIMT streaming twins;
 # 8: streaming twins whose reductions share one staged row (simt.share_rows); 9: configs alike to
 # two before them give way to the next shapes (base.defer_alike).  Versions 7 and 8 reached row
@@ -62,7 +64,8 @@ SEARCH_VERSION = 14  # 4: attention past 256 keys (online softmax); 5: shorter s
 # 12: attention of few row warps splits each ring slot's keys across warps (attention.SPLITS).
 # 13: those configs launch one block a tile (12 launched one a split, each computing the whole tile),
 # and a window twin lays out a group's first reduction stage, behind a producer stage too (simt.window_twin);
-# 14: a reduction in vectors holds its row in registers for the stages after it (simt.held_twin).
+# 14: a reduction in vectors holds its row in registers for the stages after it (simt.held_twin);
+# 15: fp32 contractions are offered as three TF32 products a piece (the mma_tf32x3 kind, on by default).
 
 
 KINDS: dict[str, KernelKind] = {
@@ -73,6 +76,7 @@ KINDS: dict[str, KernelKind] = {
     wgmma.KIND.name: wgmma.KIND,
     mma.KIND.name: mma.KIND,
     mma.TF32_KIND.name: mma.TF32_KIND,
+    tf32x3.KIND.name: tf32x3.KIND,
     ffma.KIND.name: ffma.KIND,
 }
 

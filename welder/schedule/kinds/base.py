@@ -40,7 +40,7 @@ class Options:
     topk: int = 1
     max_candidates: int = 256
     max_threads: int = MAX_THREADS
-    kinds: tuple[str, ...] = ("attention", "attention_ffma", "wgmma", "mma", "ffma", "simt")
+    kinds: tuple[str, ...] = ("attention", "attention_ffma", "wgmma", "mma", "mma_tf32x3", "ffma", "simt")
     # Clusters of blocks sharing an operand through TMA multicast: off by default, as the
     # clustered kernels measured 2-3.5x slower than their lone twins on the H100
     # (docs/tensor_cores.md, "Clusters").

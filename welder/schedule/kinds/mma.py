@@ -83,6 +83,7 @@ class MmaFormat:
     convert: str | None  # the welder_mma.cuh function rounding a loaded element, if any
     peak: str  # the Arch field with the dense tensor-core rate of this type
     block_ks: tuple[int, ...]  # slice depths tried, in elements (64 to 256 bytes a row)
+    products: int = 1  # tensor-core products a piece takes per K step (split operands: 3)
 
     def loader(self, k_rows: bool) -> str:
         """How an operand slice reaches registers: ``"ldmatrix"`` where its rows run along
@@ -1069,7 +1070,7 @@ def _estimate(
     item = con.fmt.elem_bytes
     flops_block = 2 * stage.block_m * stage.block_n * split_tiles * stage.block_k
     efficiency, slice_latency_us = rule.cost_constants(stage)
-    sm_rate = getattr(arch, con.fmt.peak) * 1e12 * efficiency / arch.sm_count  # flop/s per SM
+    sm_rate = getattr(arch, con.fmt.peak) * 1e12 * efficiency / arch.sm_count / con.fmt.products
     tc_us = -(-blocks // arch.sm_count) * flops_block / sm_rate * 1e6
     # A gathered operand: every element of its slices is addressed and copied by a thread.
     gather_us = 0.0
