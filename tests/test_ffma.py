@@ -142,15 +142,23 @@ def _padded_product(m: int, pad: int, k: int, n: int, axis: int = 0):
     return make_model(nodes, {"x": x}, ["y"], {"w": w, "pads": pads}, opset=17), {"x": x}
 
 
+#: Padded products: (m, pad, k, n, axis).
+PADDED_SHAPES = [(40, 8, 48, 40, 0), (61, 3, 100, 24, 0), (40, 4, 45, 40, 1), (61, 3, 97, 24, 1)]
+
+
 @needs_emulator
-@pytest.mark.parametrize(
-    "shape", [(40, 8, 48, 40, 0), (61, 3, 100, 24, 0), (40, 4, 45, 40, 1), (61, 3, 97, 24, 1)]
-)
+@pytest.mark.parametrize("shape", PADDED_SHAPES)
 def test_a_gathered_fp32_operand_is_copied_by_rows_or_in_pairs_and_exact(shape: tuple[int, ...]) -> None:
     """Padded along M, A's rows are copied with cp.async from starts worked out once (for
     the tensor-core kinds too: nothing is gathered element by element); padded along K, A
-    is gathered in float pairs, which the tensor-core kinds leave to 16-bit types.  Both
+    is gathered in float pairs, which the plain TF32 kind leaves to 16-bit types.  Both
     exact under each config."""
+    assert_gathered_exact(ffma.KIND, FFMA_KINDS, shape)
+
+
+def assert_gathered_exact(rule: mma.MmaKind, kinds: tuple[str, ...], shape: tuple[int, ...]) -> None:
+    """``rule``'s configs of a product padded as ``shape`` says copy A by rows or in pairs,
+    and are exact."""
     model, feeds = _padded_product(*shape)
     by_rows = shape[-1] == 0
     graph = import_onnx(model)
@@ -159,7 +167,7 @@ def test_a_gathered_fp32_operand_is_copied_by_rows_or_in_pairs_and_exact(shape: 
     assert con is not None and (con.gathered_rows if by_rows else con.gathered) is con.a  # the padded A
     plain = contraction(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape)
     assert (plain is not None and plain.gathered_rows is plain.a) if by_rows else plain is None
-    configs = ffma.KIND.propose(group, _context(graph, topk=4, kinds=FFMA_KINDS))
+    configs = rule.propose(group, _context(graph, topk=4, kinds=kinds))
     assert configs
     source = generate_kernel(graph, group, configs[0], "k").source
     if by_rows:

@@ -145,6 +145,7 @@ EXTENDS = {
     # attention_ffma takes its fp32 format from the ffma kind
     "welder.schedule.kinds.attention": {"welder.schedule.kinds.mma", "welder.schedule.kinds.ffma"},
     "welder.schedule.kinds.ffma": {"welder.schedule.kinds.mma"},
+    "welder.schedule.kinds.tf32x3": {"welder.schedule.kinds.mma"},
 }
 
 

@@ -30,7 +30,7 @@ from welder.frontend.onnx import import_onnx
 from welder.resources import TEMPLATE_DIR
 from welder.runtime.emu import available
 from welder.schedule.group import make_group
-from welder.schedule.kinds import Options, ScheduleContext, mma, wgmma
+from welder.schedule.kinds import Options, ScheduleContext, mma, tf32x3, wgmma
 from welder.schedule.plan import plan_model
 from welder.session import check_model
 
@@ -187,14 +187,20 @@ def test_narrow_group_convs_stay_off_tensor_cores_and_match(label: str, tmp_path
 @pytest.mark.parametrize("kernel", [1, 3])
 def test_fp32_conv_keeps_exact_arithmetic(kernel: int) -> None:
     """A shallow fp32 convolution (64 products an output) keeps the image form, which the
-    CUDA-core kind tiles better; a deep one (576) is a flat product for the exact ``ffma``
-    kind, its image gathered in fp32, which the tensor-core stages do not gather.  So no
-    tensor-core stage computes either, with or without TF32 allowed."""
+    CUDA-core kind tiles better; a deep one (576) is a flat product, its image gathered in
+    fp32, which the exact kinds take (FMAs, or three TF32 products a piece) and the plain
+    TF32 stage does not.  So no tensor-core stage computes either below fp32's accuracy,
+    with or without TF32 allowed."""
     model, _ = _conv_model((8, 64, 28, 28), 128, "relu6", dtype=np.float32, kernel=kernel, pad=kernel // 2)
     graph = import_onnx(model)
     assert all(len(n.compute.shape) == 4 for n in graph.nodes.values()) == (kernel == 1)
-    assert _mma_stages(plan_model(graph, ARCH, topk=1)) == []
-    assert _mma_stages(plan_model(graph, ARCH, topk=1, kinds=(*Options.kinds, "mma_tf32"))) == []
+    exact = {"mma_tf32x3"}
+    assert set(_mma_stages(plan_model(graph, ARCH, topk=1))) <= exact
+    assert set(_mma_stages(plan_model(graph, ARCH, topk=1, kinds=(*Options.kinds, "mma_tf32")))) <= exact
+    shape_of = lambda t: graph.tensor(t).shape  # noqa: E731
+    ctx = ScheduleContext(shape_of, lambda t: graph.tensor(t).dtype, ARCH)
+    proposed = [tf32x3.KIND.propose(make_group(graph, [name]), ctx) for name in graph.nodes]
+    assert any(proposed) == (kernel == 3)
 
 
 def test_the_flat_product_keeps_the_image_output() -> None:

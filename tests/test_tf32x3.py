@@ -21,7 +21,15 @@ import numpy as np
 import pytest
 from onnx import helper
 from onnx_util import make_model
-from test_ffma import EXACT, FFMA_KINDS, assert_case_exact, assert_exact, split_k_case
+from test_ffma import (
+    EXACT,
+    FFMA_KINDS,
+    PADDED_SHAPES,
+    assert_case_exact,
+    assert_exact,
+    assert_gathered_exact,
+    split_k_case,
+)
 from test_mma_tf32 import CASES, _context, _emulate, _matmul, _reference, _seed, _whole_group, ptx_of
 
 from welder.check import error_metric
@@ -43,6 +51,14 @@ def test_three_tf32_products_reach_fp32_accuracy(label: str) -> None:
 @needs_emulator
 def test_split_k_with_three_products_is_as_exact() -> None:
     assert_exact(*split_k_case(tf32x3.KIND, tf32x3.as_tf32x3, SPLIT_KINDS, "tf32x3 split-k"))
+
+
+@needs_emulator
+@pytest.mark.parametrize("shape", PADDED_SHAPES)
+def test_gathered_operands_are_split_as_well(shape: tuple[int, ...]) -> None:
+    """A padded A (a convolution's image, a window partition) reaches the ring by rows or
+    in float pairs as the ffma kind's does, and is split as any other operand."""
+    assert_gathered_exact(tf32x3.KIND, SPLIT_KINDS, shape)
 
 
 @needs_emulator

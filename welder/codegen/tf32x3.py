@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> MmaStageCtx:
     """The context of split-TF32 stage ``k`` (config ``st``) of the kernel ``kb`` builds."""
-    con = as_tf32x3(stage_contraction(kb, st))
+    con = as_tf32x3(stage_contraction(kb, st, gather_32bit=True))
     if con is None:
         raise ValueError(f"{st.node}: an mma_tf32x3 stage needs an fp32 contraction")
     return contraction_stage(kb, k, st, con, TEMPLATE, "tensor cores, three TF32 products")

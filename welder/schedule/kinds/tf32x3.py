@@ -23,7 +23,9 @@ instructions an element (an add and a mask for ``hi``, a subtraction for ``lo``;
 operand element has a NaN lo, so the outputs it reaches are NaN where exact fp32 gives an
 infinity: not finite either way, as the check requires.  Everything else -- the search, the
 cp.async ring, the epilogue -- is the ``mma`` kind's (:class:`~.mma.MmaKind`); the template
-is the mma template with its ``products`` set.
+is the mma template with its ``products`` set.  Like the ``ffma`` kind it takes a gathered
+fp32 operand (a convolution's image, a padded window) in float pairs, which the plain TF32
+kind leaves to 16-bit types: the ring holds the same rows whoever fills them.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Tf32x3Kind(MmaKind):
     """The mma rule with the split format, and registers for the operands' lo halves."""
 
     def _contraction(self, group: Group, ctx: ScheduleContext) -> Contraction | None:
-        con = contraction(group.computes[group.stages[0]], ctx.shape_of)
+        con = contraction(group.computes[group.stages[0]], ctx.shape_of, gather_32bit=True)
         if con is None or not self.runs_on(ctx.arch.compute_capability):
             return None
         return as_tf32x3(con)
