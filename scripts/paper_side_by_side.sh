@@ -8,6 +8,13 @@
 #
 #   bash scripts/paper_side_by_side.sh "0|Table5|--models resnet50 --bs 64" \
 #     "1|Figure11|--models nerf --bs 1 --dtype fp16" "2|Figure10b|--bs 1" "3|Table4|--dtype fp16"
+#
+# Before any GPU starts, each script lists what it would measure (--pending) against the
+# state's results: a spec whose arguments the script refuses (an unknown model), or that
+# has nothing left to measure, stops the whole run (exit 2), so that no GPU idles through a
+# lent machine's minutes (PAPER_RESULTS names another results folder to check against).
+# PREFLIGHT_ONLY=1 stops after that check: run it on the development machine before asking
+# for a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/welder-paper}
@@ -25,6 +32,23 @@ for spec in "$@"; do
     exit 2
   fi
 done
+results=${PAPER_RESULTS:-.paper-state/results}
+[ -d "$results" ] || results=$(mktemp -d)
+for spec in "$@"; do
+  IFS='|' read -r gpu script args <<<"$spec"
+  # shellcheck disable=SC2086  # ARGS is a list of options
+  if ! listed=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python "artifacts/$script/run_all.py" $args \
+      --out "$results" --pending 2>&1); then
+    printf '%s: %s refuses its arguments:\n%s\n' "$0" "$spec" "$(tail -1 <<<"$listed")" >&2
+    exit 2
+  fi
+  if grep -q '^0 case(s) to measure' <<<"$listed"; then
+    echo "$0: '$spec' has nothing left to measure in $results" >&2
+    exit 2
+  fi
+  echo "$spec: $(tail -1 <<<"$listed")"
+done
+[ -n "${PREFLIGHT_ONLY:-}" ] && exit 0
 for spec in "$@"; do
   IFS='|' read -r gpu script args <<<"$spec"
   lo=$((gpu * cores))

@@ -870,6 +870,22 @@ def test_side_by_side_refuses_a_spec_it_cannot_run(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("log_*.txt"))
 
 
+def test_side_by_side_asks_each_script_what_it_would_measure_first(tmp_path: Path) -> None:
+    """Before any GPU starts, a spec the script refuses (an unknown model) stops the run,
+    naming the spec and the script's reason; PREFLIGHT_ONLY=1 lists what each spec would
+    measure and stops there, launching nothing."""
+    runner = ROOT / "scripts" / "paper_side_by_side.sh"
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PAPER_RESULTS=str(tmp_path))
+    bad = "0|Figure13|--models swin_transformer --bs 64"
+    proc = subprocess.run(["bash", str(runner), bad], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and bad in proc.stderr and "swin_transformer" in proc.stderr.splitlines()[-1]
+    good = "0|Figure13|--models nerf --bs 1 --dtype fp16"
+    env["PREFLIGHT_ONLY"] = "1"
+    proc = subprocess.run(["bash", str(runner), good], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and f"{good}: 1 case(s) to measure" in proc.stdout
+    assert not list((tmp_path / "out").glob("log_*.txt"))
+
+
 def test_each_long_step_of_a_case_says_when_it_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
