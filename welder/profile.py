@@ -153,7 +153,7 @@ def _ceiling(kind: str, half: bool, arch: Arch) -> float:
     first = kind.split("+")[0]
     if first == "mma_tf32":
         return arch.tf32_tc_tflops
-    if first == "mma_tf32x3":  # three TF32 products for each of the group's
+    if first == "mma_tf32x3":  # each of its products is three TF32 ones
         return arch.tf32_tc_tflops / 3
     if half and (first in TENSOR_CORE_KINDS or first == "library"):
         return arch.fp16_tc_tflops
