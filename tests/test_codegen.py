@@ -745,8 +745,10 @@ def _twins_of_top12(model: onnx.ModelProto, twin) -> tuple[Graph, Group, list[Gr
 def reduce_vector_batch() -> Batch:
     """The twins reading reductions in 16-byte vectors (``SimtConfig.rvector``) of the
     first twelve configs of: BSRN's contrast over 64 x 128 pixels in both precisions (two
-    reductions over x, the second with the mean as a scalar beside x's vectors) and a half
-    LayerNorm of four rows of 2048 (vector reductions, then a vectorised normalisation)."""
+    reductions over x, the second with the mean as a scalar beside x's vectors), a half
+    LayerNorm of four rows of 2048 (vector reductions, then a vectorised normalisation) and
+    two LayerNorms in a row, both outputs written, in both precisions (the second norm's
+    reductions read the first's output from its shared-memory tile in vectors)."""
     rng = np.random.default_rng(17)
     models = {
         f"contrast_{dtype.__name__}": make_model(
@@ -760,6 +762,16 @@ def reduce_vector_batch() -> Batch:
         ["y"],
         {"s": _w(rng, 2048, dtype=np.float16), "b": _w(rng, 2048, dtype=np.float16)},
     )
+    for dtype, width in ((np.float16, 512), (np.float32, 256)):
+        models[f"two_layernorms_{dtype.__name__}"] = make_model(
+            [
+                helper.make_node("LayerNormalization", ["x", "s1", "b1"], ["y1"], axis=-1),
+                helper.make_node("LayerNormalization", ["y1", "s2", "b2"], ["y2"], axis=-1),
+            ],
+            {"x": _w(rng, 4, 8, width, dtype=dtype)},
+            ["y1", "y2"],
+            {n: _w(rng, width, dtype=dtype) for n in ("s1", "b1", "s2", "b2")},
+        )
     batch = Batch("rv")
     for name, model in models.items():
         graph, group, vectors = _twins_of_top12(model, reduce_vector_twin)
@@ -772,6 +784,14 @@ def reduce_vector_batch() -> Batch:
 def test_reductions_read_in_vectors_are_correct():
     batch = reduce_vector_batch()
     assert all("welder_vload" in k.source for k in batch.kernels)
+    second = [c for c in batch.cases if c.label.startswith("two_layernorms")]
+    assert second
+    for case in second:
+        (_, cfg), (k,) = case.configs[0], case.kernels
+        # the second norm's sum and sum of squares read the first norm's tile in vectors
+        width = 16 // np.dtype(case.graph.tensor("x").dtype).itemsize
+        assert [st.rvector for st in cfg.stages] == [width, width, 1, width, width, 1], case.label
+        assert ">>(tile2, " in k.source, case.label  # stage 2, the first norm, keeps the tile
     failures = batch.run_all()
     assert not failures, "\n".join(failures)
 

@@ -77,7 +77,8 @@ class _Dim:
 @dataclass
 class _VectorLoad:
     """One vector of an input, loaded before the stage's per-element loop: from the global
-    parameter, or from the shared buffer a reduction before the stage staged it in."""
+    parameter, from the shared buffer a reduction before the stage staged it in, or from an
+    earlier stage's tile in shared memory."""
 
     name: str
     type: str
@@ -545,21 +546,26 @@ def _vector_reads(
     one vector loaded where ``var`` starts a vector (``<var>v``; ``ctx.vloads``) and the
     others as ``scalar`` reads them.  An input staged in shared memory (``staged``: tensor
     -> its buffer and view) is loaded from the buffer where it holds whole rows and read
-    element by element from it otherwise."""
+    element by element from it otherwise; a member an earlier stage keeps as a tile of whole
+    rows is loaded from the tile."""
     at_start = CPrinter(kb.global_load, var={var: f"{var}v"}, nonneg=scalar.nonneg)
     names: dict[Load, str] = {}
     for ld in unconditional_loads(c.body):
         if ld in names or not _vector_loadable(kb, ld, var, width):
             continue
-        param = kb.params[ld.tensor]
         idx = [at_start(i) for i in ld.indices]
-        if ld.tensor in staged:
+        if ld.tensor in kb.tile_views:
+            src, source = kb.stage_index[ld.tensor], kb.tile_views[ld.tensor]
+            local = [f"({i} - {kb.origin_name(src, d)})" for d, i in enumerate(idx)]
+            flat = flat_index(local, kb.tiles[ld.tensor])
+        elif ld.tensor in staged:
             sd, view = staged[ld.tensor]
-            if not _whole_rows(sd, param.shape, width):
+            if not _whole_rows(sd, kb.params[ld.tensor].shape, width):
                 continue
             local = [f"({i} - {view}_o{d})" for d, i in enumerate(idx)]
             source, flat = view, flat_index(local, sd.extents)
         else:
+            param = kb.params[ld.tensor]
             source, flat = param.name, flat_index(idx, param.shape)
         names[ld] = f"vl{len(names)}"
         ctx.vloads.append(_VectorLoad(names[ld], _vec_type(ld.dtype, width), source, flat, source=ld))
@@ -574,7 +580,8 @@ def _vector_reads(
 
 def _global(kb: KernelBuilder, vloads: Sequence[_VectorLoad]) -> list[_VectorLoad]:
     """The vector loads that read a global parameter (not a shared buffer)."""
-    return [v for v in vloads if v.source is not None and kb.params[v.source.tensor].name == v.param]
+    params = {p.name for p in kb.params.values()}
+    return [v for v in vloads if v.source is not None and v.param in params]
 
 
 def _whole_rows(sd: StagedInput, shape: Sequence[int], width: int) -> bool:
@@ -591,13 +598,21 @@ def _vec_type(dtype: str, width: int) -> str:
 def _vector_loadable(kb: KernelBuilder, ld: Load, var: str, width: int) -> bool:
     """Whether ``ld`` reads ``width`` contiguous, aligned elements as the index ``var`` steps
     through a vector: a global parameter of a float type at most 16 bytes a vector, in rows
-    of whole vectors, whose innermost index steps with ``var`` (``steps_in_vectors``)."""
-    param = kb.params.get(ld.tensor)
-    if param is None or ld.tensor in kb.tile_views or not ld.indices:
+    of whole vectors, whose innermost index steps with ``var`` (``steps_in_vectors``); or
+    the shared-memory tile of an earlier stage holding whole such rows, 16-byte aligned."""
+    if not ld.indices or ld.dtype not in ("float16", "bfloat16", "float32"):
         return False
-    if ld.dtype not in ("float16", "bfloat16", "float32"):
+    if ld.tensor in kb.tile_views:
+        view = kb.tile_views[ld.tensor]
+        offset = next(v["offset"] for v in kb.views if v["name"] == view)
+        shape = kb.graph.tensor(ld.tensor).shape
+        if kb.tiles[ld.tensor][-1] != shape[-1] or offset % MAX_VECTOR_BYTES:
+            return False
+    elif ld.tensor in kb.params:
+        shape = kb.params[ld.tensor].shape
+    else:
         return False
-    if np_dtype(ld.dtype).itemsize * width > MAX_VECTOR_BYTES or param.shape[-1] % width:
+    if np_dtype(ld.dtype).itemsize * width > MAX_VECTOR_BYTES or shape[-1] % width:
         return False
     return steps_in_vectors(ld, var, width)
 

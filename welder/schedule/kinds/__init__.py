@@ -65,7 +65,9 @@ SEARCH_VERSION = 15  # 4: attention past 256 keys (online softmax); 5: shorter s
 # 13: those configs launch one block a tile (12 launched one a split, each computing the whole tile),
 # and a window twin lays out a group's first reduction stage, behind a producer stage too (simt.window_twin);
 # 14: a reduction in vectors holds its row in registers for the stages after it (simt.held_twin);
-# 15: fp32 contractions are offered as three TF32 products a piece (the mma_tf32x3 kind, on by default).
+# 15: fp32 contractions are offered as three TF32 products a piece (the mma_tf32x3 kind, on by default),
+# and a reduction reads in vectors a member an earlier stage keeps as a tile of whole rows
+# (simt.reduce_vector).
 
 
 KINDS: dict[str, KernelKind] = {

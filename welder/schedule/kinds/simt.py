@@ -959,26 +959,35 @@ def vector_twin(group: Group, cfg: GroupConfig, shape_of: ShapeOf, dtype_of: Dty
 
 
 def reduce_vector(
-    group: Group, info: _GroupInfo, stage: SimtConfig, shape_of: ShapeOf, dtype_of: DtypeOf
+    group: Group,
+    info: _GroupInfo,
+    stage: SimtConfig,
+    shape_of: ShapeOf,
+    dtype_of: DtypeOf,
+    tiles: Mapping[str, Sequence[int]] | None = None,
 ) -> int:
     """Elements per vector along the innermost reduce axis of ``stage``, or 1 where it cannot
     have them: a reduction split over threads (``reduce_threads`` > 1) that stages nothing
     and reads no input element for several outputs (:func:`_reuses_inputs`: a product's
-    operands belong to the kinds built for products), with a global float input read
+    operands belong to the kinds built for products), with a float input read
     unconditionally whose innermost index steps through aligned vectors as that axis does
     (:func:`steps_in_vectors`; its rows whole vectors), a reduce axis a whole number of
-    vectors long, and at least one vector for each thread.  The width is 16 bytes of the
-    widest such input."""
+    vectors long, and at least one vector for each thread.  The input is a global one, or
+    a member whose whole rows an earlier stage keeps in shared memory (``tiles``: member ->
+    its tile; a layer norm's output that a second layer norm reduces).  The width is 16
+    bytes of the widest such input."""
     c = group.computes[stage.node]
     if not c.is_reduction or stage.reduce_threads < 2 or stage.staged or stage.window:
         return 1
     if _reuses_inputs(info.stages[stage.node]):
         return 1
     axis = c.reduce_axes[-1]
+    # whole rows, not a reduction's one value a row (a mean kept beside the row it is of)
+    rows_kept = {t for t, tile in (tiles or {}).items() if tile[-1] == shape_of(t)[-1] > 1}
     loads = [
         ld
         for ld in unconditional_loads(c.body)
-        if ld.tensor in group.inputs
+        if (ld.tensor in group.inputs or ld.tensor in rows_kept)
         and ld.indices
         and dtype_of(ld.tensor) in ("float16", "bfloat16", "float32")
     ]
@@ -1012,7 +1021,8 @@ def reduce_vector_twin(
     if any(not isinstance(st, SimtConfig) for st in cfg.stages):
         return None
     info = info or group_info(group, shape_of, dtype_of, arch)
-    widths = [reduce_vector(group, info, st, shape_of, dtype_of) for st in cfg.stages]
+    tiles = {st.node: st.tile for st in cfg.stages if st.smem_offset is not None}
+    widths = [reduce_vector(group, info, st, shape_of, dtype_of, tiles) for st in cfg.stages]
     stages = [replace(st, rvector=w) if w > 1 else st for st, w in zip(cfg.stages, widths)]
     facts = _tile_facts(group, info, tuple(cfg.block_tile), shape_of, dtype_of, arch)
     if facts is None or all(st.rvector == 1 for st in stages):
