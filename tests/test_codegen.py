@@ -800,7 +800,9 @@ def held_batch() -> Batch:
     """The twins whose first reduction in vectors keeps its row in registers for the stages
     after it (``SimtConfig.hold``: :func:`held_twin`), from every config of: a LayerNorm in
     fp16 and fp32 (the sum of squares and the normalisation read the held row), a softmax
-    in fp16 (the sum of exponentials and the division do) and an RMS norm in fp32."""
+    in fp16 (the sum of exponentials and the division do), an RMS norm in fp32, and two
+    LayerNorms in a row in fp16, both outputs written (the first's sum of squares reads the
+    held row; the second norm reads the first's tile in vectors)."""
     rng = np.random.default_rng(41)
     models = {
         f"layernorm_{dtype.__name__}": make_model(
@@ -813,6 +815,15 @@ def held_batch() -> Batch:
     }
     models["softmax_float16"] = make_model(
         [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": _w(rng, 32, 512, dtype=np.float16)}, ["y"]
+    )
+    models["two_layernorms_float16"] = make_model(
+        [
+            helper.make_node("LayerNormalization", ["x", "s1", "b1"], ["y1"], axis=-1),
+            helper.make_node("LayerNormalization", ["y1", "s2", "b2"], ["y2"], axis=-1),
+        ],
+        {"x": _w(rng, 2, 16, 512, dtype=np.float16)},
+        ["y1", "y2"],
+        {n: _w(rng, 512, dtype=np.float16) for n in ("s1", "b1", "s2", "b2")},
     )
     models["rmsnorm_float32"] = make_model(
         [
@@ -885,7 +896,10 @@ def test_rows_held_in_registers_are_correct():
         # reduction (not the RMS norm's, which has one) and the normalisation
         (k,) = case.kernels
         assert len(re.findall(r"welder_vload<[^>]*>>\(p0,", k.source)) == 1, k.name
-        assert "held0[u] = welder_vload" in k.source and "= held0[j];" in k.source, k.name
+        assert "held0[u] = welder_vload" in k.source, k.name
+        # two layer norms: the second normalises the first's tile, read in vectors
+        two = case.label.startswith("two_layernorms")
+        assert ("= held0[j];" in k.source) != two and (">>(tile2, " in k.source) == two, k.name
         assert ("= held0[u];" in k.source) != case.label.startswith("rmsnorm"), k.name
     failures = batch.run_all()
     assert not failures, "\n".join(failures)

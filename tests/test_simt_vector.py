@@ -241,6 +241,27 @@ def test_a_layer_norm_is_offered_its_row_held_in_registers() -> None:
         assert cfg.threads == math.prod(out.thread_shape)
 
 
+def test_two_layer_norms_in_a_row_read_and_write_in_vectors() -> None:
+    """Conformer's two layer norms in a row, both outputs written (the first as a residual):
+    the second norm's reductions read the first's shared-memory tile in vectors, its last
+    stage writes vectors although the group has another output, and the first norm's row
+    can be held for its own sum of squares."""
+    x = np.random.default_rng(5).standard_normal((256, 512)).astype(np.float16)
+    consts = {n: np.ones(512, np.float16) for n in ("s1", "b1", "s2", "b2")}
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "s1", "b1"], ["y1"], axis=-1),
+        helper.make_node("LayerNormalization", ["y1", "s2", "b2"], ["y2"], axis=-1),
+    ]
+    graph = import_onnx(make_model(nodes, {"x": x}, ["y1", "y2"], consts))
+    group = _whole_group(graph)
+    proposed = simt.KIND.propose(group, _context(graph, topk=20))
+    vectors = [c for c in proposed if c.family in ("simt_vector", "simt_held")]
+    assert {c.family for c in vectors} == {"simt_vector", "simt_held"}
+    for cfg in vectors:
+        assert [st.rvector for st in cfg.stages][3:5] == [8, 8]  # the second norm's reductions
+    assert all(c.stages[-1].vector == 8 for c in vectors if c.family == "simt_held")
+
+
 def test_rows_longer_than_the_registers_hold_get_no_held_twin() -> None:
     """At 4,096 halves a row (512 vectors) blocks of 64 threads or more an output take at
     most eight vectors a thread; at 32,768 (4,096 vectors) none does."""

@@ -755,14 +755,16 @@ VECTOR_BYTES = 16
 def elementwise_vector(group: Group, shape_of: ShapeOf, dtype_of: DtypeOf, tile: Sequence[int]) -> int:
     """Elements per vector of a group's last stage, or 1 where it cannot have them.
 
-    The last stage must be an injective one computing the root, the group's only output: a
-    float tensor whose rows and tile rows are whole vectors of 16 bytes (so a vector starts
-    at a multiple of its width and lies wholly inside the tensor or wholly outside).  An
-    elementwise group is one such stage; a normalisation's last stage (LayerNorm's scale and
-    shift, softmax's division) is another.  Loads whose innermost index is the output's
+    The last stage must be an injective one computing the root, an output of the group
+    (others, written by earlier stages, keep their layouts): a float tensor whose rows and
+    tile rows are whole vectors of 16 bytes (so a vector starts at a multiple of its width
+    and lies wholly inside the tensor or wholly outside).  An elementwise group is one such
+    stage; a normalisation's last stage (LayerNorm's scale and shift, softmax's division)
+    is another, also where the group writes an earlier norm's output too (two layer norms
+    in a row).  Loads whose innermost index is the output's
     innermost axis plus a multiple of the width become vector loads as well
     (:mod:`welder.codegen.simt`); the others stay one element at a time."""
-    last = group.stages[-1] == group.root and tuple(group.outputs) == (group.root,)
+    last = group.stages[-1] == group.root and group.root in group.outputs
     if not last or group.computes[group.root].is_reduction:
         return 1
     dtype = dtype_of(group.root)
