@@ -985,7 +985,7 @@ def reduce_vector(
         return 1
     axis = c.reduce_axes[-1]
     # whole rows, not a reduction's one value a row (a mean kept beside the row it is of)
-    rows_kept = {t for t, tile in (tiles or {}).items() if tile[-1] == shape_of(t)[-1] > 1}
+    rows_kept = {t for t, tile in (tiles or {}).items() if tile and tile[-1] == shape_of(t)[-1] > 1}
     loads = [
         ld
         for ld in unconditional_loads(c.body)
@@ -1110,7 +1110,7 @@ def held_rows(reduced: Sequence[int], rank: int) -> int | None:
     reduce axis of extent 1; None where they cannot be."""
     if len(reduced) == rank - 1:
         return rank - 1
-    if len(reduced) == rank and reduced[-1] == 1:
+    if rank and len(reduced) == rank and reduced[-1] == 1:
         return rank - 1
     return None
 
