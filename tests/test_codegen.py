@@ -742,6 +742,32 @@ def _twins_of_top12(model: onnx.ModelProto, twin) -> tuple[Graph, Group, list[Gr
     return graph, group, [t for c in configs if (t := twin(group, c, shape_of, dtype_of, ARCH))]
 
 
+def _each_config(prefix: str, models: dict[str, onnx.ModelProto], configs_of, rng) -> Batch:
+    """A batch of one case for every config ``configs_of(model)`` gives (as the graph, its
+    whole group and the configs) of every model, none of them without one."""
+    batch = Batch(prefix)
+    for name, model in models.items():
+        graph, group, configs = configs_of(model)
+        assert configs, name
+        for k, cfg in enumerate(configs):
+            batch.add(f"{name}_{k}", graph, [(group, cfg)], _feeds(graph, rng))
+    return batch
+
+
+def two_layernorms(rng: np.random.Generator, dtype: type, *shape: int) -> onnx.ModelProto:
+    """Two LayerNorms in a row over the last axis, both outputs written (Conformer's: the
+    first is a residual too)."""
+    return make_model(
+        [
+            helper.make_node("LayerNormalization", ["x", "s1", "b1"], ["y1"], axis=-1),
+            helper.make_node("LayerNormalization", ["y1", "s2", "b2"], ["y2"], axis=-1),
+        ],
+        {"x": _w(rng, *shape, dtype=dtype)},
+        ["y1", "y2"],
+        {n: _w(rng, shape[-1], dtype=dtype) for n in ("s1", "b1", "s2", "b2")},
+    )
+
+
 def reduce_vector_batch() -> Batch:
     """The twins reading reductions in 16-byte vectors (``SimtConfig.rvector``) of the
     first twelve configs of: BSRN's contrast over 64 x 128 pixels in both precisions (two
@@ -763,22 +789,8 @@ def reduce_vector_batch() -> Batch:
         {"s": _w(rng, 2048, dtype=np.float16), "b": _w(rng, 2048, dtype=np.float16)},
     )
     for dtype, width in ((np.float16, 512), (np.float32, 256)):
-        models[f"two_layernorms_{dtype.__name__}"] = make_model(
-            [
-                helper.make_node("LayerNormalization", ["x", "s1", "b1"], ["y1"], axis=-1),
-                helper.make_node("LayerNormalization", ["y1", "s2", "b2"], ["y2"], axis=-1),
-            ],
-            {"x": _w(rng, 4, 8, width, dtype=dtype)},
-            ["y1", "y2"],
-            {n: _w(rng, width, dtype=dtype) for n in ("s1", "b1", "s2", "b2")},
-        )
-    batch = Batch("rv")
-    for name, model in models.items():
-        graph, group, vectors = _twins_of_top12(model, reduce_vector_twin)
-        assert vectors, name
-        for k, cfg in enumerate(vectors):
-            batch.add(f"{name}_{k}", graph, [(group, cfg)], _feeds(graph, rng))
-    return batch
+        models[f"two_layernorms_{dtype.__name__}"] = two_layernorms(rng, dtype, 4, 8, width)
+    return _each_config("rv", models, lambda m: _twins_of_top12(m, reduce_vector_twin), rng)
 
 
 def test_reductions_read_in_vectors_are_correct():
@@ -816,15 +828,7 @@ def held_batch() -> Batch:
     models["softmax_float16"] = make_model(
         [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": _w(rng, 32, 512, dtype=np.float16)}, ["y"]
     )
-    models["two_layernorms_float16"] = make_model(
-        [
-            helper.make_node("LayerNormalization", ["x", "s1", "b1"], ["y1"], axis=-1),
-            helper.make_node("LayerNormalization", ["y1", "s2", "b2"], ["y2"], axis=-1),
-        ],
-        {"x": _w(rng, 2, 16, 512, dtype=np.float16)},
-        ["y1", "y2"],
-        {n: _w(rng, 512, dtype=np.float16) for n in ("s1", "b1", "s2", "b2")},
-    )
+    models["two_layernorms_float16"] = two_layernorms(rng, np.float16, 2, 16, 512)
     models["rmsnorm_float32"] = make_model(
         [
             helper.make_node("Mul", ["x", "x"], ["sq"]),
@@ -838,18 +842,13 @@ def held_batch() -> Batch:
         ["y"],
         {"s": _w(rng, 128), "eps": np.array(1e-6, np.float32)},
     )
-    batch = Batch("hd")
 
     def held(group, cfg, shape_of, dtype_of, arch):
         vectors = reduce_vector_twin(group, cfg, shape_of, dtype_of, arch)
         return held_twin(group, vectors, shape_of, dtype_of, arch)
 
-    for name, model in models.items():
-        graph, group, held_configs = _twins_of_top12(model, held)
-        assert held_configs, name
-        for k, cfg in enumerate(held_configs):
-            assert cfg.family == "simt_held"
-            batch.add(f"{name}_{k}", graph, [(group, cfg)], _feeds(graph, rng))
+    batch = _each_config("hd", models, lambda m: _twins_of_top12(m, held), rng)
+    assert all(c.configs[0][1].family == "simt_held" for c in batch.cases)
     return batch
 
 
@@ -875,18 +874,15 @@ def split_tf32_batch() -> Batch:
             {"w": _w(rng, 128, 768) / np.float32(27.7), "b": _w(rng, 128)},
         ),
     }
-    batch = Batch("tx")
-    for name, model in models.items():
+
+    def split(model: onnx.ModelProto):
         graph = import_onnx(model)
         group = _whole(graph)
-        ctx = ScheduleContext(
-            lambda t, g=graph: g.tensor(t).shape, lambda t, g=graph: g.tensor(t).dtype, ARCH, Options(topk=4)
-        )
-        configs = tf32x3.KIND.propose(group, ctx)
-        assert configs, name
-        for k, cfg in enumerate(configs):
-            batch.add(f"{name}_{k}", graph, [(group, cfg)], _feeds(graph, rng))
-    return batch
+        shape_of, dtype_of = (lambda t: graph.tensor(t).shape), (lambda t: graph.tensor(t).dtype)
+        ctx = ScheduleContext(shape_of, dtype_of, ARCH, Options(topk=4))
+        return graph, group, tf32x3.KIND.propose(group, ctx)
+
+    return _each_config("tx", models, split, rng)
 
 
 def test_rows_held_in_registers_are_correct():

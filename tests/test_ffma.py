@@ -61,9 +61,9 @@ def case_configs(rule: mma.MmaKind, label: str, kinds: tuple[str, ...], topk: in
     return graph, group, feeds, rule.propose(group, _context(graph, topk=topk, kinds=kinds))
 
 
-def split_k_case(rule: mma.MmaKind, as_format, kinds: tuple[str, ...], seed: str):
+def split_k_case(rule: mma.MmaKind, kinds: tuple[str, ...], seed: str):
     """A 600-deep product of few tiles under every split-K factor the policy allows for
-    ``rule``'s two best configs (``as_format``: the rule's view of an fp32 contraction)."""
+    ``rule``'s two best configs."""
     _seed(seed)
     model, feeds = _matmul(24, 600, 40, trans_a=True)
     graph = import_onnx(model)
@@ -72,7 +72,7 @@ def split_k_case(rule: mma.MmaKind, as_format, kinds: tuple[str, ...], seed: str
     configs = []
     for cfg in rule.propose(group, ctx)[:2]:
         st = cfg.stages[0]
-        con = as_format(contraction(group.computes[st.node], ctx.shape_of))
+        con = rule.contraction_of(group.computes[st.node], ctx.shape_of)
         for splits in mma.split_choices(con, st, cfg.num_blocks, ctx):
             configs.append(replace(cfg, stages=[replace(st, splits=splits), *cfg.stages[1:]]))
     assert len({c.stages[0].splits for c in configs}) >= 2
@@ -104,7 +104,7 @@ def test_ffma_stage_computes_exact_fp32(label: str) -> None:
 
 @needs_emulator
 def test_split_k_on_ffma_is_exact() -> None:
-    assert_exact(*split_k_case(ffma.KIND, ffma.as_ffma, FFMA_KINDS, "ffma split-k"))
+    assert_exact(*split_k_case(ffma.KIND, FFMA_KINDS, "ffma split-k"))
 
 
 @needs_emulator

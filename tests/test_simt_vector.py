@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from onnx import helper
 from onnx_util import make_model
+from test_codegen import two_layernorms
 from test_mma import _context, _whole_group, emulate_configs
 
 from welder.check import error_metric, threshold_for
@@ -246,13 +247,7 @@ def test_two_layer_norms_in_a_row_read_and_write_in_vectors() -> None:
     the second norm's reductions read the first's shared-memory tile in vectors, its last
     stage writes vectors although the group has another output, and the first norm's row
     can be held for its own sum of squares."""
-    x = np.random.default_rng(5).standard_normal((256, 512)).astype(np.float16)
-    consts = {n: np.ones(512, np.float16) for n in ("s1", "b1", "s2", "b2")}
-    nodes = [
-        helper.make_node("LayerNormalization", ["x", "s1", "b1"], ["y1"], axis=-1),
-        helper.make_node("LayerNormalization", ["y1", "s2", "b2"], ["y2"], axis=-1),
-    ]
-    graph = import_onnx(make_model(nodes, {"x": x}, ["y1", "y2"], consts))
+    graph = import_onnx(two_layernorms(np.random.default_rng(5), np.float16, 256, 512))
     group = _whole_group(graph)
     proposed = simt.KIND.propose(group, _context(graph, topk=20))
     vectors = [c for c in proposed if c.family in ("simt_vector", "simt_held")]

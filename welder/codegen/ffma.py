@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from welder.schedule.config import StageConfig
-from welder.schedule.kinds.ffma import as_ffma
 
 from .mma import MmaStageCtx, contraction_stage, stage_contraction
 
@@ -24,10 +23,7 @@ TEMPLATE = "stages/ffma.cu.j2"
 
 def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> FfmaStageCtx:
     """The context of fp32 FMA stage ``k`` (config ``st``) of the kernel ``kb`` builds."""
-    con = as_ffma(stage_contraction(kb, st, gather_32bit=True))
-    if con is None:
-        raise ValueError(f"{st.node}: an ffma stage needs an fp32 contraction")
-    ctx = contraction_stage(kb, k, st, con, TEMPLATE, "CUDA cores, fp32 FMAs")
+    ctx = contraction_stage(kb, k, st, stage_contraction(kb, st), TEMPLATE, "CUDA cores, fp32 FMAs")
     cols = ctx.b.k_rows and ctx.ni % 2 == 0
     rows = ctx.a.k_rows and ctx.mi % 2 == 0
     return FfmaStageCtx(

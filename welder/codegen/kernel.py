@@ -27,7 +27,7 @@ from welder.schedule.config import GroupConfig, StageConfig
 from welder.schedule.group import Group
 from welder.tile.propagate import propagate_group
 
-from . import attention, ffma, mma, simt, tf32x3, wgmma
+from . import attention, ffma, mma, simt, wgmma
 from .common import (
     STORAGE_TYPES,
     Kernel,
@@ -51,7 +51,7 @@ STAGE_EMITTERS: dict[str, StageEmitter] = {
     "simt": simt.emit_stage,
     "mma": mma.emit_stage,
     "mma_tf32": mma.emit_stage,  # the same stage with fp32 operands (MmaFormat TF32)
-    "mma_tf32x3": tf32x3.emit_stage,  # the same again, three TF32 products a piece
+    "mma_tf32x3": mma.emit_stage,  # the same again, three TF32 products a piece (MmaFormat TF32X3)
     "ffma": ffma.emit_stage,  # the mma stage's tiles with exact fp32 FMAs
     "wgmma": wgmma.emit_stage,
     "attention": attention.emit_stage,

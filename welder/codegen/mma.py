@@ -20,11 +20,12 @@ from welder.ir.compute import Compute
 from welder.ir.expr import Const, Expr, Load, Select
 from welder.ir.layout import row_major_strides, split_axes
 from welder.schedule.config import StageConfig
+from welder.schedule.kinds import kind
 from welder.schedule.kinds.mma import (
     Contraction,
     MmaConfig,
+    MmaKind,
     Operand,
-    contraction,
     ring_elements,
     workspace_bytes,
 )
@@ -310,11 +311,13 @@ def _output(kb: KernelBuilder, tensor: str, value: str) -> EpilogueOutput:
     return EpilogueOutput(kb.params[tensor].name, STORAGE_TYPES[dtype], *pair_packers(dtype), value)
 
 
-def stage_contraction(kb: KernelBuilder, st: StageConfig, gather_32bit: bool = False) -> Contraction:
-    """The contraction a tensor-core stage config names (as the policy proved it;
-    ``gather_32bit`` as the policy of its kind passed it to ``contraction``)."""
+def stage_contraction(kb: KernelBuilder, st: StageConfig) -> Contraction:
+    """The contraction a tensor-core stage config names, in its kind's format, as that
+    kind's policy found it (:meth:`~welder.schedule.kinds.mma.MmaKind.contraction_of`)."""
     assert isinstance(st, MmaConfig)
-    con = contraction(kb.group.computes[st.node], kb.shape_of, gather_32bit)
+    rule = kind(st.kind)
+    assert isinstance(rule, MmaKind)
+    con = rule.contraction_of(kb.group.computes[st.node], kb.shape_of)
     if con is None:
         raise ValueError(f"{st.node}: not a tensor-core contraction, yet configured as one")
     return con

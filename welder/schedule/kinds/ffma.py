@@ -28,8 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from welder.schedule.group import Group
-from welder.schedule.kinds.base import ScheduleContext
 from welder.schedule.kinds.mma import (
     BLOCK_TILES,
     MMA_M,
@@ -38,7 +36,6 @@ from welder.schedule.kinds.mma import (
     MmaConfig,
     MmaFormat,
     MmaKind,
-    contraction,
 )
 
 #: The format of the kind's contractions: fp32 operands, no instruction of its own (the
@@ -71,7 +68,10 @@ class FfmaConfig(MmaConfig):
 
 
 class FfmaKind(MmaKind):
-    """The mma rule with the fp32 format and the CUDA cores' costs."""
+    """The mma rule with the fp32 format, gathered fp32 operands, and the CUDA cores'
+    costs."""
+
+    gather_32bit = True
 
     efficiency = FFMA_EFFICIENCY
     #: The mma kind's tiles, and 16 warps of 64 x 32 over 128 x 256 or 256 x 128: cuBLAS's
@@ -83,12 +83,6 @@ class FfmaKind(MmaKind):
         # Sixteen-warp tiles serve products with tiles to spare, and their split-K code
         # spills at 128 registers a thread (ptxas: 52-192 bytes).
         return cfg.threads <= 256
-
-    def _contraction(self, group: Group, ctx: ScheduleContext) -> Contraction | None:
-        con = contraction(group.computes[group.stages[0]], ctx.shape_of, gather_32bit=True)
-        if con is None or not self.runs_on(ctx.arch.compute_capability):
-            return None
-        return as_ffma(con)
 
     def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
         return self.efficiency * smem_share(cfg), self.slice_latency_us

@@ -573,6 +573,9 @@ class MmaKind:
     split_step_us: float = 0.0
     #: The rows of a block tile one warp's products start on (the instruction's M).
     m_granule: int = MMA_M
+    #: Whether a gathered operand may have 32-bit elements, copied by threads in pairs (the
+    #: exact fp32 kinds'; ``ldmatrix``-fed TF32 leaves them to 16-bit types).
+    gather_32bit: bool = False
     #: Whether a gathered operand's element copies run beside the tensor cores (an
     #: asynchronous instruction) rather than in the issue slots of the warps' own
     #: ``mma.sync`` and ``ldmatrix`` (the ``mma`` kind: they add up).
@@ -599,10 +602,17 @@ class MmaKind:
         return None if con is None else list(_search(self, group, con, ctx))
 
     def _contraction(self, group: Group, ctx: ScheduleContext) -> Contraction | None:
-        con = contraction(group.computes[group.stages[0]], ctx.shape_of)
-        if con is None or con.fmt not in self.formats or not self.runs_on(ctx.arch.compute_capability):
+        if not self.runs_on(ctx.arch.compute_capability):
             return None
-        return con
+        return self.contraction_of(group.computes[group.stages[0]], ctx.shape_of)
+
+    def contraction_of(self, c: Compute, shape_of: ShapeOf) -> Contraction | None:
+        """``c`` as this kind computes it: its contraction (with 32-bit gathered operands
+        where :attr:`gather_32bit`) in the kind's format for its dtype, or None.  The policy
+        and the codegen both ask here, so that they see one contraction."""
+        con = contraction(c, shape_of, self.gather_32bit)
+        fmt = next((f for f in self.formats if con is not None and f.dtype == con.fmt.dtype), None)
+        return None if con is None or fmt is None else replace(con, fmt=fmt)
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
         """Whether the GPU of ``capability`` has this kind's instructions."""

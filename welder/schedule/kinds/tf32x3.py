@@ -33,16 +33,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from welder.schedule.group import Group
-from welder.schedule.kinds.base import ScheduleContext
 from welder.schedule.kinds.mma import (
     MMA_M,
     MMA_N,
     TF32,
-    Contraction,
     MmaConfig,
     MmaKind,
-    contraction,
     registers,
 )
 
@@ -59,23 +55,14 @@ class Tf32x3Config(MmaConfig):
 
 
 class Tf32x3Kind(MmaKind):
-    """The mma rule with the split format, and registers for the operands' lo halves."""
+    """The mma rule with the split format, gathered fp32 operands as the ``ffma`` kind takes
+    them, and registers for the operands' lo halves."""
 
-    def _contraction(self, group: Group, ctx: ScheduleContext) -> Contraction | None:
-        con = contraction(group.computes[group.stages[0]], ctx.shape_of, gather_32bit=True)
-        if con is None or not self.runs_on(ctx.arch.compute_capability):
-            return None
-        return as_tf32x3(con)
+    gather_32bit = True
 
     def registers(self, cfg: MmaConfig) -> int:
         wm, wn = cfg.block_m // cfg.warps[0], cfg.block_n // cfg.warps[1]
         return registers(cfg) + (wm // MMA_M) * 4 + (wn // MMA_N) * 2
-
-
-def as_tf32x3(con: Contraction | None) -> Contraction | None:
-    """``con`` (an fp32 contraction, which :func:`~.mma.contraction` gives the TF32 format)
-    with the split format; None for other dtypes."""
-    return replace(con, fmt=TF32X3) if con is not None and con.fmt is TF32 else None
 
 
 KIND = Tf32x3Kind((TF32X3,), Tf32x3Config)
