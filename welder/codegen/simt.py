@@ -603,7 +603,9 @@ def _vector_loadable(kb: KernelBuilder, ld: Load, var: str, width: int) -> bool:
     if not ld.indices or ld.dtype not in ("float16", "bfloat16", "float32"):
         return False
     if ld.tensor in kb.tile_views:
-        offset = kb.cfg.stages[kb.stage_index[ld.tensor]].smem_offset  # type: ignore[attr-defined]
+        view = kb.tile_views[ld.tensor]
+        # the view's own offset: an attention config has fewer stages than its group
+        offset = next(v["offset"] for v in kb.views if v["name"] == view)
         shape = kb.graph.tensor(ld.tensor).shape
         if kb.tiles[ld.tensor][-1] != shape[-1] or offset % MAX_VECTOR_BYTES:
             return False
