@@ -84,6 +84,32 @@ def test_large_operands_stay_exact_and_an_infinite_one_is_not_finite() -> None:
         assert error_metric(out[finite] / 1e30, ref[finite] / 1e30) <= EXACT
 
 
+@needs_emulator
+def test_a_deep_product_of_positive_terms_does_not_drift_towards_zero() -> None:
+    """BERT's 3072-deep product with every term positive, so that the running sum only
+    grows: the tensor core's adder truncates (the emulator rounds each mma's sum towards
+    zero), and an mma into the accumulator every product would lose about half an ulp of
+    the sum each, 1,152 times: some 5e-5 of it, all one way.  Each K step's three products
+    go into a partial that an FADD (to nearest) adds to the accumulator, which leaves fp32's
+    own rounding of the sum: a few ulp, unbiased, within 1e-5.  The error is the relative
+    one of the ffma suite's bound."""
+    _seed("tf32x3 deep positive")
+    m, k, n = 32, 3072, 16
+    x = np.random.uniform(0.5, 1.0, (m, k)).astype(np.float32)
+    w = np.random.uniform(0.5, 1.0, (k, n)).astype(np.float32)
+    product = helper.make_node("MatMul", ["x", "w"], ["y"])
+    graph = import_onnx(make_model([product], {"x": x}, ["y"], {"w": w}, opset=17))
+    group = _whole_group(graph)
+    found = tf32x3.KIND.propose(group, _context(graph, topk=64, kinds=SPLIT_KINDS))
+    whole = [c for c in found if c.stages[0].splits == 1][:1]  # one chain 3072 deep
+    assert whole
+    exact = _reference(graph, {"x": x}, round_operands=False)
+    (outputs,) = _emulate(graph, group, whole, {"x": x})
+    (out,), (ref,) = outputs.values(), exact.values()
+    assert ref.min() > 1000
+    assert np.max(np.abs(out - ref) / ref) <= 1e-5
+
+
 def test_fp32_products_are_offered_as_three_tf32_products_by_default() -> None:
     """The kind is in the default kinds beside ffma and simt (each a family the tuner
     measures); its estimate is three TF32 products'; fp16 products and a GPU without

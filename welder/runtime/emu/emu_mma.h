@@ -21,14 +21,18 @@
 // mma.sync and ldmatrix are warp collectives: all 32 lanes must reach the same call site.  Each
 // lane checks its own operands first (ldmatrix reads its row through the checked view, so bounds
 // and races are checked against the lane that supplied the address); then one function computes
-// every lane's registers.  Products of f16/bf16 operands are exact; the sum of a k-step's products
-// and c is formed in double and rounded once to float (the hardware's adder tree rounds
-// differently, by a few ulp at most).  TF32 operands are fp32 bit patterns of which the low 13
-// mantissa bits are ignored, as the hardware does; welder_float_to_tf32 rounds them first (cvt.rna).
+// every lane's registers.  Products of f16/bf16 operands are exact; the sum of a k-step's
+// products and c is formed in double and rounded once to float towards zero: the hardware's
+// adder is reported to align its terms and truncate, and a deep product that adds every mma
+// into one accumulator drifts towards zero by about half an ulp of it a step (the alignment
+// drops a few more low bits than one rounding: the emulator's result is the nearer to exact).
+// TF32 operands are fp32 bit patterns of which the low 13 mantissa bits are ignored, as the
+// hardware does; welder_float_to_tf32 rounds them first (cvt.rna).
 //
 // cp.async: see emu_scheduler.h for the model (copies land when a wait covers their group).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -49,6 +53,14 @@ struct MmaLane {
   float c[4];
   float d[4];
 };
+
+// sum rounded to float towards zero, as the tensor cores' adder normalises its result
+// (an infinite or NaN sum stays as it is; a finite one past the range becomes the largest float).
+inline float toward_zero(double sum) {
+  const float nearest = static_cast<float>(sum);
+  if (std::fabs(static_cast<double>(nearest)) > std::fabs(sum)) return std::nextafter(nearest, 0.0f);
+  return nearest;
+}
 
 inline double b16_value(uint16_t bits, MmaKind kind) {
   if (kind == MmaKind::kF16) return half_bits_to_float(bits);
@@ -100,7 +112,7 @@ void mma_combine(void* const* lanes) {
       const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
       double sum = lane.c[i];
       for (int k = 0; k < kK; ++k) sum += a[row][k] * b[k][col];
-      lane.d[i] = static_cast<float>(sum);
+      lane.d[i] = toward_zero(sum);
     }
   }
 }
