@@ -273,6 +273,21 @@ def test_attention_with_split_keys_matches_the_interpreter(context, sm):
         assert error_metric(got, reference) <= threshold_for("float16"), cfg.stages[0]
 
 
+def test_a_deep_product_of_positive_terms_does_not_drift_on_the_tensor_cores(context, sm):
+    """tests/test_tf32x3.py's deep product of positive terms, 256 x 256, natively in the
+    first four block and warp tiles that sum the whole of K: the hardware's adder, which
+    the emulator only models, must not bias the sum (a kernel that added each mma into the
+    accumulators failed BERT b64 fp32's test_acc on the H200, 1.6e-4)."""
+    from test_tf32x3 import DEEP_LIMIT, deep_positive_product
+
+    graph, group, configs, feeds, exact = deep_positive_product(configs=4, m=256, n=256)
+    kernels = [generate_kernel(graph, group, cfg, f"deep_tf32x3_{k}") for k, cfg in enumerate(configs)]
+    module = GpuModule(compile_cubin([k.source for k in kernels], sm))
+    for k in kernels:
+        got = run_native(graph, [k], module, feeds)["y"]
+        assert np.max(np.abs(got - exact) / exact) <= DEEP_LIMIT, k.name
+
+
 def test_time_kernel_median_is_positive_and_scales_with_work(context, sm):
     small = import_onnx(make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": _w(1 << 18)}, ["y"]))
     big = import_onnx(make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": _w(1 << 24)}, ["y"]))

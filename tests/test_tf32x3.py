@@ -35,7 +35,10 @@ from test_mma_tf32 import CASES, _context, _emulate, _matmul, _reference, _seed,
 from welder.check import error_metric
 from welder.codegen import generate_kernel
 from welder.frontend.onnx import import_onnx
+from welder.graph import Graph
 from welder.runtime.emu import available
+from welder.schedule.config import GroupConfig
+from welder.schedule.group import Group
 from welder.schedule.kinds import Options, mma, propose, tf32x3
 
 needs_emulator = pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
@@ -84,30 +87,43 @@ def test_large_operands_stay_exact_and_an_infinite_one_is_not_finite() -> None:
         assert error_metric(out[finite] / 1e30, ref[finite] / 1e30) <= EXACT
 
 
-@needs_emulator
-def test_a_deep_product_of_positive_terms_does_not_drift_towards_zero() -> None:
+def deep_positive_product(
+    configs: int = 1, m: int = 32, n: int = 16
+) -> tuple[Graph, Group, list[GroupConfig], dict, np.ndarray]:
     """BERT's 3072-deep product with every term positive, so that the running sum only
-    grows: the tensor core's adder truncates (the emulator rounds each mma's sum towards
-    zero), and an mma into the accumulator every product would lose about half an ulp of
-    the sum each, 1,152 times: some 5e-5 of it, all one way.  Each K step's three products
-    go into a partial that an FADD (to nearest) adds to the accumulator, which leaves fp32's
-    own rounding of the sum: a few ulp, unbiased, within 1e-5.  The error is the relative
-    one of the ffma suite's bound."""
-    _seed("tf32x3 deep positive")
-    m, k, n = 32, 3072, 16
-    x = np.random.uniform(0.5, 1.0, (m, k)).astype(np.float32)
-    w = np.random.uniform(0.5, 1.0, (k, n)).astype(np.float32)
+    grows: the graph, its group, the kind's first ``configs`` configs of distinct block and
+    warp tiles that sum all of K in one chain (no split-K), the inputs and the product in
+    fp64.  A tensor core's adder
+    truncates (the emulator rounds each mma's sum towards zero), and an mma into the
+    accumulator every product would lose about half an ulp of the sum each, 1,152 times:
+    some 5e-5 of it, all one way.  Each K step's three products go into a partial that an
+    FADD (to nearest) adds to the accumulator, which leaves fp32's own rounding of the sum:
+    a few ulp, unbiased, within :data:`DEEP_LIMIT` of the exact value (relative)."""
+    rng = np.random.default_rng(3072)
+    x = rng.uniform(0.5, 1.0, (m, 3072)).astype(np.float32)
+    w = rng.uniform(0.5, 1.0, (3072, n)).astype(np.float32)
     product = helper.make_node("MatMul", ["x", "w"], ["y"])
     graph = import_onnx(make_model([product], {"x": x}, ["y"], {"w": w}, opset=17))
     group = _whole_group(graph)
-    found = tf32x3.KIND.propose(group, _context(graph, topk=64, kinds=SPLIT_KINDS))
-    whole = [c for c in found if c.stages[0].splits == 1][:1]  # one chain 3072 deep
-    assert whole
-    exact = _reference(graph, {"x": x}, round_operands=False)
-    (outputs,) = _emulate(graph, group, whole, {"x": x})
-    (out,), (ref,) = outputs.values(), exact.values()
-    assert ref.min() > 1000
-    assert np.max(np.abs(out - ref) / ref) <= 1e-5
+    found = tf32x3.KIND.propose(group, _context(graph, topk=256, kinds=SPLIT_KINDS))
+    tiles = {(c.stages[0].block, c.stages[0].warps): c for c in reversed(found) if c.stages[0].splits == 1}
+    whole = list(reversed(tiles.values()))[:configs]
+    assert len(whole) == configs
+    return graph, group, whole, {"x": x}, x.astype(np.float64) @ w.astype(np.float64)
+
+
+#: The relative error allowed a deep product of positive terms: the truncating chain is
+#: 2.6e-5 off on the emulator, the partials 9e-7.
+DEEP_LIMIT = 1e-5
+
+
+@needs_emulator
+def test_a_deep_product_of_positive_terms_does_not_drift_towards_zero() -> None:
+    """:func:`deep_positive_product` on the emulator (the GPU test runs it natively)."""
+    graph, group, configs, feeds, exact = deep_positive_product()
+    (outputs,) = _emulate(graph, group, configs, feeds)
+    assert exact.min() > 1000
+    assert np.max(np.abs(outputs["y"] - exact) / exact) <= DEEP_LIMIT
 
 
 def test_fp32_products_are_offered_as_three_tf32_products_by_default() -> None:

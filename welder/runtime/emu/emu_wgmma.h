@@ -7,8 +7,9 @@
 //  - wgmma.mma_async decodes both descriptors (start address, LBO, SBO, swizzle), reads A (64x16)
 //    and B (16xN) from the dynamic buffer, checks that every byte lies in it, was written before a
 //    __syncthreads preceding the wgmma with a fence.proxy.async of the writer in between, and is not
-//    the destination of a cp.async in flight; computes D at once and queues it.  D reaches the
-//    members' accumulator arrays only when a wgmma.wait_group covers the group, so a kernel that
+//    the destination of a cp.async in flight; computes D at once (each k16 step's sum rounded
+//    towards zero, as emu_mma.h's mma.sync) and queues it.  D reaches the members' accumulator
+//    arrays only when a wgmma.wait_group covers the group, so a kernel that
 //    reads them earlier sees the old values, and the bytes read stay "in use" until then: writing
 //    them is an error.  A wgmma whose accumulators are those of a queued wgmma (the usual chain of
 //    k16 steps) accumulates onto that wgmma's result, as the hardware orders such a chain.
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "emu_half.h"
+#include "emu_mma.h"
 #include "emu_runtime.h"
 #include "emu_shared.h"
 
@@ -188,7 +190,7 @@ void wgmma(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate, const cha
     for (int col = 0; col < N; ++col) {
       double sum = op.d[row * N + col];
       for (int k = 0; k < 16; ++k) sum += a[row * 16 + k] * b[col * 16 + k];
-      op.d[row * N + col] = static_cast<float>(sum);
+      op.d[row * N + col] = toward_zero(sum);
     }
   wgmma_issue(warpgroup, std::move(op));
 }
