@@ -51,7 +51,7 @@ from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top
 #: as the SIMT kind's sliding-window twins; new tile shapes).  It is part of the tuning
 #: cache's key (``welder.tune.tuner.cache_key``): a cached winner was the best of what the
 #: search offered then, so a search that offers more must tune again.
-SEARCH_VERSION = 16  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
+SEARCH_VERSION = 17  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
 # 6: a family's tied estimates spread over block shapes (base.spread_ties); 7: SIMT streaming twins;
 # 8: streaming twins whose reductions share one staged row (simt.share_rows); 9: configs alike to
 # two before them give way to the next shapes (base.defer_alike).  Versions 7 and 8 reached row
@@ -69,6 +69,8 @@ SEARCH_VERSION = 16  # 4: attention past 256 keys (online softmax); 5: shorter s
 # and a reduction reads in vectors a member an earlier stage keeps as a tile of whole rows
 # (simt.reduce_vector); 16: mma_tf32x3's products go through a k-step partial added with an FADD
 # (a cached tf32x3 winner was measured, and checked, as the truncating chain).
+# 17: persistent TMA-stored wgmma configs of two warpgroups get a twin whose warpgroups take turns
+# (WgmmaConfig.pingpong, a family of its own).
 
 
 KINDS: dict[str, KernelKind] = {

@@ -21,7 +21,10 @@ recognition, root tile, later stages, split-K and estimate) with other data:
   the ``wgmma`` group that read it has completed (``wgmma.wait_group 1`` keeps one in flight);
 - an operand may be K-major (rows along M or N, A as ``[m][k]``, B as ``[n][k]``) or
   MN-major (rows along K: a ``[k][n]`` weight), the latter through the instruction's
-  transpose flag, which fp16 and bf16 have (TF32 has not).
+  transpose flag, which fp16 and bf16 have (TF32 has not);
+- a persistent block of two consumer warpgroups may have them take turns (``pingpong``):
+  each multiplies its half of a tile from slices of its own rows while the other runs its
+  epilogue.
 
 The instructions exist on compute capability 9.0 only (``sm_90a``: not on later GPUs), so
 the rule proposes nothing elsewhere; kernels holding them are compiled for ``sm_90a``.
@@ -115,6 +118,12 @@ class WgmmaConfig(MmaConfig):
     # 16-row strips of the tile (128-byte-swizzled 64-column panels) and stores them with TMA
     # (see :meth:`WgmmaKind.output_variants`); the stores run on while the warp goes on.
     tma_store: bool = False
+    # The persistent producer variant of two consumer warpgroups taking turns: the producer
+    # fills the ring with the slices of warpgroup 0's rows of a tile (its A rows and all of
+    # B), then warpgroup 1's, so each warpgroup multiplies its half alone while the other
+    # runs its epilogue, and the tensor cores are not idle through an epilogue (GELU or
+    # Swish after a product takes 3-4 us a tile).  B is copied once per half.
+    pingpong: bool = False
 
     @property
     def threads(self) -> int:
@@ -131,6 +140,12 @@ class WgmmaConfig(MmaConfig):
         return self.block_m // self.warpgroups
 
     @property
+    def a_rows(self) -> int:
+        """Rows of A one ring slot holds: the whole block tile's, or one warpgroup's
+        (``pingpong``)."""
+        return self.wg_m if self.pingpong else self.block_m
+
+    @property
     def cluster(self) -> int:
         return CLUSTER if self.multicast else 1
 
@@ -140,6 +155,8 @@ class WgmmaConfig(MmaConfig):
 
     @property
     def family(self) -> str:
+        if self.pingpong:
+            return "wgmma/pingpong"
         if self.producer:
             # The forms only a lone contraction takes (persistent blocks, clusters, TMA
             # stores) apart from the plain one: they tie with it in the estimate and are
@@ -150,19 +167,24 @@ class WgmmaConfig(MmaConfig):
     @property
     def slots_bytes(self) -> int:
         """Bytes of the ring's slots: ``pipeline`` slices of A and of B (16-bit elements)."""
-        return self.pipeline * (self.block_m + self.block_n) * self.block_k * ELEM_BYTES
+        return self.pipeline * (self.a_rows + self.block_n) * self.block_k * ELEM_BYTES
 
     @property
     def barrier_offset(self) -> int:
         """Byte offset of the producer variant's mbarriers in the shared pool: after the ring's
-        slots, ``pipeline`` full ones then ``pipeline`` empty ones."""
+        slots, ``pipeline`` full ones then ``pipeline`` empty ones (then, taking turns, one a
+        warpgroup: its turn has come)."""
         return self.pipeline_offset + self.slots_bytes
+
+    @property
+    def barriers(self) -> int:
+        return 2 * self.pipeline + (self.warpgroups if self.pingpong else 0)
 
     @property
     def staging_offset(self) -> int:
         """Byte offset of the TMA-store staging (the whole tile, one swizzle atom aligned),
         after the barriers."""
-        end = self.barrier_offset + 2 * self.pipeline * MBARRIER_BYTES
+        end = self.barrier_offset + self.barriers * MBARRIER_BYTES
         return -(-end // ATOM_BYTES) * ATOM_BYTES
 
     @property
@@ -211,7 +233,7 @@ class WgmmaKind(MmaKind):
         assert isinstance(cfg, WgmmaConfig) and con.fmt.elem_bytes == ELEM_BYTES
         if cfg.tma_store:
             return cfg.staging_offset + cfg.staging_bytes - cfg.pipeline_offset
-        return cfg.slots_bytes + (2 * cfg.pipeline * MBARRIER_BYTES if cfg.producer else 0)
+        return cfg.slots_bytes + (cfg.barriers * MBARRIER_BYTES if cfg.producer else 0)
 
     def output_variants(self, cfg: MmaConfig, group: Group, con: Contraction) -> list[MmaConfig]:
         # The TMA store: the producer variant of a contraction with no SIMT stage after it,
@@ -273,7 +295,17 @@ class WgmmaKind(MmaKind):
 
     def l2_operand_rows(self, cfg: MmaConfig) -> int:
         shared = cfg.shared_rows() if isinstance(cfg, WgmmaConfig) else 0
-        return cfg.block_m + cfg.block_n - shared // CLUSTER
+        turns = cfg.warpgroups if isinstance(cfg, WgmmaConfig) and cfg.pingpong else 1
+        return cfg.block_m + cfg.block_n * turns - shared // CLUSTER
+
+    def resident_variants(self, cfg: MmaConfig) -> list[MmaConfig]:
+        # Two consumer warpgroups of whole m64 pieces may take turns (pingpong), where no
+        # cluster shares a slice (a multicast slot is filled for both halves at once) and the
+        # tile leaves through TMA stores: with an epilogue stored directly (Swish), ptxas
+        # serialised the wgmmas of the turn-taking kernel (C7514), not of its twin.
+        if not isinstance(cfg, WgmmaConfig) or cfg.warpgroups != 2 or cfg.multicast or cfg.wg_m % WGMMA_M:
+            return [cfg]
+        return [cfg, replace(cfg, pingpong=True)] if cfg.tma_store else [cfg]
 
     def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
         if _producer(cfg):
