@@ -275,7 +275,7 @@ def test_attention_with_split_keys_matches_the_interpreter(context, sm):
 
 def test_a_deep_product_of_positive_terms_does_not_drift_on_the_tensor_cores(context, sm):
     """tests/test_tf32x3.py's deep product of positive terms, 256 x 256, natively in the
-    first four block and warp tiles that sum the whole of K: the hardware's adder, which
+    four largest block and warp tiles that sum the whole of K: the hardware's adder, which
     the emulator only models, must not bias the sum (a kernel that added each mma into the
     accumulators failed BERT b64 fp32's test_acc on the H200, 1.6e-4)."""
     from test_tf32x3 import DEEP_LIMIT, deep_positive_product

@@ -12,6 +12,7 @@ tuner's check at the fp32 limit measure.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 from dataclasses import replace
@@ -30,18 +31,26 @@ from test_ffma import (
     assert_gathered_exact,
     split_k_case,
 )
-from test_mma_tf32 import CASES, _context, _emulate, _matmul, _reference, _seed, _whole_group, ptx_of
+from test_mma_tf32 import (
+    CASES,
+    _context,
+    _emulate,
+    _matmul,
+    _reference,
+    _seed,
+    _whole_group,
+    needs_emulator,
+    ptx_of,
+)
 
 from welder.check import error_metric
 from welder.codegen import generate_kernel
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
-from welder.runtime.emu import available
 from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group
 from welder.schedule.kinds import Options, mma, propose, tf32x3
 
-needs_emulator = pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
 SPLIT_KINDS = ("mma_tf32x3", "simt")
 
 
@@ -91,25 +100,28 @@ def deep_positive_product(
     configs: int = 1, m: int = 32, n: int = 16
 ) -> tuple[Graph, Group, list[GroupConfig], dict, np.ndarray]:
     """BERT's 3072-deep product with every term positive, so that the running sum only
-    grows: the graph, its group, the kind's first ``configs`` configs of distinct block and
-    warp tiles that sum all of K in one chain (no split-K), the inputs and the product in
-    fp64.  A tensor core's adder
-    truncates (the emulator rounds each mma's sum towards zero), and an mma into the
-    accumulator every product would lose about half an ulp of the sum each, 1,152 times:
-    some 5e-5 of it, all one way.  Each K step's three products go into a partial that an
-    FADD (to nearest) adds to the accumulator, which leaves fp32's own rounding of the sum:
-    a few ulp, unbiased, within :data:`DEEP_LIMIT` of the exact value (relative)."""
+    grows: the graph, its group, the best config of each of the kind's ``configs`` largest
+    block and warp tiles that sum all of K in one chain (no split-K), the inputs and the
+    product in fp64.  A tensor core's adder truncates (the emulator rounds each mma's sum
+    towards zero), and an mma into the accumulator every product would lose about half an
+    ulp of the sum each, 1,152 times: some 5e-5 of it, all one way.  Each K step's three
+    products go into a partial that an FADD (to nearest) adds to the accumulator, which
+    leaves fp32's own rounding of the sum: a few ulp, unbiased, within :data:`DEEP_LIMIT`
+    of the exact value (relative)."""
     rng = np.random.default_rng(3072)
     x = rng.uniform(0.5, 1.0, (m, 3072)).astype(np.float32)
     w = rng.uniform(0.5, 1.0, (3072, n)).astype(np.float32)
     product = helper.make_node("MatMul", ["x", "w"], ["y"])
     graph = import_onnx(make_model([product], {"x": x}, ["y"], {"w": w}, opset=17))
     group = _whole_group(graph)
-    found = tf32x3.KIND.propose(group, _context(graph, topk=256, kinds=SPLIT_KINDS))
-    tiles = {(c.stages[0].block, c.stages[0].warps): c for c in reversed(found) if c.stages[0].splits == 1}
-    whole = list(reversed(tiles.values()))[:configs]
-    assert len(whole) == configs
-    return graph, group, whole, {"x": x}, x.astype(np.float64) @ w.astype(np.float64)
+    whole: dict[tuple, GroupConfig] = {}  # the best config of each block and warp tile
+    for c in tf32x3.KIND.propose(group, _context(graph, topk=256, kinds=SPLIT_KINDS)):
+        if c.stages[0].splits == 1:
+            whole.setdefault((c.stages[0].block, c.stages[0].warps), c)
+    # the largest first: the tiles deep products are tuned to
+    chosen = sorted(whole.values(), key=lambda c: -math.prod(c.stages[0].block))[:configs]
+    assert len(chosen) == configs
+    return graph, group, chosen, {"x": x}, x.astype(np.float64) @ w.astype(np.float64)
 
 
 #: The relative error allowed a deep product of positive terms: the truncating chain is

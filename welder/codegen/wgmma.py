@@ -117,6 +117,7 @@ class WgmmaStageCtx(ContractionStageCtx):
     persistent: bool = False  # the block walks tiles; the template's setup runs once before them
     cluster: int = 1  # blocks per cluster (2: the multicast variant)
     pingpong: bool = False  # the consumer warpgroups take turns, one half of a tile each
+    releases: int = 0  # arrivals that free a slot: each warp that multiplied it (of the cluster)
     # The TMA store (WgmmaConfig.tma_store): the output's map, its rank, the staging view,
     # and the map coordinates of the block's batch axes after N and M.
     store_map: str | None = None
@@ -163,6 +164,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
         persistent=bool(st.persistent),
         cluster=st.cluster,
         pingpong=st.pingpong,
+        releases=(1 if st.pingpong else st.warpgroups * st.cluster) * 4,
         **(_tma_store(kb, k, st, con, o) if st.tma_store else {}),
     )
 

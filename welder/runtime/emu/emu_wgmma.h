@@ -9,9 +9,8 @@
 //    __syncthreads preceding the wgmma with a fence.proxy.async of the writer in between, and is not
 //    the destination of a cp.async in flight; computes D at once (each k16 step's sum rounded
 //    towards zero, as emu_mma.h's mma.sync) and queues it.  D reaches the members' accumulator
-//    arrays only when a wgmma.wait_group covers the group, so a kernel that
-//    reads them earlier sees the old values, and the bytes read stay "in use" until then: writing
-//    them is an error.  A wgmma whose accumulators are those of a queued wgmma (the usual chain of
+//    arrays only when a wgmma.wait_group covers the group, so a kernel that reads them earlier
+//    sees the old values, and the bytes read stay "in use" until then: writing them is an error.  A wgmma whose accumulators are those of a queued wgmma (the usual chain of
 //    k16 steps) accumulates onto that wgmma's result, as the hardware orders such a chain.
 //  - every wgmma must follow a wgmma.fence of its warpgroup issued since the warpgroup's last
 //    wgmma.wait_group (the fence orders the threads' own accesses of the accumulators).

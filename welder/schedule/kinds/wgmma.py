@@ -299,11 +299,11 @@ class WgmmaKind(MmaKind):
         return cfg.block_m + cfg.block_n * turns - shared // CLUSTER
 
     def resident_variants(self, cfg: MmaConfig) -> list[MmaConfig]:
-        # Two consumer warpgroups of whole m64 pieces may take turns (pingpong), where no
+        # Two consumer warpgroups may take turns (pingpong), where no
         # cluster shares a slice (a multicast slot is filled for both halves at once) and the
         # tile leaves through TMA stores: with an epilogue stored directly (Swish), ptxas
         # serialised the wgmmas of the turn-taking kernel (C7514), not of its twin.
-        if not isinstance(cfg, WgmmaConfig) or cfg.warpgroups != 2 or cfg.multicast or cfg.wg_m % WGMMA_M:
+        if not isinstance(cfg, WgmmaConfig) or cfg.warpgroups != 2 or cfg.multicast:
             return [cfg]
         return [cfg, replace(cfg, pingpong=True)] if cfg.tma_store else [cfg]
 
