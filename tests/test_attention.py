@@ -79,6 +79,36 @@ def _assert_matches(graph, group, configs) -> None:
             assert err <= threshold_for("float16"), f"{cfg.stages[0]} launch {launch}: error {err:.3e}"
 
 
+def _through_a_split(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with q, k and v read as thirds of one input's last axis: what the attention
+    group sees once the import has merged the three projections into one product."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    q = next(i for i in g.input if i.name == "q")
+    dims = [d.dim_value for d in q.type.tensor_type.shape.dim]
+    elem = q.type.tensor_type.elem_type
+    kept = [i for i in g.input if i.name not in ("q", "k", "v")]
+    del g.input[:]
+    g.input.extend([helper.make_tensor_value_info("qkv", elem, [*dims[:-1], 3 * dims[-1]]), *kept])
+    g.node.insert(0, helper.make_node("Split", ["qkv"], ["q", "k", "v"], axis=-1, num_outputs=3))
+    out.opset_import[0].version = 18
+    return out
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", ["bert: mask, 40 tokens", "vit: 50 tokens"])
+def test_attention_reads_its_operands_through_a_split(label: str) -> None:
+    """Queries, keys and values as thirds of one tensor (rows three heads' widths apart): the
+    kernel's loads take the Split's offsets and row stride, and every config still matches."""
+    graph = import_onnx(_through_a_split(attention_model(CASES[label])))
+    assert "Split" in {n.op_type for n in graph}
+    group = make_group(graph, list(graph.nodes))
+    configs = attention.KIND.propose(group, _context(graph, topk=4))
+    assert configs, f"{label}: the attention rule proposed nothing through the Split"
+    _assert_matches(graph, group, configs)
+
+
 @needs_emulator
 @pytest.mark.parametrize("label", ["bert: mask, 128 tokens", "bert: mask, 300 tokens (online softmax)"])
 def test_keys_split_across_warps_match_the_interpreter(label: str) -> None:

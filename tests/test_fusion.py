@@ -63,11 +63,13 @@ def test_matmul_bias_gelu_fuse():
 
 
 def attention(seq=16, d=8, heads=2):
+    """One head-split attention whose queries, keys and values project three inputs (of one
+    input, the import would merge the three products into one)."""
     q, k, v = (f"{n}" for n in "qkv")
     nodes = [
-        helper.make_node("MatMul", ["x", "wq"], [q]),
-        helper.make_node("MatMul", ["x", "wk"], [k]),
-        helper.make_node("MatMul", ["x", "wv"], [v]),
+        helper.make_node("MatMul", ["xq", "wq"], [q]),
+        helper.make_node("MatMul", ["xk", "wk"], [k]),
+        helper.make_node("MatMul", ["xv", "wv"], [v]),
         helper.make_node("Reshape", [q, "shape"], ["q4"]),
         helper.make_node("Reshape", [k, "shape"], ["k4"]),
         helper.make_node("Reshape", [v, "shape"], ["v4"]),
@@ -87,7 +89,7 @@ def attention(seq=16, d=8, heads=2):
         "shape": np.array([1, seq, heads, d], np.int64),
         "scale": np.array(np.sqrt(d), np.float32),
     }
-    return import_onnx(make_model(nodes, {"x": _w(1, seq, dim)}, ["ctx"], inits))
+    return import_onnx(make_model(nodes, {f"x{n}": _w(1, seq, dim) for n in "qkv"}, ["ctx"], inits))
 
 
 def test_softmax_stages_fuse_with_the_attention_matmuls():
@@ -160,13 +162,14 @@ def _check_invariants(graph: Graph, groups: list[Group]) -> None:
 
 
 def shared_exp() -> Graph:
-    """exp(x) read by two matmuls: two sinks, so two kernels at least."""
+    """exp(x) read by two matmuls: two sinks, so two kernels at least (one weight an input,
+    so that the import does not merge the two products into one)."""
     nodes = [
         helper.make_node("Exp", ["x"], ["t"]),
         helper.make_node("MatMul", ["t", "w1"], ["a"]),
         helper.make_node("MatMul", ["t", "w2"], ["b"]),
     ]
-    return import_onnx(make_model(nodes, {"x": _w(8, 16)}, ["a", "b"], {"w1": _w(16, 4), "w2": _w(16, 4)}))
+    return import_onnx(make_model(nodes, {"x": _w(8, 16), "w2": _w(16, 4)}, ["a", "b"], {"w1": _w(16, 4)}))
 
 
 def test_tensor_used_by_two_groups_is_always_written():
@@ -588,8 +591,9 @@ def test_worker_processes_search_as_one_process_would() -> None:
     assert any(line.startswith("span") for line in alone[2])
     assert alone[3] == 0 and forked[3] > 0
     # Each growth step prefetches the next step's trials too, so the parent proposes almost
-    # nothing itself (6 groups of 89 when a step prefetched only its own trials).
-    assert forked[4] <= 2
+    # nothing itself (3 groups of 93; 6 of 89 when a step prefetched only its own trials, on
+    # the layer before its projections were merged).
+    assert forked[4] <= 3
 
 
 def test_no_worker_processes_while_other_threads_run() -> None:

@@ -1,0 +1,141 @@
+"""The import's merge of sibling products (``frontend.passes.merge_sibling_products``).
+
+MatMuls that multiply one tensor by constant matrices become one product and a Split; a
+Linear's bias on each goes with them.  Every rewritten model is run in onnxruntime beside
+the original, and imported models are interpreted and compared with onnxruntime on the
+original, so a wrong offset, order or bias shows as a wrong output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from models import bert_encoder_layer
+from onnx import helper
+from onnx_util import assert_matches_ort, make_model, to_half
+
+from welder.check import error_metric, onnxruntime_outputs, threshold_for
+from welder.frontend.onnx import import_onnx
+from welder.frontend.passes import merge_sibling_products, simplify
+
+WIDTHS = (16, 24, 8)
+
+
+def siblings(
+    opset: int = 17, bias: str = "all", extra_reader: bool = False, dynamic_weight: bool = False
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Three products of ``x`` [2, 5, 12] with weights of widths :data:`WIDTHS`, each read by
+    a Relu; ``bias``: "all" (an Add of a constant vector on each, operands in both orders,
+    the last vector an Identity of an initializer),
+    "some" (on the first only) or "none"; ``extra_reader`` has a Sigmoid read the second
+    product too; ``dynamic_weight`` makes the third weight an input."""
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((2, 5, 12)).astype(np.float32)}
+    inits: dict[str, np.ndarray] = {}
+    nodes, outputs = [], []
+    for k, width in enumerate(WIDTHS):
+        w = rng.standard_normal((12, width)).astype(np.float32)
+        if dynamic_weight and k == 2:
+            feeds[f"w{k}"] = w
+        else:
+            inits[f"w{k}"] = w
+        nodes.append(helper.make_node("MatMul", ["x", f"w{k}"], [f"p{k}"], name=f"mm{k}"))
+        read = f"p{k}"
+        if bias == "all" or (bias == "some" and k == 0):
+            inits[f"b{k}"] = rng.standard_normal(width).astype(np.float32)
+            if k == 2:  # as the torch exporter writes a weight equal to another one
+                inits[f"b{k}:source"] = inits.pop(f"b{k}")
+                nodes.append(helper.make_node("Identity", [f"b{k}:source"], [f"b{k}"]))
+            operands = [f"b{k}", f"p{k}"] if k % 2 else [f"p{k}", f"b{k}"]
+            nodes.append(helper.make_node("Add", operands, [f"a{k}"], name=f"add{k}"))
+            read = f"a{k}"
+        nodes.append(helper.make_node("Relu", [read], [f"y{k}"]))
+        outputs.append(f"y{k}")
+    if extra_reader:
+        nodes.append(helper.make_node("Sigmoid", ["p1"], ["s1"]))
+        outputs.append("s1")
+    return make_model(nodes, feeds, outputs, inits, opset=opset), feeds
+
+
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+def _same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict) -> None:
+    names = [o.name for o in before.graph.output]
+    want = onnxruntime_outputs(before, feeds, names)
+    got = onnxruntime_outputs(after, feeds, names)
+    dtype = next(iter(want.values())).dtype.name
+    for name in names:
+        assert got[name].shape == want[name].shape
+        assert error_metric(got[name], want[name]) <= threshold_for(dtype), name
+
+
+@pytest.mark.parametrize("opset", [12, 17])
+@pytest.mark.parametrize("bias", ["all", "some", "none"])
+def test_sibling_products_merge_and_compute_the_same(opset: int, bias: str) -> None:
+    model, feeds = siblings(opset, bias)
+    merged = simplify(model)
+    ops = _ops(merged)
+    assert ops.count("MatMul") == 1 and ops.count("Split") == 1
+    # Biases travel with the product only when every product has one.
+    assert ops.count("Add") == {"all": 1, "some": 1, "none": 0}[bias]
+    split = next(n for n in merged.graph.node if n.op_type == "Split")
+    sizes = [a for a in split.attribute if a.name == "split"]
+    assert bool(sizes) == (opset < 13)  # an attribute before opset 13, an input from it on
+    _same_outputs(model, merged, feeds)
+    assert_matches_ort(model, feeds)  # the import merges too: interpreted against the original
+
+
+def test_half_precision_products_merge() -> None:
+    model, feeds = siblings()
+    model = to_half(model)
+    feeds = {k: v.astype(np.float16) for k, v in feeds.items()}
+    merged = simplify(model)
+    assert _ops(merged).count("MatMul") == 1
+    _same_outputs(model, merged, feeds)
+
+
+def test_a_product_read_twice_keeps_its_bias_apart() -> None:
+    """The second product is read by its Add and by a Sigmoid: the products still merge,
+    but no bias joins them (the Sigmoid needs the product without it)."""
+    model, feeds = siblings(extra_reader=True)
+    merged = simplify(model)
+    assert _ops(merged).count("MatMul") == 1 and _ops(merged).count("Add") == 3
+    _same_outputs(model, merged, feeds)
+
+
+def test_nothing_merges_without_two_constant_weights() -> None:
+    model, _ = siblings(dynamic_weight=True)
+    assert merge_sibling_products(model) == 1  # the two constant ones
+    assert _ops(model).count("MatMul") == 2
+    lone = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        {"x": np.ones((3, 4), np.float32)},
+        ["y"],
+        {"w": np.ones((4, 5), np.float32)},
+    )
+    assert merge_sibling_products(lone) == 0 and _ops(lone) == ["MatMul"]
+
+
+def test_weights_only_the_merged_product_read_are_dropped() -> None:
+    model, _ = siblings()
+    # w0 is also read by a product of another tensor: it must stay.
+    model.graph.input.append(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [3, 12]))
+    model.graph.node.append(helper.make_node("MatMul", ["z", "w0"], ["zw"]))
+    model.graph.output.append(helper.make_value_info("zw", onnx.TypeProto()))
+    assert merge_sibling_products(model) == 2
+    names = {t.name for t in model.graph.initializer}
+    assert "w0" in names and not names & {"w1", "w2", "b0", "b1", "b2"}
+
+
+def test_a_bert_layer_imports_with_one_projection_product() -> None:
+    """HF BERT projects queries, keys and values separately; after import the layer holds
+    one product of width three hidden sizes where it held three."""
+    model, feeds = bert_encoder_layer(seq=8, hidden=32, heads=2, ffn=64)
+    products = [n for n in import_onnx(model) if n.op_type == "MatMul"]
+    projections = [n for n in products if "/attention/self/" in n.source and "/self/MatMul" not in n.source]
+    assert [n.compute.axes[-1].extent for n in projections] == [96]
+    assert len(products) == 6  # the projection, scores, context, output dense, FFN up and down
+    assert_matches_ort(model, feeds)
