@@ -120,13 +120,13 @@ def test_count_ptx_counts_instructions_not_mentions() -> None:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_count_ptx_of_a_half_model_agrees_with_its_plan(tmp_path: Path) -> None:
-    """A half-precision BERT layer sized so that the H100 plan puts products on tensor cores,
+    """Two half-precision BERT layers sized so that the H100 plan puts products on tensor cores,
     its runtime emitted (the kernels in more than one file) and compiled as the script compiles
     one (every source, for sm_90a where it holds wgmma): the PTX holds every launched kernel,
     as many of them holding a tensor-core product as the launched groups with a tensor-core
     stage, and the totals are those of a plain line count."""
     path = tmp_path / "layer.onnx"
-    onnx.save(to_half(bert_encoder_layer(seq=64, hidden=256, heads=4, ffn=512)[0]), str(path))
+    onnx.save(to_half(bert_encoder_layer(seq=64, hidden=256, heads=4, ffn=512, layers=2)[0]), str(path))
     graph = import_onnx(path)
     plan = plan_model(graph, get_arch("H100"), topk=1)
     groups = [(g.group, g.configs[0]) for g in plan.groups]

@@ -198,10 +198,11 @@ def test_transposed_operand_is_read_through() -> None:
 
 
 def test_attention_heads_are_strided_views_of_the_projections() -> None:
-    """BERT's q and k^T are reshape + transpose of [1, S, H] tensors: read with strides,
-    batch over heads.  The attention output's transpose + reshape would interleave the output
-    projection's reduction axis, so the product before writes them instead: its heads land
-    side by side in each row of [S, H] (leading dimension H, batch stride d)."""
+    """BERT's q and k^T are split + reshape + transpose of the merged [1, S, 3H] projection
+    (the import merges the three): read with strides, batch over heads.  The attention
+    output's transpose + reshape would interleave the output projection's reduction axis, so
+    the product before writes them instead: its heads land side by side in each row of
+    [S, H] (leading dimension H, batch stride d)."""
     graph = import_onnx(bert_encoder_layer()[0])
     gemms = assert_gemms_match_interpreter(graph)
     matmuls = [n.name for n in graph.topo_order() if n.op_type == "MatMul"]
@@ -210,6 +211,7 @@ def test_attention_heads_are_strided_views_of_the_projections() -> None:
     qk = gemms[scores]
     assert (qk.batch, qk.m, qk.n, qk.k, qk.trans_b, qk.stride_a) == (4, 16, 16, 16, True, 16)
     assert {graph.nodes[m].op_type for m in members(graph, scores)} == {
+        "Split",
         "Reshape",
         "Transpose",
         "MatMul",
@@ -272,16 +274,17 @@ def test_movement_after_a_product_is_written_only_where_it_permutes() -> None:
             assert (g.batch, g.m, g.n, g.ldc, g.stride_c) == (3, 4, 6, 18, 6), name
 
 
-def test_batched_heads_are_written_by_the_bias_add() -> None:
+def test_batched_heads_are_written_by_the_split() -> None:
     """At batch 2 the heads of [B, S, H] are no single batch stride.  Their transposes start
-    from the bias adds, whose kernels can write them as [B, heads, S, d] at no cost: the GEMMs
-    read those in one call (rather than two, one per sequence), and the plan fuses each
-    transpose into its bias add.  The context has no such producer after it: it is written
-    through in two calls, each with the heads of one sequence side by side."""
+    from the Split of the merged projection, whose kernels can write them as [B, heads, S, d]
+    at no cost: the GEMMs read those in one call (rather than two, one per sequence), and the
+    plan fuses each transpose into its part of the Split.  The context has no such producer
+    after it: it is written through in two calls, each with the heads of one sequence side by
+    side."""
     graph = import_onnx(bert_encoder_layer(batch=2)[0])
     gemms = assert_gemms_match_interpreter(graph)
-    assert len(gemms) == 8
-    assert [g.outer for g in gemms.values()].count(1) == 7
+    assert len(gemms) == 6  # the merged projection, scores, context, output dense, FFN up and down
+    assert [g.outer for g in gemms.values()].count(1) == 5
     ctx = next(g for g in gemms.values() if g.outer > 1)
     assert (ctx.outer, ctx.outer_c, ctx.batch, ctx.stride_c, ctx.ldc) == (2, 16 * 64, 4, 16, 64)
     scores = next(r for r in gemms if r.endswith("attention/self/MatMul_output_0"))
@@ -291,7 +294,7 @@ def test_batched_heads_are_written_by_the_bias_add() -> None:
     plan = plan_model(graph, ARCH, topk=1, skip_dot=True)
     for t in operands:
         group = next(g.group for g in plan.groups if t in g.group.members)
-        assert {graph.nodes[m].op_type for m in group.members} == {"Add", "Reshape", "Transpose"}
+        assert {graph.nodes[m].op_type for m in group.members} == {"Split", "Reshape", "Transpose"}
 
 
 def test_a_shared_transpose_is_read_from_memory() -> None:
@@ -303,7 +306,8 @@ def test_a_shared_transpose_is_read_from_memory() -> None:
         helper.make_node("MatMul", ["xt", "w1"], ["a"]),
         helper.make_node("MatMul", ["xt", "w2"], ["b"]),
     ]
-    graph = _graph(nodes, {"x": x}, ["a", "b"], {"w1": w1, "w2": w2})
+    # w2 an input: of two constant weights the import would make one product.
+    graph = _graph(nodes, {"x": x, "w2": w2}, ["a", "b"], {"w1": w1})
     gemms = assert_gemms_match_interpreter(graph)
     assert {g.a for g in gemms.values()} == {"xt"}
     assert all(members(graph, r) == {r} for r in gemms)
@@ -360,13 +364,19 @@ def bert_graph() -> Graph:
     return import_onnx(bert_encoder_layer()[0])
 
 
+#: The products of :func:`bert_graph`: the merged query, key and value projection, scores,
+#: context, output dense, FFN up and down.
+BERT_PRODUCTS = 6
+
+
 def test_plan_makes_products_groups_of_their_own() -> None:
     graph = bert_graph()
     plan = plan_model(graph, ARCH, topk=2, skip_dot=True)
     expected = {lg.group.root: set(lg.group.members) for lg in find_gemm_groups(graph, ARCH)}
     library = {g.group.root: g for g in plan.groups if g.library == "cublas"}
     assert {r: set(g.group.members) for r, g in library.items()} == expected
-    assert plan.library_calls == len(expected) == 8 and plan.kernels == len(plan.groups) - 8
+    assert plan.library_calls == len(expected) == BERT_PRODUCTS
+    assert plan.kernels == len(plan.groups) - BERT_PRODUCTS
     for g in library.values():
         [stage] = g.configs[0].stages
         assert len(g.configs) == 1 and isinstance(stage, LibraryConfig) and stage.kind == "library"
@@ -400,14 +410,15 @@ def test_tuned_json_and_summary_show_cublas() -> None:
     plan = plan_model(graph, ARCH, topk=1, skip_dot=True)
     doc = tuned_json(plan, graph)
     assert doc["skip_dot"] is True
-    assert doc["totals"]["library_calls"] == 8 and doc["totals"]["kernels"] == len(doc["groups"]) - 8
+    assert doc["totals"]["library_calls"] == BERT_PRODUCTS
+    assert doc["totals"]["kernels"] == len(doc["groups"]) - BERT_PRODUCTS
     for entry in doc["groups"]:
         kinds = [st["kind"] for st in entry["configs"][0]["stages"]]
         assert (entry["library"] == "cublas") is (kinds == ["library"])
     summary = format_summary(plan, graph)
     rows = summary.splitlines()[1:-1]
-    assert sum(" cuBLAS " in row for row in rows) == 8
-    assert f"{plan.kernels} kernels + 8 cuBLAS calls" in summary.splitlines()[-1]
+    assert sum(" cuBLAS " in row for row in rows) == BERT_PRODUCTS
+    assert f"{plan.kernels} kernels + {BERT_PRODUCTS} cuBLAS calls" in summary.splitlines()[-1]
 
 
 def test_library_configs_round_trip_through_json() -> None:
@@ -427,6 +438,6 @@ def test_tuner_leaves_library_groups_alone() -> None:
     device = ScriptedDevice(graph)
     plan = tune_model(graph, ARCH, 2, None, device, skip_dot=True)
     library = {g.group.root for g in plan.groups if g.library == "cublas"}
-    assert len(library) == 8 and plan.skip_dot
+    assert len(library) == BERT_PRODUCTS and plan.skip_dot
     assert not library & set(device.roots)
     assert all(hasattr(g, "measured_us") for g in plan.groups if g.library is None)

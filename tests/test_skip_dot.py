@@ -77,8 +77,9 @@ def broadcast_batches() -> tuple[onnx.ModelProto, Feeds]:
 #: per sequence; the window attention reads q, k, v at offsets into one tensor and writes its
 #: context in one call per head; fp16 reads a transposed operand in place.
 CASES: dict[str, tuple[Callable[[], tuple[onnx.ModelProto, Feeds]], int]] = {
-    "bert_layer": (bert_encoder_layer, 8),
-    "bert_batch2": (partial(bert_encoder_layer, batch=2), 8),
+    # BERT's query, key and value projections are one product after the import.
+    "bert_layer": (bert_encoder_layer, 6),
+    "bert_batch2": (partial(bert_encoder_layer, batch=2), 6),
     "window_attention": (swin_window_attention_block, 6),
     "fp16": (fp16_scores, 2),
     "broadcast_batches": (broadcast_batches, 1),
@@ -198,7 +199,7 @@ def test_generated_kernels_drop_by_the_products(tuned: Callable[[str], Built], n
 def test_tuned_json_lists_calls_and_kernels(tuned: Callable[[str], Built]) -> None:
     b = tuned("bert_layer")
     doc = json.loads((b.prefix / "tuned.json").read_text())
-    assert doc["skip_dot"] and doc["totals"]["library_calls"] == 8
+    assert doc["skip_dot"] and doc["totals"]["library_calls"] == CASES["bert_layer"][1]
     for entry in doc["groups"]:
         if entry["library"] == "cublas":
             [stage] = entry["configs"][0]["stages"]
@@ -235,7 +236,7 @@ BREAKAGES = [
         "ldc",
         r"(&beta, reinterpret_cast<void\*>\([^)]*\), CUDA_R_32F, )\d+",
         r"\g<1>1",
-        r"cublasGemmStridedBatchedEx for .*query/MatMul.* failed: an invalid numeric value was used as an "
+        r"cublasGemmStridedBatchedEx for .*merged_product.* failed: an invalid numeric value was used as an "
         r"argument \(emulator: ldc 1 is less than m\) \(CUBLAS_STATUS_INVALID_VALUE\)",
     ),
     (

@@ -257,16 +257,16 @@ def matmul_graph(m: int = 50, k: int = 30, n: int = 44) -> Graph:
 
 
 def twin_branches() -> Graph:
-    """Two structurally identical branches under different names."""
+    """Two structurally identical branches under different names (of two inputs: products of
+    one would be merged by the import)."""
     nodes = [
-        helper.make_node("MatMul", ["x", "wa"], ["a"]),
+        helper.make_node("MatMul", ["xa", "wa"], ["a"]),
         helper.make_node("Relu", ["a"], ["ya"]),
-        helper.make_node("MatMul", ["x", "wb"], ["b"]),
+        helper.make_node("MatMul", ["xb", "wb"], ["b"]),
         helper.make_node("Relu", ["b"], ["yb"]),
     ]
-    return import_onnx(
-        make_model(nodes, {"x": _w(16, 24)}, ["ya", "yb"], {"wa": _w(24, 32), "wb": _w(24, 32)})
-    )
+    inputs = {"xa": _w(16, 24), "xb": _w(16, 24)}
+    return import_onnx(make_model(nodes, inputs, ["ya", "yb"], {"wa": _w(24, 32), "wb": _w(24, 32)}))
 
 
 def layernorm_gelu() -> Graph:
@@ -632,8 +632,10 @@ def test_twelve_bert_layers_are_tuned_once(tmp_path):
     cache = TuningCache(tmp_path)
     plan = tune_model(graph, ARCH, 2, cache, device)
     signatures = [group_signature(graph, g.group) for g in plan.groups]
-    # However the cost model fuses, the twelve layers repeat: few distinct groups.
-    assert len(plan.groups) >= 24 and len(set(signatures)) <= len(plan.groups) // 12 + 3
+    # However the cost model fuses, the layers repeat: few distinct groups, at most two layers'
+    # worth and the mask's (the first layer, which reads the model's input, may fuse apart).
+    per_layer = len(plan.groups) // 12
+    assert per_layer >= 2 and len(set(signatures)) <= 2 * per_layer + 1
     assert len(device.compiles) == len(set(signatures))  # one compile per distinct group
     assert all(isinstance(g, TunedGroup) and g.latency_us == 1.0 for g in plan.groups)
     assert "Fake GPU" in plan.measure
@@ -960,12 +962,13 @@ def test_a_structure_queued_twice_compiles_once_and_is_tuned_on_where_asked(tmp_
     topk (brute force: tune_group on all of them)."""
     from welder.tune.tuner import _ModelTuner, _TuneQueue
 
-    graph = bert(2)
+    graph = bert(3)  # the first layer may fuse apart (it reads the model's input); the others repeat
     groups = fuse(graph, CostModel(graph, ARCH)).groups
     twins = [
         g for g in groups if sum(group_signature(graph, h) == group_signature(graph, g) for h in groups) == 2
     ]
-    assert twins, "bert(2) repeats its layers"
+    assert twins, "bert(3) repeats its layers"
+    twins = [g for g in twins if group_signature(graph, g) == group_signature(graph, twins[0])]  # one pair
     device = ScriptedDevice(graph, latency=_latency_by_code)
     tuner = _ModelTuner(graph, ARCH, 6, None, device, 0, 2, None)
     order: list[str] = []
