@@ -114,6 +114,7 @@ def merge_sibling_products(model: onnx.ModelProto) -> int:
             siblings.setdefault(n.input[0], []).append(n)
     replaced: dict[int, list[onnx.NodeProto]] = {}  # first removed node -> what takes its place
     removed: set[int] = set()
+    dropped: set[str] = set()  # weights and biases the merged ones replace
     merged = 0
     for x, products in siblings.items():
         if len(products) < 2 or len({consts[p.input[1]].dtype for p in products}) > 1:
@@ -145,6 +146,8 @@ def merge_sibling_products(model: onnx.ModelProto) -> int:
         new.append(_split_last_axis(model, y_name, finals, widths, taken))
         gone = [*products, *(biases if with_bias else [])]
         removed |= {id(n) for n in gone}
+        dropped |= {p.input[1] for p in products}
+        dropped |= {_bias_input(b, p) for b, p in zip(biases, products)} if with_bias else set()
         replaced[id(products[0])] = new  # the first product: every reader of x comes after it
         merged += len(products) - 1
     if not replaced:
@@ -156,10 +159,23 @@ def merge_sibling_products(model: onnx.ModelProto) -> int:
             order.append(n)
     del g.node[:]
     g.node.extend(order)
-    read = {i for n in g.node for i in n.input} | graph_outputs
-    for k in reversed([k for k, t in enumerate(g.initializer) if t.name not in read]):
+    # The merged weights and biases no node reads any more (a subgraph may read an outer one,
+    # and an initializer that is also a graph input stays: a caller may feed it).
+    read = _names_read(g) | graph_outputs | {i.name for i in g.input}
+    for k in reversed([k for k, t in enumerate(g.initializer) if t.name in dropped and t.name not in read]):
         del g.initializer[k]
     return merged
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node of ``graph`` or of its subgraphs reads."""
+    names: set[str] = set()
+    for n in graph.node:
+        names.update(n.input)
+        for a in n.attribute:
+            for sub in (*([a.g] if a.HasField("g") else []), *a.graphs):
+                names |= _names_read(sub)
+    return names
 
 
 def _matrix(value: np.ndarray | None) -> bool:
