@@ -117,7 +117,7 @@ def merge_sibling_products(model: onnx.ModelProto) -> int:
     dropped: set[str] = set()  # weights and biases the merged ones replace
     merged = 0
     for x, products in siblings.items():
-        if len(products) < 2 or len({consts[p.input[1]].dtype for p in products}) > 1:
+        if len(products) < 2:
             continue
         biases = [_bias_of(p, consts, uses, graph_outputs) for p in products]
         with_bias = all(b is not None for b in biases)
@@ -159,23 +159,13 @@ def merge_sibling_products(model: onnx.ModelProto) -> int:
             order.append(n)
     del g.node[:]
     g.node.extend(order)
-    # The merged weights and biases no node reads any more (a subgraph may read an outer one,
-    # and an initializer that is also a graph input stays: a caller may feed it).
-    read = _names_read(g) | graph_outputs | {i.name for i in g.input}
+    # The merged weights and biases no node reads any more (the import refuses subgraphs, so
+    # the top-level nodes are every reader).  One an old exporter also lists as a graph input
+    # stays: without its initializer it would become an input a caller must feed.
+    read = {i for n in g.node for i in n.input} | graph_outputs | {i.name for i in g.input}
     for k in reversed([k for k, t in enumerate(g.initializer) if t.name in dropped and t.name not in read]):
         del g.initializer[k]
     return merged
-
-
-def _names_read(graph: onnx.GraphProto) -> set[str]:
-    """Every tensor name a node of ``graph`` or of its subgraphs reads."""
-    names: set[str] = set()
-    for n in graph.node:
-        names.update(n.input)
-        for a in n.attribute:
-            for sub in (*([a.g] if a.HasField("g") else []), *a.graphs):
-                names |= _names_read(sub)
-    return names
 
 
 def _matrix(value: np.ndarray | None) -> bool:
@@ -209,9 +199,10 @@ def _split_last_axis(
 ) -> onnx.NodeProto:
     """A Split of ``source``'s last axis into ``widths``: the sizes are an attribute before
     opset 13 and an input from it on."""
+    from welder.frontend.onnx import model_opset  # the importer's module imports this one
+
     name = _unique(f"{source}:split", taken)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    if opset < 13:
+    if model_opset(model) < 13:
         return helper.make_node("Split", [source], outputs, name=name, axis=-1, split=widths)
     sizes = _unique(f"{source}:split_sizes", taken)
     model.graph.initializer.append(numpy_helper.from_array(np.array(widths, np.int64), sizes))
