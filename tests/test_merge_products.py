@@ -8,6 +8,8 @@ original, so a wrong offset, order or bias shows as a wrong output.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -15,23 +17,29 @@ from models import bert_encoder_layer
 from onnx import helper
 from onnx_util import assert_matches_ort, make_model, to_half
 
+from welder.arch import get_arch
 from welder.check import error_metric, onnxruntime_outputs, threshold_for
 from welder.frontend.onnx import import_onnx
 from welder.frontend.passes import merge_sibling_products, simplify
+from welder.pipeline import merge_limit
 
 WIDTHS = (16, 24, 8)
 
 
 def siblings(
-    opset: int = 17, bias: str = "all", extra_reader: bool = False, dynamic_weight: bool = False
+    opset: int = 17,
+    bias: str = "all",
+    extra_reader: bool = False,
+    dynamic_weight: bool = False,
+    batch: int = 2,
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """Three products of ``x`` [2, 5, 12] with weights of widths :data:`WIDTHS`, each read by
+    """Three products of ``x`` [batch, 5, 12] with weights of widths :data:`WIDTHS`, each read by
     a Relu; ``bias``: "all" (an Add of a constant vector on each, operands in both orders,
     the last vector an Identity of an initializer),
     "some" (on the first only) or "none"; ``extra_reader`` has a Sigmoid read the second
     product too; ``dynamic_weight`` makes the third weight an input."""
     rng = np.random.default_rng(3)
-    feeds = {"x": rng.standard_normal((2, 5, 12)).astype(np.float32)}
+    feeds = {"x": rng.standard_normal((batch, 5, 12)).astype(np.float32)}
     inits: dict[str, np.ndarray] = {}
     nodes, outputs = [], []
     for k, width in enumerate(WIDTHS):
@@ -143,3 +151,37 @@ def test_a_bert_layer_imports_with_one_projection_product() -> None:
     assert [n.compute.axes[-1].extent for n in projections] == [96]
     assert len(products) == 6  # the projection, scores, context, output dense, FFN up and down
     assert_matches_ort(model, feeds)
+
+
+@pytest.mark.parametrize("limit", [10 * max(WIDTHS) - 1, 10 * max(WIDTHS)])
+def test_products_larger_than_the_limit_stay_apart(limit: int) -> None:
+    """The widest product has 10 x 24 outputs: a limit one element smaller keeps all three
+    apart, that limit merges them."""
+    model, feeds = siblings()
+    out = simplify(model, merge_limit=limit)
+    assert _ops(out).count("MatMul") == (3 if limit < 10 * max(WIDTHS) else 1)
+    _same_outputs(model, out, feeds)
+
+
+def test_the_limit_reads_an_inferred_row_count() -> None:
+    """In a BERT layer the products read a LayerNorm's output, whose rows only shape
+    inference tells: 8 rows of 32, so a limit of 256 merges the projections and 255 not."""
+    model, _ = bert_encoder_layer(seq=8, hidden=32, heads=2, ffn=64)
+    for limit, products in ((255, 8), (256, 6)):
+        graph = import_onnx(model, merge_limit=limit)
+        assert sum(n.op_type == "MatMul" for n in graph) == products
+
+
+@pytest.mark.parametrize("batch", [2, 40_000])
+def test_tune_merges_products_too_small_to_fill_the_gpu(tmp_path, batch: int) -> None:
+    """``welder tune`` merges below one wave of 128 x 128 tiles of the target (the H100:
+    132 SMs, 2,162,688 elements): 10 x 24 outputs merge, 200,000 x 24 stay apart."""
+    from welder.cli import main as welder_main
+
+    model, _ = siblings(batch=batch)
+    onnx.save(model, tmp_path / "model.onnx")
+    assert welder_main(["tune", str(tmp_path), "--arch", "H100", "--cost-model", "--no-build"]) == 0
+    doc = json.loads((tmp_path / "tuned.json").read_text())
+    products = sum("MatMul" in g["ops"] for g in doc["groups"])  # a group holds at most one
+    apart = 5 * batch * max(WIDTHS) > merge_limit(get_arch("H100"))
+    assert products == (3 if apart else 1)

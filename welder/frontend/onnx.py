@@ -98,11 +98,14 @@ def import_onnx(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     name: str | None = None,
     memory: MemoryLimit | None = None,
+    merge_limit: int | None = None,
 ) -> Graph:
     """Import an ONNX model (a path or a loaded ModelProto) into a Graph.
 
     ``memory`` bounds every tensor (default :func:`host_memory`, where the interpreter runs
-    it; ``welder tune`` passes the target GPU's memory)."""
+    it; ``welder tune`` passes the target GPU's memory).  ``merge_limit`` keeps sibling
+    products this large apart (:func:`~welder.frontend.passes.merge_sibling_products`;
+    default: every group merges)."""
     if not isinstance(model, onnx.ModelProto):
         name = name or Path(model).stem
         model = load_model(model)
@@ -112,7 +115,7 @@ def import_onnx(
     check_model(model)
     memory = memory or host_memory()
     check_input_sizes(model, memory, input_shapes or {})
-    model = simplify(model)
+    model = simplify(model, merge_limit)
     return lower(model, name=name or model.graph.name or "model", memory=memory)
 
 
@@ -588,7 +591,7 @@ def lower(model: onnx.ModelProto, name: str = "model", memory: MemoryLimit | Non
         )
     # Only now, when every node has passed its own validation: ONNX shape inference can
     # loop forever on some malformed attributes (Einsum equations) that a lowering rejects.
-    inferred = _inferred_types(model)
+    inferred = inferred_types(model)
     for node, label in lowered:
         for onnx_name in node.output:
             if onnx_name:
@@ -686,14 +689,16 @@ def _materialise_output(onnx_name: str, ours: str, b: _Builder, done: list[str],
     return onnx_name
 
 
-def _inferred_types(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...] | None, int]]:
-    """Static shapes and element types ONNX shape inference finds (empty if it fails)."""
+def inferred_types(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...] | None, int]]:
+    """Static shapes and element types ONNX shape inference finds, graph inputs and outputs
+    included (empty if it fails)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:
         return {}
     out = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+    g = inferred.graph
+    for vi in [*g.input, *g.value_info, *g.output]:
         tt = vi.type.tensor_type
         shape = None
         if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):

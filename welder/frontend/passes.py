@@ -12,11 +12,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 
-def simplify(model: onnx.ModelProto) -> onnx.ModelProto:
+def simplify(model: onnx.ModelProto, merge_limit: int | None = None) -> onnx.ModelProto:
+    """The model with BatchNorms folded and sibling products merged (``merge_limit``: see
+    :func:`merge_sibling_products`)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     fold_batchnorm_into_conv(out)
-    merge_sibling_products(out)
+    merge_sibling_products(out, merge_limit)
     return out
 
 
@@ -86,17 +88,22 @@ def fold_batchnorm_into_conv(model: onnx.ModelProto) -> int:
     return folds
 
 
-def merge_sibling_products(model: onnx.ModelProto) -> int:
+def merge_sibling_products(model: onnx.ModelProto, limit: int | None = None) -> int:
     """Merge MatMuls that multiply one tensor by constant matrices into one product, in place.
 
     ``x @ W1, x @ W2, ...`` become ``x @ [W1 W2 ...]`` and a Split of its last axis.  Models
     written layer by layer project attention's queries, keys and values this way: three
     products of one shape, each a kernel too short to fill the GPU, where the merged one is a
-    single wide product (BERT at batch 64: three 8192 x 768 x 768 products, 20 us each, against
-    one 8192 x 768 x 2304).  Where each product's only consumer is an Add of a constant vector
+    single wide product (BERT at batch 1: three 128 x 768 x 768 products of 24 blocks each,
+    against one 128 x 768 x 2304).  Where each product's only consumer is an Add of a constant vector
     of its width (a Linear's bias), the biases are concatenated and added before the Split, so
     they stay the product's epilogue.  The Split's parts are exact slices of the merged product,
     so the model computes what it did.  Returns the number of products merged away.
+
+    ``limit`` keeps apart products of which one has more output elements than it, or of
+    unknown size: once each product fills the GPU by itself, merging no longer shortens the
+    kernels and its wider output stays less of its time in L2 (``welder tune`` passes one
+    wave of 128 x 128 tiles; docs/tensor_cores.md, "One product for sibling projections").
     """
     g = model.graph
     consts = constant_values(g)
@@ -116,9 +123,14 @@ def merge_sibling_products(model: onnx.ModelProto) -> int:
     removed: set[int] = set()
     dropped: set[str] = set()  # weights and biases the merged ones replace
     merged = 0
+    shapes: dict[str, tuple[int, ...]] | None = None  # inferred once, where a limit needs them
     for x, products in siblings.items():
         if len(products) < 2:
             continue
+        if limit is not None:
+            shapes = static_shapes(model) if shapes is None else shapes
+            if not _small(shapes.get(x), products, consts, limit):
+                continue
         biases = [_bias_of(p, consts, uses, graph_outputs) for p in products]
         with_bias = all(b is not None for b in biases)
         weights = np.concatenate([consts[p.input[1]] for p in products], axis=1)
@@ -166,6 +178,24 @@ def merge_sibling_products(model: onnx.ModelProto) -> int:
     for k in reversed([k for k, t in enumerate(g.initializer) if t.name in dropped and t.name not in read]):
         del g.initializer[k]
     return merged
+
+
+def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape ONNX shape inference fixes, graph inputs included."""
+    from welder.frontend.onnx import inferred_types  # the importer's module imports this one
+
+    return {name: shape for name, (shape, _) in inferred_types(model).items() if shape is not None}
+
+
+def _small(
+    shape: tuple[int, ...] | None, products: list[onnx.NodeProto], consts: dict[str, np.ndarray], limit: int
+) -> bool:
+    """Whether every product's output has at most ``limit`` elements (a row count shape
+    inference cannot tell is not small)."""
+    if shape is None:
+        return False
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    return all(rows * consts[p.input[1]].shape[1] <= limit for p in products)
 
 
 def _matrix(value: np.ndarray | None) -> bool:
