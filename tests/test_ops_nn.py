@@ -57,7 +57,7 @@ def without_onnx_shape_inference(monkeypatch):
     """ONNX's shape inference disagrees with onnxruntime in a few corners (ceil_mode
     windows starting in the end padding, SAME ConvTranspose with output_padding); the
     importer's cross-check against it is switched off to compare with onnxruntime there."""
-    monkeypatch.setattr(frontend, "_inferred_types", lambda model: {})
+    monkeypatch.setattr(frontend, "inferred_types", lambda model: {})
 
 
 def _check(op: str, x: np.ndarray, attrs: dict, inits: dict | None = None, opset: int = 17) -> None:
