@@ -306,12 +306,17 @@ def test_warpgroups_taking_turns_match_the_interpreter(label: str) -> None:
     assert _run(graph, group, chosen, feeds, launches=2) == []
 
 
+def _smem_end(st: WgmmaConfig) -> int:
+    return st.staging_offset + st.staging_bytes
+
+
 def test_warpgroups_take_turns_where_blocks_are_persistent() -> None:
     """Every persistent TMA-stored config of two consumer warpgroups and no cluster has a
     twin taking turns: a family of its own (so a tune measures it), its slots holding one
     warpgroup's rows of A, B drawn from L2 once per half (estimated no faster), the kernel's
-    turn barriers after the ring's; three warpgroups, clusters, direct stores and
-    launch-per-tile blocks have none."""
+    turn barriers after the ring's, and the deepest ring that fits in the shared memory its
+    twin takes (a deeper one of the kind's depths would not); three warpgroups, clusters,
+    direct stores and launch-per-tile blocks have none."""
     graph, group, _, configs = _configs(_matmul(8192, 768, 3072), topk=1000)
     turns = [c for c in configs if c.stages[0].pingpong]
     assert turns
@@ -319,16 +324,33 @@ def test_warpgroups_take_turns_where_blocks_are_persistent() -> None:
         st = cfg.stages[0]
         assert st.persistent and st.producer and st.warpgroups == 2 and not st.multicast
         assert st.family == "wgmma/pingpong" and st.a_rows == st.wg_m == st.block_m // 2
-        twin = next(c for c in configs if c.stages[0] == replace(st, pingpong=False))
-        assert cfg.estimate.latency_us >= twin.estimate.latency_us
-        assert st.slots_bytes < twin.stages[0].slots_bytes
         kernel = generate_kernel(graph, group, cfg, "probe")
         assert "welder_mbarrier_init(turn + i, 1)" in kernel.source
-    persistent = [c.stages[0] for c in configs if c.stages[0].persistent and not c.stages[0].pingpong]
-    assert {st.warpgroups for st in persistent} > {2}
-    for st in persistent:
-        has_twin = any(c.stages[0] == replace(st, pingpong=True) for c in turns)
-        assert has_twin == (st.warpgroups == 2 and not st.multicast and st.tma_store), st
+    persistent = [c for c in configs if c.stages[0].persistent and not c.stages[0].pingpong]
+    assert {c.stages[0].warpgroups for c in persistent} > {2}
+    deeper = {d: next((e for e in wgmma.PIPELINES if e > d), None) for d in wgmma.PIPELINES}
+    twinned = set()
+    for twin in persistent:
+        st = twin.stages[0]
+        # A turn-taking config keeps its twin's shared memory (the allocation it fits in).
+        mine = [
+            c
+            for c in turns
+            if c.stages[0] == replace(st, pingpong=True, pipeline=c.stages[0].pipeline)
+            and c.smem_bytes == twin.smem_bytes
+        ]
+        assert len(mine) == (st.warpgroups == 2 and not st.multicast and st.tma_store), st
+        for cfg in mine:
+            depth = cfg.stages[0].pipeline
+            assert depth >= st.pipeline and _smem_end(cfg.stages[0]) <= _smem_end(st)
+            if deeper[depth] is not None:
+                assert _smem_end(replace(cfg.stages[0], pipeline=deeper[depth])) > _smem_end(st)
+            assert cfg.estimate.latency_us >= twin.estimate.latency_us
+            twinned.add(id(cfg))
+    assert twinned == {id(c) for c in turns}
+    # BERT's FFN up-projection: 256 x 128 tiles, whose twin rings 3 slices of 384 rows, take
+    # turns on 4 slices of 256.
+    assert {c.stages[0].pipeline for c in turns if c.stages[0].block == (256, 128)} == {4}
 
 
 #: Products whose blocks pair up in clusters sharing A or B: both major-nesses of both

@@ -71,6 +71,10 @@ SEARCH_VERSION = 17  # 4: attention past 256 keys (online softmax); 5: shorter s
 # (a cached tf32x3 winner was measured, and checked, as the truncating chain).
 # 17: persistent TMA-stored wgmma configs of two warpgroups get a twin whose warpgroups take turns
 # (WgmmaConfig.pingpong, a family of its own).
+# Since, without a new version: those twins take turns on the deepest ring the twin's shared
+# memory holds (wgmma._deepest_turns), where they kept the twin's depth.  The turns won no group
+# they were proposed for, so a cached winner stands; a new version would tune every cached
+# group again (docs/tensor_cores.md, "Warpgroups taking turns", says how the change is measured).
 
 
 KINDS: dict[str, KernelKind] = {

@@ -192,6 +192,21 @@ class WgmmaConfig(MmaConfig):
         return self.block_m * self.block_n * ELEM_BYTES if self.tma_store else 0
 
 
+def _deepest_turns(twin: WgmmaConfig) -> WgmmaConfig:
+    """``twin`` with its warpgroups taking turns, on the deepest ring that fits in the shared
+    memory the twin's ring, barriers and staging take.  A turn's slice carries half of a
+    slice's work (one warpgroup's rows of A), so as many slots hold half the work in flight:
+    at the twin's depth the turns lost in every group measured (docs/tensor_cores.md,
+    "Warpgroups taking turns"); 256 x 128 tiles go from 3 slots to 4."""
+    end = twin.staging_offset + twin.staging_bytes
+    turns = replace(twin, pingpong=True)
+    for depth in PIPELINES:
+        deeper = replace(twin, pingpong=True, pipeline=depth)
+        if depth > turns.pipeline and deeper.staging_offset + deeper.staging_bytes <= end:
+            turns = deeper
+    return turns
+
+
 def _producer(cfg: MmaConfig) -> bool:
     """Whether ``cfg`` is the producer variant (the rule's hooks take any tensor-core config)."""
     return isinstance(cfg, WgmmaConfig) and cfg.producer
@@ -305,7 +320,7 @@ class WgmmaKind(MmaKind):
         # serialised the wgmmas of the turn-taking kernel (C7514), not of its twin.
         if not isinstance(cfg, WgmmaConfig) or cfg.warpgroups != 2 or cfg.multicast:
             return [cfg]
-        return [cfg, replace(cfg, pingpong=True)] if cfg.tma_store else [cfg]
+        return [cfg, _deepest_turns(cfg)] if cfg.tma_store else [cfg]
 
     def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
         if _producer(cfg):
