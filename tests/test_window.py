@@ -255,3 +255,75 @@ def test_window_kernels_load_fewer_values_than_they_multiply(tmp_path: Path) -> 
         loads = len(re.findall(r"ld\.shared", text))
         fmas = len(re.findall(r"fma\.rn\.f32", text))
         assert fmas >= 9 * 8 and loads < fmas * 2 // 3, (loads, fmas)
+
+
+def _depthwise_shape_only(shape: tuple[int, int, int, int]) -> onnx.ModelProto:
+    """:func:`_depthwise`'s model without inputs drawn (a batch-64 tensor is large)."""
+    channels = shape[1]
+    consts = [
+        onnx.numpy_helper.from_array(np.ones((channels, 1, 3, 3), np.float16), "w"),
+        onnx.numpy_helper.from_array(np.ones(channels, np.float16), "b"),
+        onnx.numpy_helper.from_array(np.array(0, np.float16), "lo"),
+        onnx.numpy_helper.from_array(np.array(6, np.float16), "hi"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4, group=channels),
+        helper.make_node("Clip", ["c", "lo", "hi"], ["y"]),
+    ]
+    half = onnx.TensorProto.FLOAT16
+    graph = helper.make_graph(
+        nodes,
+        "depthwise",
+        [helper.make_tensor_value_info("x", half, shape)],
+        [helper.make_tensor_value_info("y", half, shape)],
+        consts,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _simt_configs(model: onnx.ModelProto, topk: int = 12):
+    graph = import_onnx(model)
+    group = make_group(graph, list(graph.nodes))
+    shape_of, dtype_of = (lambda t: graph.tensor(t).shape), (lambda t: graph.tensor(t).dtype)
+    ctx = ScheduleContext(shape_of, dtype_of, ARCH, Options(topk=topk))
+    return graph, group, propose(group, ctx, kinds=("simt",))
+
+
+def _rows_in_vectors(cfg) -> bool:
+    st = cfg.stages[0]
+    return cfg.block_tile[-1] in (28, 56) and bool(st.staged) and st.staged[0].vector > 1
+
+
+def test_the_search_steps_past_a_ragged_width() -> None:
+    """MobileNetV2's depthwise convolution at batch 64, 56 wide: from 14 the next width, 16,
+    leaves a ragged tile and estimates worse, so the search steps to 28 as well, and its best
+    configs stage whole rows in vectors; each 14-wide tile (what it stopped at before, read
+    element by element) estimates higher."""
+    widths = simt.axis_candidates(56, 1)
+    assert widths == [1, 2, 4, 8, 14, 16, 28, 32, 56]
+    assert simt.next_sizes(widths, 56, widths.index(14)) == [widths.index(16), widths.index(28)]
+    assert simt.next_sizes(widths, 56, widths.index(8)) == [widths.index(14)]
+    assert simt.next_sizes(widths, 56, widths.index(56)) == []
+    _, _, found = _simt_configs(_depthwise_shape_only((64, 144, 56, 56)))
+    assert _rows_in_vectors(found[0]), found[0]
+    narrow = [c.estimate.latency_us for c in found if c.block_tile[-1] == 14]
+    assert all(found[0].estimate.latency_us < e for e in narrow)
+
+
+@needs_emulator
+def test_whole_rows_read_in_vectors_match_onnxruntime() -> None:
+    """The whole-row tiles of a 56-wide depthwise convolution, staged in vectors from a
+    shifted origin (the row's left pad before the first vector), plain and as window twins,
+    match onnxruntime."""
+    model, feeds = _depthwise((4, 32, 56, 56))
+    graph, group, found = _simt_configs(model)
+    chosen = [c for c in found if _rows_in_vectors(c)]
+    assert {_window_stage(c) is not None for c in chosen} == {True, False}
+    assert any(st.shift for c in chosen for st in c.stages[0].staged)
+    chosen = chosen[:4]
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        ["y"], feeds
+    )[0]
+    for cfg, runs in zip(chosen, emulate_configs(graph, group, chosen, feeds)):
+        err = error_metric(runs[0]["y"], reference)
+        assert err <= threshold_for("float16"), f"{cfg.stages[0]} error {err:.3e}"

@@ -51,7 +51,7 @@ from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top
 #: as the SIMT kind's sliding-window twins; new tile shapes).  It is part of the tuning
 #: cache's key (``welder.tune.tuner.cache_key``): a cached winner was the best of what the
 #: search offered then, so a search that offers more must tune again.
-SEARCH_VERSION = 17  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
+SEARCH_VERSION = 18  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
 # 6: a family's tied estimates spread over block shapes (base.spread_ties); 7: SIMT streaming twins;
 # 8: streaming twins whose reductions share one staged row (simt.share_rows); 9: configs alike to
 # two before them give way to the next shapes (base.defer_alike).  Versions 7 and 8 reached row
@@ -71,10 +71,9 @@ SEARCH_VERSION = 17  # 4: attention past 256 keys (online softmax); 5: shorter s
 # (a cached tf32x3 winner was measured, and checked, as the truncating chain).
 # 17: persistent TMA-stored wgmma configs of two warpgroups get a twin whose warpgroups take turns
 # (WgmmaConfig.pingpong, a family of its own).
-# Since, without a new version: those twins take turns on the deepest ring the twin's shared
-# memory holds (wgmma._deepest_turns), where they kept the twin's depth.  The turns won no group
-# they were proposed for, so a cached winner stands; a new version would tune every cached
-# group again (docs/tensor_cores.md, "Warpgroups taking turns", says how the change is measured).
+# 18: the SIMT search steps past a size that leaves a ragged tile to the next that divides the axis
+# (simt.next_sizes: a 56-wide depthwise convolution's rows reach 28 and 56, read in vectors), and
+# the turn-taking twins take the deepest ring their twin's shared memory holds (wgmma._deepest_turns).
 
 
 KINDS: dict[str, KernelKind] = {

@@ -225,19 +225,35 @@ def schedule_group(
         results.append(cfg)
         best = min(best, cfg.estimate.latency_us)
         for d in range(len(pos)):
-            nxt = (*pos[:d], pos[d] + 1, *pos[d + 1 :])
-            if nxt[d] >= len(axis_choices[d]) or nxt in seen:
-                continue
-            seen.add(nxt)
-            evaluated += 1
-            cand = evaluate(nxt)
-            if cand is not None:
-                heapq.heappush(heap, (cand.estimate.latency_us, nxt, cand))
+            for step in next_sizes(axis_choices[d], root_shape[d], pos[d]):
+                nxt = (*pos[:d], step, *pos[d + 1 :])
+                if nxt in seen:
+                    break
+                seen.add(nxt)
+                evaluated += 1
+                cand = evaluate(nxt)
+                if cand is not None:
+                    heapq.heappush(heap, (cand.estimate.latency_us, nxt, cand))
+                if cand is not None and cand.estimate.latency_us <= cfg.estimate.latency_us:
+                    break  # not a wall: the search goes on from the ragged size
     results.extend(c for _, _, c in heap)
     results.sort(key=_rank_key)
     alternates.sort(key=_rank_key)
     ranked = [*results, *alternates]
     return _both_forms(diverse_topk(results, options.topk, alternates), ranked, options.topk)
+
+
+def next_sizes(choices: Sequence[int], extent: int, k: int) -> list[int]:
+    """The positions in ``choices`` (an axis's tile sizes, smallest first) the search steps to
+    from position ``k``: the next size, and where that one leaves a ragged last tile, the next
+    that divides the axis (which the search tries only where the ragged one estimates worse
+    than the tile it steps from).  Without the second a ragged size walls off the larger ones
+    behind it: a 56-wide depthwise convolution's rows stopped at 14 (16 is ragged) while whole
+    rows, read in vectors, estimate lower."""
+    steps = [k + 1] if k + 1 < len(choices) else []
+    if steps and extent % choices[k + 1]:
+        steps += [j for j in range(k + 2, len(choices)) if extent % choices[j] == 0][:1]
+    return steps
 
 
 def _both_forms(chosen: list[GroupConfig], pool: Sequence[GroupConfig], k: int) -> list[GroupConfig]:
