@@ -38,9 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from welder.arch import get_arch  # noqa: E402
 from welder.errors import WelderError  # noqa: E402
-from welder.frontend.onnx import import_onnx  # noqa: E402
 from welder.graph import Graph  # noqa: E402
-from welder.pipeline import TuneOptions, planned_graph  # noqa: E402
+from welder.pipeline import TuneOptions, planned_import  # noqa: E402
 from welder.schedule.config import GroupConfig  # noqa: E402
 from welder.schedule.engine import canonical_names  # noqa: E402
 from welder.schedule.group import Group, make_group  # noqa: E402
@@ -193,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         tuned = json.loads((args.dir / "tuned.json").read_text())
-        graph = planned_graph(import_onnx(str(args.dir / "model.onnx")))
+        graph = planned_import(str(args.dir / "model.onnx"), get_arch(tuned["arch"]))
     except (OSError, ValueError) as e:
         print(f"candidates: {args.dir} holds no readable model.onnx and tuned.json ({e})", file=sys.stderr)
         return 2

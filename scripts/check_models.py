@@ -223,15 +223,14 @@ class PlanFacts:
 def group_facts(prefix: Path, arch: str = ARCH) -> PlanFacts:
     """The counts of :class:`PlanFacts` for the plan in ``prefix/tuned.json``."""
     from welder.arch import get_arch
-    from welder.frontend.onnx import import_onnx
     from welder.ir.expr import Binary
-    from welder.pipeline import planned_graph
+    from welder.pipeline import planned_import
     from welder.schedule.group import make_group
     from welder.schedule.kinds import Options, mma
     from welder.schedule.kinds.base import ScheduleContext
 
     tuned = json.loads((prefix / "tuned.json").read_text())
-    graph = planned_graph(import_onnx(prefix / "model.onnx"))
+    graph = planned_import(prefix / "model.onnx", get_arch(tuned["arch"]))
     ctx = ScheduleContext(
         lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, get_arch(arch), Options(topk=1)
     )

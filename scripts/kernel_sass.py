@@ -28,10 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from welder.arch import get_arch  # noqa: E402
 from welder.codegen import generate_kernel  # noqa: E402
 from welder.device.gpu import CompileError, GpuUnavailable, compile_cubin  # noqa: E402
-from welder.frontend.onnx import import_onnx  # noqa: E402
-from welder.pipeline import planned_graph  # noqa: E402
+from welder.pipeline import planned_import  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
 from welder.schedule.kinds import config_from_json  # noqa: E402
 
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.dir / name).is_file():
             print(f"kernel_sass: {args.dir / name} does not exist", file=sys.stderr)
             return 2
-    graph = planned_graph(import_onnx(str(args.dir / "model.onnx")))
     tuned = json.loads((args.dir / "tuned.json").read_text())
+    graph = planned_import(str(args.dir / "model.onnx"), get_arch(tuned["arch"]))
     chosen = [g for g in tuned["groups"] if args.group in g["root"] and not g.get("library")]
     if not chosen:
         print(f"kernel_sass: no generated group's root contains {args.group!r}", file=sys.stderr)

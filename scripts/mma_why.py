@@ -24,8 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from welder.arch import get_arch  # noqa: E402
-from welder.frontend.onnx import import_onnx  # noqa: E402
-from welder.pipeline import planned_graph  # noqa: E402
+from welder.pipeline import planned_import  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
 from welder.schedule.kinds import Options, ScheduleContext, kind, mma  # noqa: E402
 
@@ -40,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--all", action="store_true", help="also list groups that get configs")
     args = parser.parse_args(argv)
-    graph = planned_graph(import_onnx(str(args.dir / "model.onnx")))
     tuned = json.loads((args.dir / "tuned.json").read_text())
+    graph = planned_import(str(args.dir / "model.onnx"), get_arch(tuned["arch"]))
     ctx = ScheduleContext(
         lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, get_arch(args.arch), Options(topk=1)
     )

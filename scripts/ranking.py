@@ -165,7 +165,7 @@ def groups(paths: Iterable[Path]) -> list[GroupRanking]:
 
 def rerank(found: Sequence[GroupRanking], doc: dict, graph: Any) -> list[GroupRanking]:
     """One file's groups with their timed configs placed in today's order: ``doc`` is the
-    tuned.json they came from and ``graph`` the graph it planned (``planned_graph`` of its
+    tuned.json they came from and ``graph`` the graph it planned (``planned_import`` of its
     model).  Groups none of whose timed configs is proposed today are left out."""
     from candidates import same_kernel, tuner_order
 
@@ -285,17 +285,17 @@ def format_worst(found: Sequence[GroupRanking], n: int) -> str:
     return "\n".join(lines)
 
 
-def planned_model(path: Path) -> Any:
-    """The graph ``welder tune`` planned for the model at ``path`` (or its gzipped
+def planned_model(path: Path, arch: str) -> Any:
+    """The graph ``welder tune`` planned on ``arch`` for the model at ``path`` (or its gzipped
     skeleton: ``scripts/model_skeleton.py``)."""
     from model_skeleton import load
 
-    from welder.frontend.onnx import import_onnx
-    from welder.pipeline import planned_graph
+    from welder.arch import get_arch
+    from welder.pipeline import planned_import
 
     if not path.is_file():
         raise OSError("no such file")
-    return planned_graph(import_onnx(load(path), name=path.name.split(".")[0]))
+    return planned_import(load(path), get_arch(arch), name=path.name.split(".")[0])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -322,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in paths if args.rerank else ():
         model = Path(args.model) if args.model else path.parent / "model.onnx"
         try:
-            found += rerank(groups([path]), read_tuned(path), planned_model(model))
+            doc = read_tuned(path)
+            found += rerank(groups([path]), doc, planned_model(model, doc["arch"]))
         except (OSError, ValueError, DecodeError, WelderError) as e:
             print(f"ranking: --rerank needs {model}, the model {path} was tuned from ({e})", file=sys.stderr)
             return 2

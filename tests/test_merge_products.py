@@ -21,7 +21,7 @@ from welder.arch import get_arch
 from welder.check import error_metric, onnxruntime_outputs, threshold_for
 from welder.frontend.onnx import import_onnx
 from welder.frontend.passes import merge_sibling_products, simplify
-from welder.pipeline import merge_limit
+from welder.pipeline import merge_limit, planned_import
 
 WIDTHS = (16, 24, 8)
 
@@ -185,3 +185,6 @@ def test_tune_merges_products_too_small_to_fill_the_gpu(tmp_path, batch: int) ->
     products = sum("MatMul" in g["ops"] for g in doc["groups"])  # a group holds at most one
     apart = 5 * batch * max(WIDTHS) > merge_limit(get_arch("H100"))
     assert products == (3 if apart else 1)
+    # The tools that rebuild a tune's groups from its model (ranking, candidates) see its graph.
+    graph = planned_import(model, get_arch(doc["arch"]))
+    assert {m for g in doc["groups"] for m in g["members"]} <= set(graph.nodes)

@@ -245,10 +245,10 @@ def test_ranking_script_reranks_a_tune_by_its_model(bert_prefix: Path, tmp_path:
     assert ranking.main([str(bert_prefix / "tuned.json"), "--rerank"]) == 0
     table = capsys.readouterr().out
     assert "tune -> now" in table
-    from welder.frontend.onnx import import_onnx
-    from welder.pipeline import planned_graph
+    from welder.arch import get_arch
+    from welder.pipeline import planned_import
 
-    graph = planned_graph(import_onnx(bert_prefix / "model.onnx"))
+    graph = planned_import(bert_prefix / "model.onnx", get_arch(doc["arch"]))
     found = ranking.rerank(ranking.groups([bert_prefix / "tuned.json"]), doc, graph)
     assert found and all(g.reranked == g.ranks for g in found)
     # candidates.py shows the tune's own times beside the proposals it timed (the fake GPU

@@ -306,10 +306,6 @@ def test_warpgroups_taking_turns_match_the_interpreter(label: str) -> None:
     assert _run(graph, group, chosen, feeds, launches=2) == []
 
 
-def _smem_end(st: WgmmaConfig) -> int:
-    return st.staging_offset + st.staging_bytes
-
-
 def test_warpgroups_take_turns_where_blocks_are_persistent() -> None:
     """Every persistent TMA-stored config of two consumer warpgroups and no cluster has a
     twin taking turns: a family of its own (so a tune measures it), its slots holding one
@@ -342,9 +338,9 @@ def test_warpgroups_take_turns_where_blocks_are_persistent() -> None:
         assert len(mine) == (st.warpgroups == 2 and not st.multicast and st.tma_store), st
         for cfg in mine:
             depth = cfg.stages[0].pipeline
-            assert depth >= st.pipeline and _smem_end(cfg.stages[0]) <= _smem_end(st)
+            assert depth >= st.pipeline and cfg.stages[0].staging_end <= st.staging_end
             if deeper[depth] is not None:
-                assert _smem_end(replace(cfg.stages[0], pipeline=deeper[depth])) > _smem_end(st)
+                assert replace(cfg.stages[0], pipeline=deeper[depth]).staging_end > st.staging_end
             assert cfg.estimate.latency_us >= twin.estimate.latency_us
             twinned.add(id(cfg))
     assert twinned == {id(c) for c in turns}

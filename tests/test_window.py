@@ -49,12 +49,14 @@ def _depthwise(
     pad: int = 1,
     dilation: int = 1,
     before: str = "",
+    draw: bool = True,
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A depthwise Conv with bias and ReLU6 after it; ``before`` puts a producer in front,
     which the window's values inline: ``"relu"``, or ``"shift+clip"`` (a per-channel Add
-    and a Clip: loads free of the window, which the stage reads once per row)."""
+    and a Clip: loads free of the window, which the stage reads once per row).  Without
+    ``draw`` the input is a zero-stride view of one zero (a batch-64 tensor's model only)."""
     channels = shape[1]
-    x = RNG.standard_normal(shape).astype(dtype)
+    x = RNG.standard_normal(shape).astype(dtype) if draw else np.broadcast_to(np.zeros((), dtype), shape)
     consts = {
         "w": (RNG.standard_normal((channels, 1, kernel, kernel)) / kernel).astype(dtype),
         "b": RNG.standard_normal(channels).astype(dtype),
@@ -257,30 +259,6 @@ def test_window_kernels_load_fewer_values_than_they_multiply(tmp_path: Path) -> 
         assert fmas >= 9 * 8 and loads < fmas * 2 // 3, (loads, fmas)
 
 
-def _depthwise_shape_only(shape: tuple[int, int, int, int]) -> onnx.ModelProto:
-    """:func:`_depthwise`'s model without inputs drawn (a batch-64 tensor is large)."""
-    channels = shape[1]
-    consts = [
-        onnx.numpy_helper.from_array(np.ones((channels, 1, 3, 3), np.float16), "w"),
-        onnx.numpy_helper.from_array(np.ones(channels, np.float16), "b"),
-        onnx.numpy_helper.from_array(np.array(0, np.float16), "lo"),
-        onnx.numpy_helper.from_array(np.array(6, np.float16), "hi"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4, group=channels),
-        helper.make_node("Clip", ["c", "lo", "hi"], ["y"]),
-    ]
-    half = onnx.TensorProto.FLOAT16
-    graph = helper.make_graph(
-        nodes,
-        "depthwise",
-        [helper.make_tensor_value_info("x", half, shape)],
-        [helper.make_tensor_value_info("y", half, shape)],
-        consts,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
 def _simt_configs(model: onnx.ModelProto, topk: int = 12):
     graph = import_onnx(model)
     group = make_group(graph, list(graph.nodes))
@@ -304,7 +282,7 @@ def test_the_search_steps_past_a_ragged_width() -> None:
     assert simt.next_sizes(widths, 56, widths.index(14)) == [widths.index(16), widths.index(28)]
     assert simt.next_sizes(widths, 56, widths.index(8)) == [widths.index(14)]
     assert simt.next_sizes(widths, 56, widths.index(56)) == []
-    _, _, found = _simt_configs(_depthwise_shape_only((64, 144, 56, 56)))
+    _, _, found = _simt_configs(_depthwise((64, 144, 56, 56), draw=False)[0])
     assert _rows_in_vectors(found[0]), found[0]
     narrow = [c.estimate.latency_us for c in found if c.block_tile[-1] == 14]
     assert all(found[0].estimate.latency_us < e for e in narrow)

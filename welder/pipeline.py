@@ -143,9 +143,7 @@ def tune(
     arch = get_arch(options.arch)
     _check_cuda_arch(options)
     device = MemoryLimit(arch.memory_bytes, f"device memory of the {arch.name} (--arch)")
-    graph = planned_graph(
-        import_onnx(proto, options.input_shapes, Path(model).stem, device, merge_limit(arch))
-    )
+    graph = planned_import(proto, arch, options.input_shapes, Path(model).stem, device)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -160,6 +158,20 @@ def merge_limit(arch: Arch) -> int:
     0.55 -> 0.43 ms); above it each part fills the GPU alone and the merged output leaves L2
     sooner (BERT at batch 64: 1.5% slower), docs/tensor_cores.md."""
     return arch.sm_count * 128 * 128
+
+
+def planned_import(
+    model: str | os.PathLike | onnx.ModelProto,
+    arch: Arch,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    name: str | None = None,
+    memory: MemoryLimit | None = None,
+) -> Graph:
+    """The graph ``welder tune`` plans for ``model`` on ``arch``: imported with the arch's
+    :func:`merge_limit`, then :func:`planned_graph`.  Tools that rebuild a tune's groups from
+    its ``model.onnx`` take it from here, with ``tuned.json``'s arch, so that they see the
+    graph the tune saw."""
+    return planned_graph(import_onnx(model, input_shapes, name, memory, merge_limit(arch)))
 
 
 def planned_graph(graph: Graph) -> Graph:

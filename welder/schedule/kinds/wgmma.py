@@ -191,6 +191,11 @@ class WgmmaConfig(MmaConfig):
     def staging_bytes(self) -> int:
         return self.block_m * self.block_n * ELEM_BYTES if self.tma_store else 0
 
+    @property
+    def staging_end(self) -> int:
+        """Byte offset where the TMA-stored variant's shared memory ends."""
+        return self.staging_offset + self.staging_bytes
+
 
 def _deepest_turns(twin: WgmmaConfig) -> WgmmaConfig:
     """``twin`` with its warpgroups taking turns, on the deepest ring that fits in the shared
@@ -198,11 +203,10 @@ def _deepest_turns(twin: WgmmaConfig) -> WgmmaConfig:
     slice's work (one warpgroup's rows of A), so as many slots hold half the work in flight:
     at the twin's depth the turns lost in every group measured (docs/tensor_cores.md,
     "Warpgroups taking turns"); 256 x 128 tiles go from 3 slots to 4."""
-    end = twin.staging_offset + twin.staging_bytes
     turns = replace(twin, pingpong=True)
     for depth in PIPELINES:
         deeper = replace(twin, pingpong=True, pipeline=depth)
-        if depth > turns.pipeline and deeper.staging_offset + deeper.staging_bytes <= end:
+        if depth > turns.pipeline and deeper.staging_end <= twin.staging_end:
             turns = deeper
     return turns
 
@@ -247,7 +251,7 @@ class WgmmaKind(MmaKind):
     def ring_bytes(self, cfg: MmaConfig, con: Contraction) -> int:
         assert isinstance(cfg, WgmmaConfig) and con.fmt.elem_bytes == ELEM_BYTES
         if cfg.tma_store:
-            return cfg.staging_offset + cfg.staging_bytes - cfg.pipeline_offset
+            return cfg.staging_end - cfg.pipeline_offset
         return cfg.slots_bytes + (cfg.barriers * MBARRIER_BYTES if cfg.producer else 0)
 
     def output_variants(self, cfg: MmaConfig, group: Group, con: Contraction) -> list[MmaConfig]:
