@@ -49,6 +49,9 @@ from run_torch import CAPTURE_FALLBACK, TORCH_SYSTEMS, TimingPlan, load, tf32_al
 from welder.export import INPUTS_NPZ  # noqa: E402
 
 SYSTEMS = ("welder", "eager", "compile", "compile-max-autotune", "onnxruntime")
+#: The tune's stderr (its log: a line a group tuned, each after the seconds it came at),
+#: beside the tuned.json it writes.
+TUNE_LOG = "tune.log"
 PEERS = ("eager", "compile", "compile-max-autotune", "onnxruntime")
 #: Row precisions and the dtype each exports.  ``fp32`` is exact fp32 for every system (torch's
 #: TF32 switches off, welder on CUDA cores); ``tf32`` is the same fp32 model with TF32 allowed
@@ -216,7 +219,9 @@ def tune_and_build(prefix: Path, options: WelderOptions) -> tuple[float, float]:
     env = welder_env(options)
     start = time.perf_counter()
     progress(prefix.name, f"welder tune {' '.join(options.tune_args)}".rstrip() + " ...")
-    _python(["-m", "welder.cli", *welder_tune_command(prefix, options)], options.timeout_s, env)
+    _python(
+        ["-m", "welder.cli", *welder_tune_command(prefix, options)], options.timeout_s, env, prefix / TUNE_LOG
+    )
     tuned = time.perf_counter()
     progress(prefix.name, f"tuned in {tuned - start:.0f} s")
     if not _has_flag(options.tune_args, "--no-build"):
@@ -343,10 +348,12 @@ def run_main_test(
     return summary[2], None
 
 
-def _python(args: Sequence[str], timeout_s: float, extra_env: dict[str, str] | None = None) -> str:
+def _python(
+    args: Sequence[str], timeout_s: float, extra_env: dict[str, str] | None = None, log: Path | None = None
+) -> str:
     """Run this Python with the project importable; stdout, or an error with the tail of
-    stderr (where welder explains itself)."""
-    proc = _run_child([sys.executable, *args], timeout_s, extra_env)
+    stderr (where welder explains itself; written to ``log`` as it comes, where given)."""
+    proc = _run_child([sys.executable, *args], timeout_s, extra_env, log)
     if proc.returncode != 0:
         raise RuntimeError(f"exit {proc.returncode}: {_tail(proc, 3)}")
     return proc.stdout
@@ -357,22 +364,28 @@ class StepTimeout(RuntimeError):
 
 
 def _run_child(
-    command: Sequence[str], timeout_s: float, extra_env: dict[str, str] | None = None
+    command: Sequence[str], timeout_s: float, extra_env: dict[str, str] | None = None, log: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """One child step in the project root, this checkout's welder first on the path.  It
     leads its own process group, so a timeout stops what it started too (nvcc, Inductor's
-    compile workers), not the child alone."""
+    compile workers), not the child alone.  With ``log``, stderr goes to that file as it is
+    written, so a step killed part way (a timeout, a machine taken back) leaves what it
+    said; the result's stderr is the file's text."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, **(extra_env or {}))
-    with subprocess.Popen(
-        list(command),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    ) as proc:
+    with contextlib.ExitStack() as stack:
+        stderr = subprocess.PIPE if log is None else stack.enter_context(open(log, "w"))
+        proc = stack.enter_context(
+            subprocess.Popen(
+                list(command),
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,
+            )
+        )
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -382,6 +395,8 @@ def _run_child(
         except BaseException:
             stop_group(proc)
             raise
+    if log is not None:
+        err = log.read_text(errors="replace")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

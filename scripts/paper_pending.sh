@@ -15,7 +15,8 @@
 # artifacts/results/<GPU>/ to commit it.  Each welder build's tuned.json (every group's
 # measured and predicted latency, every config it timed) comes back beside it in tuned.tar
 # (one file, as a machine may return only a few), gzipped, as
-# tuned/tuned_<variant>_<case>.json.gz, with each case's model as a skeleton
+# tuned/tuned_<variant>_<case>.json.gz, its log (the tune's stderr, a line a group, also of a
+# tune cut short) as tuned/log_<variant>_<case>.txt.gz, with each case's model as a skeleton
 # (tuned/model_<case>.onnx.gz, scripts/model_skeleton.py): what scripts/calibration.py,
 # scripts/ranking.py --rerank and a look at the slowest kernels read, kept out of the
 # state a next run carries.
@@ -59,6 +60,11 @@ copy.parent.mkdir(parents=True, exist_ok=True)
 if db.is_file():  # the cache is in WAL mode: a backup is consistent, a file copy may not be
     with sqlite3.connect(db) as source, sqlite3.connect(copy) as target:
         source.backup(target)
+for path in sorted(runs.glob("*/*/tune.log")):  # also a tune cut short: where its time went
+    record = tuned / f"log_{path.parent.parent.name}_{path.parent.name}.txt.gz"
+    if not record.is_file() or record.stat().st_mtime < path.stat().st_mtime:
+        tuned.mkdir(parents=True, exist_ok=True)
+        record.write_bytes(compress(path.read_bytes(), compresslevel=9, mtime=0))
 for path in sorted(runs.glob("*/*/tuned.json")):
     record = tuned / f"tuned_{path.parent.parent.name}_{path.parent.name}.json.gz"
     if not record.is_file() or record.stat().st_mtime < path.stat().st_mtime:

@@ -401,6 +401,17 @@ def test_a_child_step_stops_with_what_it_started(tmp_path: Path) -> None:
     assert not _alive(pid)
 
 
+def test_a_logged_step_leaves_what_it_said_when_stopped(tmp_path: Path) -> None:
+    """A step's log (the tune's) holds its stderr as written: a step stopped part way leaves
+    the lines it wrote before, and one that ends returns the file's text as its stderr."""
+    log = tmp_path / "tune.log"
+    with pytest.raises(benchmark.StepTimeout):
+        benchmark._run_child(["sh", "-c", "echo 'group 1 tuned' >&2; sleep 60"], 1.0, log=log)
+    assert log.read_text() == "group 1 tuned\n"
+    done = benchmark._run_child(["sh", "-c", "echo out; echo err >&2; exit 3"], 10.0, log=log)
+    assert (done.returncode, done.stdout, done.stderr, log.read_text()) == (3, "out\n", "err\n", "err\n")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -895,7 +906,7 @@ def test_each_long_step_of_a_case_says_when_it_ends(
     prefix = tmp_path / "restormer_b64_fp32"
     prefix.mkdir()
     steps: list[str] = []
-    monkeypatch.setattr(benchmark, "_python", lambda args, timeout_s, env=None: steps.append(args[2]) or "")
+    monkeypatch.setattr(benchmark, "_python", lambda args, *_, **__: steps.append(args[2]) or "")
     options = benchmark.WelderOptions(tune_args=("--topk", "4"))
     benchmark.tune_and_build(prefix, options)
     assert steps == ["tune", "build"]

@@ -308,12 +308,22 @@ class _StderrHandler(logging.Handler):
             self.handleError(record)
 
 
+class _Elapsed(logging.Formatter):
+    """A message after the seconds since the process started: where a long tune spends its
+    time, read from its log alone."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"[{record.relativeCreated / 1e3:6.1f} s] {super().format(record)}"
+
+
 def _log_tuning_to_stderr() -> None:
     """Show the tuner's messages on stderr, unless logging is configured already (then a
     handler of ours would print every message a second time)."""
     logger = logging.getLogger("welder.tune")
     if not logger.hasHandlers():
-        logger.addHandler(_StderrHandler())
+        handler = _StderrHandler()
+        handler.setFormatter(_Elapsed())
+        logger.addHandler(handler)
         logger.setLevel(logging.INFO)
 
 

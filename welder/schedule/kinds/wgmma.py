@@ -24,7 +24,9 @@ recognition, root tile, later stages, split-K and estimate) with other data:
   transpose flag, which fp16 and bf16 have (TF32 has not);
 - a persistent block of two consumer warpgroups may have them take turns (``pingpong``):
   each multiplies its half of a tile from slices of its own rows while the other runs its
-  epilogue.
+  epilogue.  The rule does not propose it: it measured slower than its twin in every group
+  timed, and on deeper rings it hung on the GPU (docs/tensor_cores.md, "Warpgroups taking
+  turns"); the kernel form stays for configs that ask for it.
 
 The instructions exist on compute capability 9.0 only (``sm_90a``: not on later GPUs), so
 the rule proposes nothing elsewhere; kernels holding them are compiled for ``sm_90a``.
@@ -197,20 +199,6 @@ class WgmmaConfig(MmaConfig):
         return self.staging_offset + self.staging_bytes
 
 
-def _deepest_turns(twin: WgmmaConfig) -> WgmmaConfig:
-    """``twin`` with its warpgroups taking turns, on the deepest ring that fits in the shared
-    memory the twin's ring, barriers and staging take.  A turn's slice carries half of a
-    slice's work (one warpgroup's rows of A), so as many slots hold half the work in flight:
-    at the twin's depth the turns lost in every group measured (docs/tensor_cores.md,
-    "Warpgroups taking turns"); 256 x 128 tiles go from 3 slots to 4."""
-    turns = replace(twin, pingpong=True)
-    for depth in PIPELINES:
-        deeper = replace(twin, pingpong=True, pipeline=depth)
-        if depth > turns.pipeline and deeper.staging_end <= twin.staging_end:
-            turns = deeper
-    return turns
-
-
 def _producer(cfg: MmaConfig) -> bool:
     """Whether ``cfg`` is the producer variant (the rule's hooks take any tensor-core config)."""
     return isinstance(cfg, WgmmaConfig) and cfg.producer
@@ -316,15 +304,6 @@ class WgmmaKind(MmaKind):
         shared = cfg.shared_rows() if isinstance(cfg, WgmmaConfig) else 0
         turns = cfg.warpgroups if isinstance(cfg, WgmmaConfig) and cfg.pingpong else 1
         return cfg.block_m + cfg.block_n * turns - shared // CLUSTER
-
-    def resident_variants(self, cfg: MmaConfig) -> list[MmaConfig]:
-        # Two consumer warpgroups may take turns (pingpong), where no
-        # cluster shares a slice (a multicast slot is filled for both halves at once) and the
-        # tile leaves through TMA stores: with an epilogue stored directly (Swish), ptxas
-        # serialised the wgmmas of the turn-taking kernel (C7514), not of its twin.
-        if not isinstance(cfg, WgmmaConfig) or cfg.warpgroups != 2 or cfg.multicast:
-            return [cfg]
-        return [cfg, _deepest_turns(cfg)] if cfg.tma_store else [cfg]
 
     def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
         if _producer(cfg):
