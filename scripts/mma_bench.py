@@ -111,7 +111,7 @@ def bench_configs(kind_name: str, proposed: list, candidates: int, tiles: int) -
     """Of one kind's proposals (best first), the configs to time: the best ``candidates`` of
     each family (the TMA family's persistent or launch-per-tile, clustered or lone,
     TMA-stored or directly stored ones apart; split-K; the ffma kind's sixteen-warp
-    blocks; warpgroups taking turns), then the best of ``tiles`` other block and warp
+    blocks), then the best of ``tiles`` other block and warp
     tiles, beyond the model's favourites."""
     configs = [c for c in proposed if c.stages[0].family == kind_name][:candidates]
     tma: dict[tuple[bool, int, bool], list] = {}
@@ -152,7 +152,6 @@ def describe(cfg) -> str:
         + (f" persistent {st.persistent}" if st.persistent else "")
         + (f" cluster {st.cluster} shares {st.multicast.upper()}" if st.cluster > 1 else "")
         + (" tma-store" if getattr(st, "tma_store", False) else "")
-        + (" pingpong" if getattr(st, "pingpong", False) else "")
     )
 
 

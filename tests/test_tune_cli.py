@@ -343,7 +343,13 @@ def test_tune_reports_prediction_kernel_sum_and_end_to_end_latency(
 
     _fake_gpu(bert_prefix, tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(pipeline, "_build", lambda out, options, notes: out / "build")
-    monkeypatch.setattr(pipeline, "time_runtime", lambda prefix: RuntimeTiming(123.0, 125.5, 50, 10))
+    limits: list[float] = []
+
+    def timed(prefix: Path, timeout_s: float) -> RuntimeTiming:
+        limits.append(timeout_s)
+        return RuntimeTiming(123.0, 125.5, 50, 10)
+
+    monkeypatch.setattr(pipeline, "time_runtime", timed)
     assert main(["tune", str(bert_prefix), "--arch", "H100", "--topk", "2"]) == 0
     out = capsys.readouterr().out
     doc = json.loads((bert_prefix / "tuned.json").read_text())
@@ -352,6 +358,9 @@ def test_tune_reports_prediction_kernel_sum_and_end_to_end_latency(
     assert "median of 50 runs" in totals["runtime_timing"]
     kernels_us = sum(g["measured_latency_us"] for g in doc["groups"])
     assert totals["measured_kernels_us"] == pytest.approx(kernels_us, abs=1e-2)
+    # A runtime that hangs costs its start and twenty times its inferences, not ten minutes.
+    inferences_s = 20 * 60 * totals["measured_kernels_us"] * 1e-6
+    assert limits == [pytest.approx(pipeline.RUNTIME_START_S + inferences_s)]
     assert totals["predicted_latency_us"] == pytest.approx(
         sum(g["predicted_latency_us"] for g in doc["groups"]), abs=1e-2
     )
@@ -367,7 +376,7 @@ def test_tune_reports_prediction_kernel_sum_and_end_to_end_latency(
     assert total == pytest.approx(totals["total_seconds"], abs=0.051)
     assert totals["tuning_seconds"] <= totals["total_seconds"]
 
-    def broken(prefix: Path) -> RuntimeTiming:
+    def broken(prefix: Path, timeout_s: float) -> RuntimeTiming:
         raise WelderError("`welder run` failed (exit 2): no GPU")
 
     monkeypatch.setattr(pipeline, "time_runtime", broken)

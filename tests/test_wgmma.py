@@ -16,15 +16,12 @@ import subprocess
 from dataclasses import replace
 
 import pytest
-from onnx import helper
-from onnx_util import make_model
 from test_mma import (
     CASES,
     SPLIT_CASES,
     _attention_scores,
     _broadcast_batch,
     _context,
-    _h,
     _matmul,
     _run,
     _whole_group,
@@ -247,73 +244,6 @@ def test_persistent_variant_where_tiles_take_several_waves() -> None:
         assert not any(c.stages[0].persistent for c in _configs(small, topk=1000)[3]), small
 
 
-def _swish(m: int, k: int, n: int) -> tuple:
-    """A product with a bias and Swish on its accumulators (Conformer's feed-forward)."""
-    x = _h(m, k)
-    nodes = [
-        helper.make_node("MatMul", ["x", "w"], ["p"]),
-        helper.make_node("Add", ["p", "b"], ["z"]),
-        helper.make_node("Sigmoid", ["z"], ["s"]),
-        helper.make_node("Mul", ["z", "s"], ["y"]),
-    ]
-    return make_model(nodes, {"x": x}, ["y"], {"w": _h(k, n), "b": _h(n)}, opset=17), {"x": x}
-
-
-def _taking_turns(cfg: GroupConfig, blocks: int) -> GroupConfig:
-    return replace(cfg, stages=[replace(cfg.stages[0], persistent=blocks, pingpong=True)])
-
-
-#: The turn-taking cases: the persistent ones, an epilogue on the accumulators, and tiles of
-#: 256 rows (two m64 pieces a warpgroup).
-TURN_CASES = {
-    **PERSISTENT_CASES,
-    "bias and Swish on the accumulators": lambda: _swish(264, 128, 136),
-    "two m64 pieces a warpgroup": lambda: _matmul(520, 128, 136),
-}
-
-
-@needs_emulator
-@pytest.mark.parametrize("label", list(TURN_CASES))
-def test_warpgroups_taking_turns_match_the_interpreter(label: str) -> None:
-    """Two or three persistent blocks whose two consumer warpgroups take turns, each
-    multiplying its half of a tile from slices of its own rows of A while the other runs
-    its epilogue: one and two m64 pieces a warpgroup, the shallowest and deepest rings, direct
-    and TMA stores; launched twice.  A turn taken before the other warpgroup has waited for
-    its last slice lets a slot's copies run two rounds ahead of a waiter, whose parity wait
-    then passes on the old phase: the emulator reports the read of a slice not landed."""
-    graph, group, feeds, configs = _configs(TURN_CASES[label]())
-    two = [
-        c
-        for c in configs
-        if c.stages[0].producer
-        and not (c.stages[0].persistent or c.stages[0].multicast)
-        and c.stages[0].splits == 1
-        and c.stages[0].warpgroups == 2
-        and c.num_blocks > 3
-    ]
-    assert two, "every block walks more than one tile"
-    rings = {c.stages[0].pipeline: c for c in reversed(two)}
-    chosen = [_taking_turns(rings[min(rings)], 2), _taking_turns(rings[max(rings)], 3)]
-    stored = {c.stages[0].tma_store for c in chosen}
-    chosen += [_taking_turns(c, 2) for c in two if c.stages[0].tma_store not in stored][:1]
-    if label == "two m64 pieces a warpgroup":
-        chosen = [_taking_turns(c, 2) for c in two if c.stages[0].wg_m == 128][:2]
-        assert len(chosen) == 2
-    source = generate_kernel(graph, group, chosen[0], "probe").source
-    assert "welder_mbarrier_wait(turn + wg" in source and "const int half = " in source
-    assert _run(graph, group, chosen, feeds, launches=2) == []
-
-
-def test_no_proposal_takes_turns() -> None:
-    """The rule proposes no turn-taking config, not even where blocks are persistent and two
-    consumer warpgroups store through TMA (the form's only home): the turns measured slower
-    than their twins in every group timed, and on deeper rings they hung on the GPU."""
-    configs = _configs(_matmul(8192, 768, 3072), topk=1000)[3]
-    persistent = [c for c in configs if c.stages[0].persistent]
-    assert any(c.stages[0].warpgroups == 2 and c.stages[0].tma_store for c in persistent)
-    assert not any(c.stages[0].pingpong for c in configs)
-
-
 #: Products whose blocks pair up in clusters sharing A or B: both major-nesses of both
 #: operands (a shared K-major slice is halved by rows, an MN-major one by panels), ragged
 #: edges, a batch.
@@ -493,29 +423,6 @@ def test_generated_kernels_compile_to_wgmma(tmp_path) -> None:
     assert spills and all(int(s) == 0 for s in spills), done.stderr
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_turn_taking_kernels_keep_their_wgmmas_asynchronous() -> None:
-    """ptxas builds every turn-taking kernel of a BERT-sized product and of one with Swish
-    on its accumulators without serialising the wgmmas (its C7514 warning: an instruction
-    reading the accumulators inside a wgmma's pipeline stage) and without spills."""
-    from welder.device.gpu import compile_cubin
-
-    for model in (_matmul(8192, 768, 3072), _swish(8192, 512, 2048)):
-        graph, group, _, configs = _configs(model, topk=1000)
-        shapes = {}
-        for c in configs:
-            st = c.stages[0]
-            if st.persistent and st.warpgroups == 2 and st.tma_store and not st.multicast:
-                shapes.setdefault((st.block, st.pipeline), _taking_turns(c, st.persistent))
-        assert len(shapes) >= 5
-        kernels = [generate_kernel(graph, group, c, f"turns{i}") for i, c in enumerate(shapes.values())]
-        report: list[str] = []
-        compile_cubin([k.source for k in kernels], "sm_90a", options=["-Xptxas", "-v"], report=report.append)
-        assert "C7514" not in report[0], report[0]
-        spills = re.findall(r"(\d+) bytes spill stores", report[0])
-        assert len(spills) == len(kernels) and all(int(s) == 0 for s in spills), report[0]
-
-
 def test_runtime_with_wgmma_kernels_builds_for_sm_90a(tmp_path) -> None:
     """A runtime holding a wgmma kernel compiles it for sm_90a and refuses, at configure
     time and naming the reason, an architecture other than 9.0; one without wgmma kernels
@@ -559,14 +466,7 @@ def test_runtime_with_wgmma_kernels_builds_for_sm_90a(tmp_path) -> None:
     assert done.returncode != 0 and "compute capability 9.0 only" in done.stderr.replace("\n", " ")
 
 
-def _turn_taking(st: WgmmaConfig) -> bool:
-    """A config the chain runs as two persistent blocks whose warpgroups take turns."""
-    return st.producer and st.tma_store and st.warpgroups == 2 and not st.multicast
-
-
-#: One chained product's config each, so that the kernel files hold every form a launch can
-#: take from another translation unit: opted-in shared memory, split-K's device globals, TMA
-#: maps, TMA stores, clusters of two and warpgroups taking turns.
+#: maps, TMA stores and clusters of two.
 CHAIN_VARIANTS = (
     lambda st: not st.producer and st.splits == 1,
     lambda st: not st.producer and st.splits == 2,
@@ -575,13 +475,12 @@ CHAIN_VARIANTS = (
     lambda st: st.multicast == "a" and not st.tma_store,
     lambda st: st.multicast == "b" and st.tma_store,
     lambda st: st.producer and not st.multicast and not st.tma_store,
-    _turn_taking,
     lambda st: not st.producer and st.splits == 1,
 )
 
 
 def _wgmma_chain(prefix):
-    """Nine chained fp16 products, each its own group and wgmma kernel (CHAIN_VARIANTS), as a
+    """Eight chained fp16 products, each its own group and wgmma kernel (CHAIN_VARIANTS), as a
     runtime emitted for sm_90 into ``prefix``: (graph, feeds, runtime folder, spec)."""
     import numpy as np
     from onnx import helper
@@ -605,8 +504,6 @@ def _wgmma_chain(prefix):
     for node, wanted in zip(graph.nodes, CHAIN_VARIANTS):
         group = make_group(graph, [node])
         cfg = next(c for c in wgmma.KIND.propose(group, ctx) if wanted(c.stages[0]))
-        if wanted is _turn_taking:
-            cfg = _taking_turns(cfg, 2)
         groups.append((group, cfg))
     kernels = generate_model(graph, groups)
     out = emit_runtime(prefix, graph, groups, kernels, "90")

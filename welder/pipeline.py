@@ -37,6 +37,8 @@ from welder.schedule.plan import Plan, plan_model, tuned_json, write_json
 from welder.tune.cache import TuningCache
 from welder.tune.tuner import tune_model
 
+log = logging.getLogger("welder.tune")
+
 
 @dataclass
 class TuneOptions:
@@ -214,7 +216,7 @@ def _tune_into(
     build_start = time.perf_counter()
     built = _build(out, options, notes)
     build_seconds = time.perf_counter() - build_start
-    runtime = _time_built(out, options, notes) if built is not None else None
+    runtime = _time_built(out, options, notes, plan.measured_kernels_us) if built is not None else None
     doc = tuned_json(plan, graph)
     doc["precision"] = options.precision
     doc["kinds"] = list(options.kinds)  # what proposed the candidates (scripts/ranking.py --rerank)
@@ -353,16 +355,36 @@ RUNTIME_WARMUP = 10
 _MEDIAN = re.compile(r"^median (\S+) ms$", re.M)
 
 
-def _time_built(out: Path, options: TuneOptions, notes: list[str]) -> RuntimeTiming | None:
+def _time_built(
+    out: Path, options: TuneOptions, notes: list[str], kernels_us: float | None
+) -> RuntimeTiming | None:
     """The built runtime's end-to-end latency, when a GPU is here to run it; a runtime that
-    fails to run is a note, not a failed tune (the build and tuned.json are still good)."""
+    fails to run is a note, not a failed tune (the build and tuned.json are still good).
+    ``kernels_us`` (the plan's kernels, timed one by one) bounds how long that may take."""
     if not options.time_runtime or (options.cost_model and shutil.which("nvidia-smi") is None):
         return None
+    timeout_s = runtime_timeout_s(kernels_us)
+    log.info("timing the runtime: `welder run %s` (at most %.0f s)", out, timeout_s)
     try:
-        return time_runtime(out)
+        return time_runtime(out, timeout_s=timeout_s)
     except WelderError as e:
         notes.append(f"runtime not timed: {e}")
         return None
+
+
+#: What starting a runtime may take before its first inference: CUDA, the weights, the graph.
+RUNTIME_START_S = 120.0
+
+
+def runtime_timeout_s(
+    kernels_us: float | None, iters: int = RUNTIME_ITERS, warmup: int = RUNTIME_WARMUP
+) -> float:
+    """How long timing a runtime may take: its start, then twenty times the inferences at the
+    kernels' own times.  A kernel that hangs only in the runtime (the tuner timed it alone,
+    and well) then costs the tune two minutes, not ten."""
+    if kernels_us is None:
+        return 600.0
+    return RUNTIME_START_S + 20 * (iters + warmup) * kernels_us * 1e-6
 
 
 def time_runtime(

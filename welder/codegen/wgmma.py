@@ -113,10 +113,9 @@ class WgmmaStageCtx(ContractionStageCtx):
     b: _Operand
     producer: bool  # TMA copies issued by a producer warpgroup (see the template)
     consumers: int  # threads of the warpgroups that multiply
-    barriers: str | None  # the producer variant's mbarriers: full[pipeline], empty[pipeline], turn[2]
+    barriers: str | None  # the producer variant's mbarriers: full[pipeline], empty[pipeline]
     persistent: bool = False  # the block walks tiles; the template's setup runs once before them
     cluster: int = 1  # blocks per cluster (2: the multicast variant)
-    pingpong: bool = False  # the consumer warpgroups take turns, one half of a tile each
     releases: int = 0  # arrivals that free a slot: each warp that multiplied it (of the cluster)
     # The TMA store (WgmmaConfig.tma_store): the output's map, its rank, the staging view,
     # and the map coordinates of the block's batch axes after N and M.
@@ -133,7 +132,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
     assert st.pipeline_offset % ATOM_BYTES == 0, "the policy places the ring on an atom"
     o = [kb.origin_name(k, d) for d in range(len(con.compute.axes))]
     dtype = con.compute.dtype
-    a_elems, b_elems = st.a_rows * BLOCK_K, st.block_n * BLOCK_K
+    a_elems, b_elems = st.block_m * BLOCK_K, st.block_n * BLOCK_K
     a_view, b_view = f"wgmma{k}_a", f"wgmma{k}_b"
     kb.add_view(a_view, dtype, st.pipeline_offset, st.pipeline * a_elems)
     b_offset = st.pipeline_offset + st.pipeline * a_elems * con.fmt.elem_bytes
@@ -163,8 +162,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> WgmmaStageCtx:
         barriers=barriers,
         persistent=bool(st.persistent),
         cluster=st.cluster,
-        pingpong=st.pingpong,
-        releases=(1 if st.pingpong else st.warpgroups * st.cluster) * 4,
+        releases=st.warpgroups * st.cluster * 4,
         **(_tma_store(kb, k, st, con, o) if st.tma_store else {}),
     )
 
@@ -210,8 +208,7 @@ def _tma(
     # A stride of 0 (an axis of extent 1) would be refused; any multiple of 16 bytes will do.
     strides = tuple(op.strides.get(n, 0) * item or 16 for n in names[1:])
     batch = [origins[d] for d in con.batch_axes if con.compute.axes[d].name in names[2:]]
-    # Taking turns, a slot holds one warpgroup's rows of A: those of the producer's `half`.
-    own0 = f"{out.fixed_origin} + half * {st.wg_m}" if st.pingpong and out.name == "a" else out.fixed_origin
+    own0 = out.fixed_origin
     out.multicast = st.multicast == out.name
     parts = st.cluster if out.multicast else 1
 
@@ -228,7 +225,7 @@ def _tma(
 
     if out.k_rows:  # [k][own]: panels of 64 columns
         box = (64, BLOCK_K, *(1 for _ in batch))
-        panels = (st.a_rows if out.name == "a" else st.block_n) // 64 // parts
+        panels = (st.block_m if out.name == "a" else st.block_n) // 64 // parts
         loads = []
         for p in range(panels):
             dst, own = at(panels * 64, p * 64)
@@ -253,7 +250,7 @@ def _operand(
     origins: list[str],
 ) -> _Operand:
     """``role`` is the operand's own output axis: ``"m"`` for A, ``"n"`` for B."""
-    block = st.a_rows if role == "m" else st.block_n
+    block = st.block_m if role == "m" else st.block_n
     extent = con.m if role == "m" else con.n
     k_rows = op.contiguous == role
     if k_rows:

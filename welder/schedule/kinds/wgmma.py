@@ -21,12 +21,7 @@ recognition, root tile, later stages, split-K and estimate) with other data:
   the ``wgmma`` group that read it has completed (``wgmma.wait_group 1`` keeps one in flight);
 - an operand may be K-major (rows along M or N, A as ``[m][k]``, B as ``[n][k]``) or
   MN-major (rows along K: a ``[k][n]`` weight), the latter through the instruction's
-  transpose flag, which fp16 and bf16 have (TF32 has not);
-- a persistent block of two consumer warpgroups may have them take turns (``pingpong``):
-  each multiplies its half of a tile from slices of its own rows while the other runs its
-  epilogue.  The rule does not propose it: it measured slower than its twin in every group
-  timed, and on deeper rings it hung on the GPU (docs/tensor_cores.md, "Warpgroups taking
-  turns"); the kernel form stays for configs that ask for it.
+  transpose flag, which fp16 and bf16 have (TF32 has not).
 
 The instructions exist on compute capability 9.0 only (``sm_90a``: not on later GPUs), so
 the rule proposes nothing elsewhere; kernels holding them are compiled for ``sm_90a``.
@@ -120,12 +115,6 @@ class WgmmaConfig(MmaConfig):
     # 16-row strips of the tile (128-byte-swizzled 64-column panels) and stores them with TMA
     # (see :meth:`WgmmaKind.output_variants`); the stores run on while the warp goes on.
     tma_store: bool = False
-    # The persistent producer variant of two consumer warpgroups taking turns: the producer
-    # fills the ring with the slices of warpgroup 0's rows of a tile (its A rows and all of
-    # B), then warpgroup 1's, so each warpgroup multiplies its half alone while the other
-    # runs its epilogue, and the tensor cores are not idle through an epilogue (GELU or
-    # Swish after a product takes 3-4 us a tile).  B is copied once per half.
-    pingpong: bool = False
 
     @property
     def threads(self) -> int:
@@ -142,12 +131,6 @@ class WgmmaConfig(MmaConfig):
         return self.block_m // self.warpgroups
 
     @property
-    def a_rows(self) -> int:
-        """Rows of A one ring slot holds: the whole block tile's, or one warpgroup's
-        (``pingpong``)."""
-        return self.wg_m if self.pingpong else self.block_m
-
-    @property
     def cluster(self) -> int:
         return CLUSTER if self.multicast else 1
 
@@ -157,8 +140,6 @@ class WgmmaConfig(MmaConfig):
 
     @property
     def family(self) -> str:
-        if self.pingpong:
-            return "wgmma/pingpong"
         if self.producer:
             # The forms only a lone contraction takes (persistent blocks, clusters, TMA
             # stores) apart from the plain one: they tie with it in the estimate and are
@@ -169,18 +150,17 @@ class WgmmaConfig(MmaConfig):
     @property
     def slots_bytes(self) -> int:
         """Bytes of the ring's slots: ``pipeline`` slices of A and of B (16-bit elements)."""
-        return self.pipeline * (self.a_rows + self.block_n) * self.block_k * ELEM_BYTES
+        return self.pipeline * (self.block_m + self.block_n) * self.block_k * ELEM_BYTES
 
     @property
     def barrier_offset(self) -> int:
         """Byte offset of the producer variant's mbarriers in the shared pool: after the ring's
-        slots, ``pipeline`` full ones then ``pipeline`` empty ones (then, taking turns, one a
-        warpgroup: its turn has come)."""
+        slots, ``pipeline`` full ones then ``pipeline`` empty ones."""
         return self.pipeline_offset + self.slots_bytes
 
     @property
     def barriers(self) -> int:
-        return 2 * self.pipeline + (self.warpgroups if self.pingpong else 0)
+        return 2 * self.pipeline
 
     @property
     def staging_offset(self) -> int:
@@ -302,8 +282,7 @@ class WgmmaKind(MmaKind):
 
     def l2_operand_rows(self, cfg: MmaConfig) -> int:
         shared = cfg.shared_rows() if isinstance(cfg, WgmmaConfig) else 0
-        turns = cfg.warpgroups if isinstance(cfg, WgmmaConfig) and cfg.pingpong else 1
-        return cfg.block_m + cfg.block_n * turns - shared // CLUSTER
+        return cfg.block_m + cfg.block_n - shared // CLUSTER
 
     def cost_constants(self, cfg: MmaConfig) -> tuple[float, float]:
         if _producer(cfg):
