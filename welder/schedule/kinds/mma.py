@@ -654,11 +654,6 @@ class MmaKind:
         where its tiles take more than one wave and nothing follows the contraction."""
         return False
 
-    def resident_variants(self, cfg: MmaConfig) -> list[MmaConfig]:
-        """The persistent forms of ``cfg`` (a config with ``persistent`` set): itself, and any
-        other way its blocks may walk their tiles."""
-        return [cfg]
-
     def cluster_variants(
         self, cfg: MmaConfig, con: Contraction, region: Region, grid: tuple[int, ...]
     ) -> list[tuple[MmaConfig, int]]:
@@ -948,14 +943,12 @@ def _placed(
             # so that it wins a tie with the launch-per-tile kernel.
             if lone and estimate.waves > 1 and rule.persistable(shaped):
                 wave = estimate.blocks_per_sm * arch.sm_count // shaped.cluster * shaped.cluster
-                for resident in rule.resident_variants(replace(shaped, persistent=wave)):
-                    again = _estimate(
-                        rule, group, con, resident, later, regions, grid, threads, smem, regs, ctx
-                    )
-                    assert again is not None
-                    found.append(
-                        GroupConfig(group.root, tile, grid, shaped_order, threads, [resident], smem, again)
-                    )
+                resident = replace(shaped, persistent=wave)
+                again = _estimate(rule, group, con, resident, later, regions, grid, threads, smem, regs, ctx)
+                assert again is not None
+                found.append(
+                    GroupConfig(group.root, tile, grid, shaped_order, threads, [resident], smem, again)
+                )
             plain = GroupConfig(
                 group.root, tile, grid, shaped_order, threads, [shaped, *later], smem, estimate
             )
