@@ -60,16 +60,19 @@ copy.parent.mkdir(parents=True, exist_ok=True)
 if db.is_file():  # the cache is in WAL mode: a backup is consistent, a file copy may not be
     with sqlite3.connect(db) as source, sqlite3.connect(copy) as target:
         source.backup(target)
+
+
+def gzip_newer(path: Path, record: Path) -> None:
+    """``record``, a gzipped copy of ``path``, rewritten where ``path`` changed since."""
+    if not record.is_file() or record.stat().st_mtime < path.stat().st_mtime:
+        tuned.mkdir(parents=True, exist_ok=True)
+        record.write_bytes(compress(path.read_bytes(), compresslevel=9, mtime=0))
+
+
 for path in sorted(runs.glob("*/*/tune.log")):  # also a tune cut short: where its time went
-    record = tuned / f"log_{path.parent.parent.name}_{path.parent.name}.txt.gz"
-    if not record.is_file() or record.stat().st_mtime < path.stat().st_mtime:
-        tuned.mkdir(parents=True, exist_ok=True)
-        record.write_bytes(compress(path.read_bytes(), compresslevel=9, mtime=0))
+    gzip_newer(path, tuned / f"log_{path.parent.parent.name}_{path.parent.name}.txt.gz")
 for path in sorted(runs.glob("*/*/tuned.json")):
-    record = tuned / f"tuned_{path.parent.parent.name}_{path.parent.name}.json.gz"
-    if not record.is_file() or record.stat().st_mtime < path.stat().st_mtime:
-        tuned.mkdir(parents=True, exist_ok=True)
-        record.write_bytes(compress(path.read_bytes(), compresslevel=9, mtime=0))
+    gzip_newer(path, tuned / f"tuned_{path.parent.parent.name}_{path.parent.name}.json.gz")
     # the graph the tune planned, for scripts/ranking.py --rerank (weights zeroed: kilobytes)
     skeleton = tuned / f"model_{path.parent.name}.onnx.gz"
     if not skeleton.is_file() and (path.parent / "model.onnx").is_file():

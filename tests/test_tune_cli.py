@@ -182,6 +182,22 @@ def test_inference_session_of_a_prefix_picks_the_built_runtime(
     assert all(r.passed for r in compare(ours, reference)), compare(ours, reference)
 
 
+def test_a_tune_log_line_says_when_it_came(capsys) -> None:
+    """Each line of the tune's log on stderr starts with the seconds since the process began,
+    so a log alone (a tune cut short too) says where its time went."""
+    import logging
+
+    import welder.pipeline as pipeline
+
+    handler = pipeline._StderrHandler()
+    handler.setFormatter(pipeline._Elapsed())
+    args = ("g", 12.95)
+    record = logging.LogRecord("welder.tune", logging.INFO, __file__, 1, "group %s: %.2f us", args, None)
+    record.relativeCreated = 205_140.0
+    handler.emit(record)
+    assert capsys.readouterr().err == "[ 205.1 s] group g: 12.95 us\n"
+
+
 def test_time_runtime_times_the_build_in_a_child(emulated_bert: Tuned, tmp_path: Path) -> None:
     timing = time_runtime(emulated_bert.prefix, iters=2, warmup=0)
     assert timing.median_us > 0 and timing.mean_us > 0 and timing.iters == 2

@@ -352,6 +352,8 @@ def _build(out: Path, options: TuneOptions, notes: list[str]) -> Path | None:
 
 RUNTIME_ITERS = 50
 RUNTIME_WARMUP = 10
+#: How long timing a runtime may take where nothing bounds it better.
+RUNTIME_TIMEOUT_S = 600.0
 _MEDIAN = re.compile(r"^median (\S+) ms$", re.M)
 
 
@@ -383,12 +385,15 @@ def runtime_timeout_s(
     kernels' own times.  A kernel that hangs only in the runtime (the tuner timed it alone,
     and well) then costs the tune two minutes, not ten."""
     if kernels_us is None:
-        return 600.0
+        return RUNTIME_TIMEOUT_S
     return RUNTIME_START_S + 20 * (iters + warmup) * kernels_us * 1e-6
 
 
 def time_runtime(
-    prefix: Path, iters: int = RUNTIME_ITERS, warmup: int = RUNTIME_WARMUP, timeout_s: float = 600.0
+    prefix: Path,
+    iters: int = RUNTIME_ITERS,
+    warmup: int = RUNTIME_WARMUP,
+    timeout_s: float = RUNTIME_TIMEOUT_S,
 ) -> RuntimeTiming:
     """Time the runtime under ``prefix`` with ``welder run`` in a child process: a kernel
     that faults or hangs there cannot take ``welder tune`` down with it, and this process's
