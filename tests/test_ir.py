@@ -1,5 +1,8 @@
 """Expressions and Computes: typing rules, exact simplification, canonical naming."""
 
+import math
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -7,7 +10,7 @@ from scalar_eval import eval_expr
 
 from welder.frontend.registry import Tensor
 from welder.ir.compute import compute, reduce, reduce_axis
-from welder.ir.expr import INDEX, Binary, Const, Var, binary, call, cast, lt, select, substitute
+from welder.ir.expr import INDEX, Binary, Const, Var, binary, call, cast, lt, nonnegative, select, substitute
 
 
 def test_scalars_take_the_other_operands_dtype():
@@ -112,3 +115,55 @@ def test_unknown_function_and_arity():
 def test_odd_tensor_names_are_quoted_when_printed():
     x = Tensor("bert/layer 0[attn]", (2,), "float32")
     assert str(x[Var("i")]) == '"bert/layer 0[attn]"[i]'
+
+
+_SIGNED_CALLS = ["exp", "sqrt", "abs", "sigmoid", "tanh", "neg", "erf"]
+_SIGNED_OPS = ["add", "sub", "mul", "div", "max", "min"]
+
+
+def _float_exprs() -> list:
+    """Every expression of up to two levels over two loads and two constants (a second
+    level with a leaf on one side): calls, arithmetic, squares and selects."""
+    x = Tensor("x", (2,), "float32")
+    leaves = [x[Const(0)], x[Const(1)], Const(0.0, "float32"), Const(-1.5, "float32")]
+
+    def level(inner: list, other: list) -> list:
+        out = [call(fn, a) for fn in _SIGNED_CALLS for a in inner] + [Binary("mul", a, a) for a in inner]
+        for a in inner:
+            for b in other:
+                out += [Binary(op, a, b) for op in _SIGNED_OPS] + [Binary(op, b, a) for op in _SIGNED_OPS]
+                out.append(select(lt(x[Const(0)], 0.0), a, b))
+        return out
+
+    first = level(leaves, leaves)
+    return leaves + first + level(first, leaves)
+
+
+def test_an_expression_called_nonnegative_never_evaluates_below_zero():
+    """The sign analysis is conservative: where it says never negative, the naive
+    evaluator finds no negative value on a grid of signed inputs (NaN and the
+    arithmetic's errors aside)."""
+    grid = [-3.0, -0.5, 0.0, 0.25, 2.0]
+    checked = 0
+    for e in _float_exprs():
+        if not nonnegative(e):
+            continue
+        checked += 1
+        for a in grid:
+            for b in grid:
+                try:
+                    v = eval_expr(e, {}, {"x": np.array([a, b], np.float32)})
+                except (ValueError, ZeroDivisionError, OverflowError):
+                    continue
+                assert math.isnan(v) or v >= 0, (str(e), a, b, v)
+    assert checked > 500
+
+
+def test_the_sign_analysis_knows_softmax_exponentials_and_relus():
+    x = Tensor("x", (2,), "float32")[Var("i")]
+    assert nonnegative(call("exp", x - 1.0))
+    assert nonnegative(Binary("max", x, Const(0.0, "float32")))
+    assert nonnegative(cast(call("exp", x), "float16"))
+    assert not nonnegative(x)
+    assert not nonnegative(call("exp", x) - 1.0)
+    assert not nonnegative(Binary("max", x, Const(-1.0, "float32")))

@@ -1610,6 +1610,38 @@ def test_a_long_sum_in_another_order_passes_the_check_and_a_missing_term_fails_i
     assert error_metric(one_thread(feeds["x"], drop_last=True), want) > limit
 
 
+def test_a_softmax_normalisation_on_its_own_gets_positive_inputs():
+    """A softmax split after its exponential (``--nofusion``): the group that sums each row
+    and divides by the sum.  On normal random inputs rows of 48 cancel to sums near zero,
+    and a correct kernel that sums in another order than the reference misses the 1e-4
+    limit (every candidate failed on Restormer's latent attention); the tuner feeds it the
+    magnitudes, as the model's exponential makes them, where the same kernel passes and
+    one that drops a term of its sums fails."""
+    from welder.check import random_inputs
+    from welder.tune.measure import group_inputs
+    from welder.tune.reference import reference
+
+    x = np.zeros((1, 8, 48, 48), np.float32)
+    graph = import_onnx(make_model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": x}, ["y"], {}))
+    group = make_group(graph, ["y:sum", "y"])
+    limit = threshold_for("float32")
+
+    def backwards(e: np.ndarray, drop_last: bool = False) -> np.ndarray:
+        acc = np.zeros((*e.shape[:-1], 1), np.float32)
+        for j in reversed(range(drop_last, e.shape[-1])):
+            acc += e[..., j : j + 1]
+        return e / acc
+
+    unit = random_inputs(graph.subgraph(group.members), 0)["y:exp"]
+    exact = unit.astype(np.float64) / unit.astype(np.float64).sum(axis=-1, keepdims=True)
+    assert error_metric(backwards(unit), exact) > limit
+    feeds = group_inputs(graph, group)
+    assert feeds["y:exp"].min() >= 0
+    want = reference(graph, group, feeds).values["y"]
+    assert error_metric(backwards(feeds["y:exp"]), want) <= limit / 4
+    assert error_metric(backwards(feeds["y:exp"], drop_last=True), want) > limit
+
+
 def _near_estimate_fusion(monkeypatch, measured_over: float, split_share: float | None):
     """layernorm_gelu tuned with its fused group measuring ``measured_over`` times its
     estimate and any shallower group fast; the cost model's split estimate is

@@ -515,6 +515,32 @@ def free_vars(e: Expr) -> set[str]:
     return {n.name for n in walk(e) if isinstance(n, Var)}
 
 
+#: Calls whose result is never negative, whatever their argument.
+_NONNEGATIVE_CALLS = frozenset({"exp", "sqrt", "rsqrt", "abs", "sigmoid"})
+#: Arithmetic that keeps two nonnegative operands nonnegative.
+_NONNEGATIVE_OPS = frozenset({"add", "mul", "div", "max", "min", "pow"})
+
+
+def nonnegative(e: Expr) -> bool:
+    """Whether ``e`` is provably never negative (NaN aside): an exponential, a ReLU, a
+    square.  A conservative sign analysis: False means only that it could not tell."""
+    if isinstance(e, Const):
+        return e.dtype != BOOL and e.value >= 0
+    if isinstance(e, Call):
+        return e.fn in _NONNEGATIVE_CALLS
+    if isinstance(e, Cast):
+        return nonnegative(e.x)
+    if isinstance(e, Select):
+        return nonnegative(e.a) and nonnegative(e.b)
+    if isinstance(e, Binary):
+        if e.op == "max" and any(isinstance(side, Const) and nonnegative(side) for side in (e.a, e.b)):
+            return True  # a ReLU (a side that may be NaN would not do: max drops a NaN)
+        if e.op == "mul" and e.a == e.b:
+            return True
+        return e.op in _NONNEGATIVE_OPS and nonnegative(e.a) and nonnegative(e.b)
+    return False
+
+
 def rewrite(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     """Bottom-up rebuild: ``fn`` sees each node once, after its children were rewritten, and
     returns a replacement, or None to keep the (rebuilt) node.
