@@ -1610,6 +1610,40 @@ def test_a_long_sum_in_another_order_passes_the_check_and_a_missing_term_fails_i
     assert error_metric(one_thread(feeds["x"], drop_last=True), want) > limit
 
 
+def test_the_watch_names_the_innermost_phase_and_time_outside_any():
+    from welder.tune.phases import Phases, watch
+
+    phases, said = Phases(), []
+    with watch(phases, 0.05, said.append):
+        with phases("tune"), phases("nvcc"):
+            phases.subject = "group g"
+            time.sleep(0.2)
+        time.sleep(0.2)
+    inside = [m for m in said if m.startswith("still in 'nvcc' for")]
+    outside = [m for m in said if m.startswith("outside the timed phases for")]
+    assert inside and outside and not any("'tune'" in m for m in said)
+    assert phases.seconds["nvcc"] >= 0.2 and phases.seconds["tune"] < 0.05
+
+
+def test_a_tune_waiting_long_on_one_step_says_which(monkeypatch, caplog):
+    """A candidate whose timing takes long (a hung kernel, until its limit): the tune, which
+    logs a line a group, says while it waits which phase and which group it is in."""
+    from welder.tune import tuner
+
+    monkeypatch.setattr(tuner, "WATCH_S", 0.05)
+    graph = matmul_graph()
+
+    class Slow(ScriptedDevice):
+        def time(self, program, kernel, inputs, give_up_us=None) -> float:
+            time.sleep(0.3)
+            return super().time(program, kernel, inputs, give_up_us)
+
+    with caplog.at_level(logging.INFO, logger="welder.tune"):
+        tune_model(graph, ARCH, 1, None, Slow(graph))
+    waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("still in 'timing' for")]
+    assert waits and all(w.endswith("(group y)") for w in waits)
+
+
 def test_a_softmax_normalisation_on_its_own_gets_positive_inputs():
     """A softmax split after its exponential (``--nofusion``): the group that sums each row
     and divides by the sum.  On normal random inputs rows of 48 cancel to sums near zero,

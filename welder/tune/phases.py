@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -26,15 +26,24 @@ class Phases:
         # over its parallel calls): the phases say how long the main thread waited for it.
         self.work: dict[str, float] = {}
         self._lock = threading.Lock()
+        # What the main thread is in, for :func:`watch`: the open phases with their starts,
+        # when the innermost one last changed, and what it works on (a group's root).
+        self._open: list[tuple[str, float]] = []
+        self._changed = time.perf_counter()
+        self.subject = ""
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         self._stack.append(0.0)
+        self._open.append((name, start))
+        self._changed = start
         try:
             yield
         finally:
+            self._open.pop()
             elapsed = time.perf_counter() - start
+            self._changed = time.perf_counter()
             nested = self._stack.pop()
             self.seconds[name] = self.seconds.get(name, 0.0) + elapsed - nested
             if self._stack:
@@ -53,3 +62,35 @@ class Phases:
         """The phases, longest first, in seconds to 0.1 (``tuned.json``'s form)."""
         ordered = sorted(self.seconds.items(), key=lambda kv: -kv[1])
         return {name: round(s, 1) for name, s in ordered}
+
+    def current(self) -> tuple[str | None, float]:
+        """The innermost open phase (None: none is) and the seconds since it, or since the
+        last phase closed, began."""
+        open_ = list(self._open)
+        return (open_[-1][0] if open_ else None), time.perf_counter() - self._changed
+
+
+@contextmanager
+def watch(phases: Phases, every_s: float, say: Callable[[str], None]) -> Iterator[None]:
+    """Inside, a thread that says (``say``) where the main thread has been for ``every_s``
+    seconds or more, once every ``every_s``: a tune that logs a line a group goes quiet
+    while it waits on one step -- a hung kernel, a slow nvcc, the interpreter on a large
+    reference -- and then names it."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(every_s):
+            name, seconds = phases.current()
+            if seconds < every_s:
+                continue
+            where = f"still in {name!r}" if name else "outside the timed phases"
+            on = f" ({phases.subject})" if phases.subject else ""
+            say(f"{where} for {seconds:.0f} s{on}")
+
+    thread = threading.Thread(target=run, name="welder-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

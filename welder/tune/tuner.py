@@ -77,7 +77,7 @@ from welder.tune.measure import (
     group_inputs,
     time_candidates,
 )
-from welder.tune.phases import Phases
+from welder.tune.phases import Phases, watch
 from welder.tune.plan_cache import CachedPlan, Unfused, plan_key
 from welder.tune.reference import Reference, reference
 from welder.tune.search import SearchProcess
@@ -110,6 +110,10 @@ HOST_LOOKAHEAD = 4
 CODEGEN_THREADS = 4
 # How often the timing thread, waiting for a compile, looks for groups the search has settled.
 FEED_POLL_S = 0.05
+# A tune quiet for this long says what it waits on (phases.watch).  Restormer b1 fp32's
+# --nofusion tune went silent for 270 s on the H200 before a call's limit stopped it, and its
+# log could not say where.
+WATCH_S = 60.0
 
 
 class TuneError(WelderError):
@@ -349,6 +353,7 @@ class GpuMeasure:
             dropped: list[Dropped] | None = None
             if not hit:
                 self.tunes += 1
+                self.phases.subject = f"group {group.root}"
                 with self.phases("nvcc"):
                     cands = compile_candidates(self.device, self.candidates(group), phases=self.phases)
                 result = finish_candidates(
@@ -1142,6 +1147,7 @@ class _TuneQueue:
                     self.host[ahead] = HostSide.submit(self.host_pool, t.graph, group, t.measure.seed)
             job = self.jobs[k]
             assert job.compiled is not None
+            t.phases.subject = f"group {job.group.root}"
             # What the compile pool has not finished yet; at the start, all of it.
             with t.phases("nvcc" if k else "nvcc, first group"):
                 while self._feed is not None and not _compiled(job.compiled):
@@ -1282,11 +1288,12 @@ def tune_model(
     if note:
         log.warning(note)
         tuner.log.append(note)
-    if measure_fusion:
-        groups = tuner.fuse_by_measurement(nofusion)
-    else:
-        groups = tuner.fuse_by_cost_model(nofusion)
-    planned, unfused_measured = tuner.plan(groups)
+    with watch(tuner.phases, WATCH_S, log.info):
+        if measure_fusion:
+            groups = tuner.fuse_by_measurement(nofusion)
+        else:
+            groups = tuner.fuse_by_cost_model(nofusion)
+        planned, unfused_measured = tuner.plan(groups)
     how = [
         f"gpu {device.name} ({device.arch})",
         "fusion by measurement" if measure_fusion else "fusion by cost model",
