@@ -26,24 +26,25 @@ class Phases:
         # over its parallel calls): the phases say how long the main thread waited for it.
         self.work: dict[str, float] = {}
         self._lock = threading.Lock()
-        # What the main thread is in, for :func:`watch`: the open phases with their starts,
-        # when the innermost one last changed, and what it works on (a group's root).
-        self._open: list[tuple[str, float]] = []
-        self._changed = time.perf_counter()
+        # What the main thread is in, for :func:`watch`: the open phases, when the innermost
+        # one last changed (on its own clock, apart from the seconds counted), and what it
+        # works on (a group's root).
+        self._open: list[str] = []
+        self._changed = time.monotonic()
         self.subject = ""
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         self._stack.append(0.0)
-        self._open.append((name, start))
-        self._changed = start
+        self._open.append(name)
+        self._changed = time.monotonic()
         try:
             yield
         finally:
             self._open.pop()
+            self._changed = time.monotonic()
             elapsed = time.perf_counter() - start
-            self._changed = time.perf_counter()
             nested = self._stack.pop()
             self.seconds[name] = self.seconds.get(name, 0.0) + elapsed - nested
             if self._stack:
@@ -67,7 +68,7 @@ class Phases:
         """The innermost open phase (None: none is) and the seconds since it, or since the
         last phase closed, began."""
         open_ = list(self._open)
-        return (open_[-1][0] if open_ else None), time.perf_counter() - self._changed
+        return (open_[-1] if open_ else None), time.monotonic() - self._changed
 
 
 @contextmanager
@@ -75,7 +76,8 @@ def watch(phases: Phases, every_s: float, say: Callable[[str], None]) -> Iterato
     """Inside, a thread that says (``say``) where the main thread has been for ``every_s``
     seconds or more, once every ``every_s``: a tune that logs a line a group goes quiet
     while it waits on one step -- a hung kernel, a slow nvcc, the interpreter on a large
-    reference -- and then names it."""
+    reference -- and then names it.  Only where threads run anyway: the fusion search and
+    the cost model fork worker processes only from a process of one thread."""
     stop = threading.Event()
 
     def run() -> None:

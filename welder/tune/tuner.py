@@ -33,6 +33,7 @@ a latency measure for the fusion search, and :func:`tune_model` tunes a whole mo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import shutil
@@ -916,17 +917,18 @@ class _ModelTuner:
         unfused baseline was measured."""
         planned: list[PlannedGroup] = []
         all_measured = True
-        for g in groups:
-            if g.root in self.library:
-                planned.append(library_planned(self.library[g.root]))
-                continue
-            result = self.measure.tuned(g)
-            if result is None:
-                planned += self.split(g)
-                continue
-            unfused_us, unfused_bytes, measured = self.unfused(g)
-            all_measured &= measured
-            planned.append(_tuned_group(g, result, unfused_us, unfused_bytes, measured))
+        with watch(self.phases, WATCH_S, log.info):  # nothing forks from here on
+            for g in groups:
+                if g.root in self.library:
+                    planned.append(library_planned(self.library[g.root]))
+                    continue
+                result = self.measure.tuned(g)
+                if result is None:
+                    planned += self.split(g)
+                    continue
+                unfused_us, unfused_bytes, measured = self.unfused(g)
+                all_measured &= measured
+                planned.append(_tuned_group(g, result, unfused_us, unfused_bytes, measured))
         return planned, all_measured
 
     def split(self, g: Group) -> list[TunedGroup]:
@@ -1008,15 +1010,19 @@ class _TuneQueue:
         self.bar = ProgressBar(0, "tuning", tuner.stream)
         self.total_us = 0.0
         self._feed: Callable[[bool], bool] | None = None
+        self._watch = contextlib.ExitStack()
 
     def __enter__(self) -> _TuneQueue:
+        # The pools' threads make forking unsafe from here on anyway: a watch costs nothing.
+        self._watch.enter_context(watch(self.tuner.phases, WATCH_S, log.info))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         # A finished tune leaves no thread behind (a fusion search started next forks only
         # where this process runs no other thread); a failed one does not wait for compiles.
-        for pool in (self.codegen, self.nvcc, self.host_pool):
-            pool.shutdown(wait=kind is None, cancel_futures=True)
+        with self._watch:
+            for pool in (self.codegen, self.nvcc, self.host_pool):
+                pool.shutdown(wait=kind is None, cancel_futures=True)
         self.bar.close()
 
     def add(
@@ -1288,12 +1294,11 @@ def tune_model(
     if note:
         log.warning(note)
         tuner.log.append(note)
-    with watch(tuner.phases, WATCH_S, log.info):
-        if measure_fusion:
-            groups = tuner.fuse_by_measurement(nofusion)
-        else:
-            groups = tuner.fuse_by_cost_model(nofusion)
-        planned, unfused_measured = tuner.plan(groups)
+    if measure_fusion:
+        groups = tuner.fuse_by_measurement(nofusion)
+    else:
+        groups = tuner.fuse_by_cost_model(nofusion)
+    planned, unfused_measured = tuner.plan(groups)
     how = [
         f"gpu {device.name} ({device.arch})",
         "fusion by measurement" if measure_fusion else "fusion by cost model",
