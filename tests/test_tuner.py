@@ -1671,6 +1671,8 @@ def test_a_softmax_normalisation_on_its_own_gets_positive_inputs():
     assert error_metric(backwards(unit), exact) > limit
     feeds = group_inputs(graph, group)
     assert feeds["y:exp"].min() >= 0
+    # Only what the model keeps non-negative: the exponential's own input stays signed.
+    assert group_inputs(graph, make_group(graph, ["y:max", "y:exp"]))["x"].min() < 0
     want = reference(graph, group, feeds).values["y"]
     assert error_metric(backwards(feeds["y:exp"]), want) <= limit / 4
     assert error_metric(backwards(feeds["y:exp"], drop_last=True), want) > limit

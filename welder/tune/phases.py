@@ -5,7 +5,8 @@ GPU, runs the reference interpreter and checks outputs; which of these dominates
 the model (NeRF's 2M-point tensors make inputs and references expensive, a transformer's
 many distinct groups make compiles the long pole).  :class:`Phases` adds up the seconds the
 main thread spends in each, exclusive of the phases nested in it, so the shares add up to
-no more than the tune's total and the rest is the search itself.
+no more than the tune's total and the rest is the search itself.  :func:`watch` reads the
+same phases while they run, to say which one a quiet tune is in.
 """
 
 from __future__ import annotations

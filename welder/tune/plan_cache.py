@@ -40,9 +40,9 @@ Unfused = tuple[float, int, bool]
 
 #: Bumped when the fusion checks (``tuner._ModelTuner.doubt`` and ``checked``) change what
 #: they decide: a plan they made before is no answer for them now.
-#: 3: a softmax's normalisation gets positive inputs in the candidates' check (1fd2267); the
-#: checks before had every candidate of such a half fail, and decided against it.
-PLAN_VERSION = 3  # 2: fusions measuring 1.4 times their prediction are checked (was 1.5)
+PLAN_VERSION = 3  # 2: fusions measuring 1.4 times their prediction are checked (was 1.5);
+# 3: a softmax's normalisation gets positive inputs in the candidates' check (1fd2267): before,
+# every candidate of such a part failed it, and the checks decided against the way holding it.
 
 
 def plan_key(
