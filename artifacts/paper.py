@@ -78,6 +78,7 @@ KEY = ("model", "bs", "dtype", "system")
 #: The script whose lines the others take for the same case and system (its welder and
 #: baselines are theirs too) rather than timing them again.
 SHARED = "figure9_10"
+FROM_SHARED = f"from {SHARED}.csv"
 #: The columns every script writes, before its own.
 COMMON_FIELDS = (*KEY, "status", "latency_ms", "build_s", "detail", "gpu", "date")
 LATENCY_FIELDS = (*COMMON_FIELDS, "accuracy", "max_error", "main_test_ms")
@@ -211,13 +212,15 @@ def build_welder(prefix: Path, options: benchmark.WelderOptions) -> tuple[float,
     return tune_s, build_s, False
 
 
-def built_variant(case: Config, system: str, args: argparse.Namespace) -> Path:
-    """RUNS/<system>/<case> holding a build of this welder variant, made here where it is
-    missing (a line taken from SHARED's CSV may have been timed on another machine: the
-    tuning cache makes the same build again)."""
+def built_variant(case: Config, system: str, args: argparse.Namespace) -> tuple[Path, bool]:
+    """RUNS/<system>/<case> holding a build of this welder variant, and whether it was made
+    here because it was missing.  A line taken from SHARED's CSV may have been timed on
+    another machine, at another commit: the tuning cache makes a build again, but not
+    necessarily the plan that line timed, so a caller that profiles a remade build times
+    it too."""
     prefix = variant_prefix(export_case(case, args), system, Path(args.runs))
-    build_welder(prefix, welder_options(args, system))
-    return prefix
+    reused = build_welder(prefix, welder_options(args, system))[2]
+    return prefix, not reused
 
 
 def welder_cell(prefix: Path, system: str, args: argparse.Namespace) -> Cell:
@@ -332,7 +335,12 @@ def shared_row(
     timed_out = timeouts and row is not None and row["status"] == "error" and PEER_TIMEOUT in row["detail"]
     if row is None or (row["status"] != "ok" and not timed_out):
         return None
-    return dict(row, detail=f"{row['detail']}; from {SHARED}.csv".lstrip("; "))
+    return dict(row, detail=f"{row['detail']}; {FROM_SHARED}".lstrip("; "))
+
+
+def is_shared(row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` was taken from SHARED's CSV rather than measured by its script."""
+    return str(row["detail"]).endswith(FROM_SHARED)
 
 
 # -- the CSV ---------------------------------------------------------------------------------
@@ -625,7 +633,9 @@ class Panel:
 
 def panels(rows: Sequence[Mapping[str, str]], out: Path, stem: str) -> Iterator[Panel]:
     """A :class:`Panel` per (dtype, batch) of ``rows``, its PNG ``out/<stem>_<dtype>_b<bs>.png``;
-    none where matplotlib is missing (``pyplot`` says so)."""
+    none where matplotlib is missing (``pyplot`` says so).  A panel shows every model of the
+    rows, a placeholder where one is not measured yet, but for a model that runs at batch 1
+    only (no case to wait for) in a batch-64 panel."""
     cells = {ResultsCsv.key(r): r for r in rows}
     gpu = next((r["gpu"] for r in rows if r["gpu"]), "")
     for dtype, bs in sorted({(r["dtype"], r["bs"]) for r in rows}):
@@ -635,6 +645,8 @@ def panels(rows: Sequence[Mapping[str, str]], out: Path, stem: str) -> Iterator[
             return
         models = [m for m in PAPER_MODELS if any(r["model"] == m for r in rows)]
         models += sorted({r["model"] for r in rows} - set(models))
+        if int(bs) > 1:
+            models = [m for m in models if m not in benchmark.SINGLE_BATCH]
         yield Panel(dtype, bs, png, models, plt, cells, gpu)
 
 

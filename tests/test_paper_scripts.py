@@ -518,7 +518,7 @@ def test_figure11_profiles_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(fig11, "profile", profile)
     monkeypatch.setattr(
-        paper, "built_variant", lambda case, system, args: Path(args.runs) / system / case.key
+        paper, "built_variant", lambda case, system, args: (Path(args.runs) / system / case.key, False)
     )
     monkeypatch.setattr(paper, "export_case", lambda case, args: Path(args.runs) / "exports" / case.key)
     argv = ["--models", "bert", "--bs", "1", "--dtype", "fp16", "--device", "cpu", "--out", str(tmp_path)]
@@ -531,6 +531,37 @@ def test_figure11_profiles_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert (tmp_path / "runs" / "exports" / "bert_b1_fp16") in [p for _, p in seen]
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "figure11_fp16_b1.png").is_file()
+
+
+@pytest.mark.parametrize("remade", [False, True])
+def test_figure11_times_a_remade_build_it_profiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, remade: bool
+) -> None:
+    """figure9_10.csv's welder line stands only beside a profile of the build it timed: a
+    build the tuning cache made again here (perhaps another plan) is timed here too."""
+    fig11 = script("Figure11")
+    case = benchmark.Config("bert", 1, "fp16")
+    shared = paper.ResultsCsv(tmp_path / "figure9_10.csv", paper.LATENCY_FIELDS)
+    shared.put(paper.cell_row(case, "welder", benchmark.Cell(ms=9.0, detail="older plan"), "H100"))
+    timed: list[Path] = []
+
+    def welder_cell(prefix: Path, system: str, args: Any) -> benchmark.Cell:
+        timed.append(prefix)
+        return benchmark.Cell(ms=4.5, detail="this plan")
+
+    prefix = tmp_path / "runs" / "welder" / case.key
+    monkeypatch.setattr(paper, "measure_case", fake_cells([]))
+    monkeypatch.setattr(paper, "welder_cell", welder_cell)
+    monkeypatch.setattr(paper, "built_variant", lambda case, system, args: (prefix, remade))
+    monkeypatch.setattr(fig11, "profile", lambda system, prefix, args: {"kernels": 7, "profile": "ncu"})
+    argv = ["--models", "bert", "--bs", "1", "--dtype", "fp16", "--device", "cpu", "--out", str(tmp_path)]
+    assert fig11.main([*argv, "--systems", "welder"]) == 0
+    (row,) = paper.ResultsCsv(tmp_path / "figure11.csv", fig11.FIELDS).rows()
+    assert row["kernels"] == "7"
+    if remade:
+        assert timed == [prefix] and row["latency_ms"] == "4.5" and row["detail"] == "this plan"
+    else:
+        assert timed == [] and row["latency_ms"] == "9" and row["detail"] == "older plan; from figure9_10.csv"
 
 
 def _fake_plan(prefix: Path) -> None:
@@ -862,6 +893,20 @@ def test_each_plot_draws_the_csv_s_values(tmp_path: Path, monkeypatch: pytest.Mo
         f"{module.NAME}_fp16_b1.png",
         f"{module.NAME}_fp16_b64.png",
     ]
+
+
+def test_a_batch_64_panel_leaves_out_the_batch_1_only_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model not measured yet keeps its place (a placeholder) in every panel, but NeRF,
+    which has no batch-64 case, gets none in a batch-64 picture."""
+    monkeypatch.setattr(paper, "pyplot", lambda png: object())
+    rows = [
+        {"model": m, "bs": bs, "dtype": "fp16", "system": "welder", "gpu": "G"}
+        for m, bs in (("nerf", "1"), ("bert", "1"), ("bert", "64"), ("restormer", "1"))
+    ]
+    got = {p.bs: p.models for p in paper.panels(rows, tmp_path, "fig")}
+    assert got == {"1": ["bert", "restormer", "nerf"], "64": ["bert", "restormer"]}
 
 
 def test_side_by_side_refuses_a_spec_it_cannot_run(tmp_path: Path) -> None:

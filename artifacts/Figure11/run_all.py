@@ -158,17 +158,26 @@ def profile(system: str, prefix: Path, args: argparse.Namespace) -> dict[str, An
 
 def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """Each system's latency line (from figure9_10.csv where it is there) with its ncu
-    columns: a welder variant profiled on its build (made again from the tuning cache
-    where this machine lacks it), a baseline on the export."""
+    columns: a welder variant profiled on its build, a baseline on the export.  Where this
+    machine lacks the build that figure9_10.csv timed, the tuning cache makes it again and
+    the remade build is timed here as well, so that a line's latency and its profile are
+    of one plan (the cache may hold another plan than the one timed at an older commit)."""
     for row in paper.case_rows(case, todo, args):
         system = row["system"]
+        if row["status"] == "ok" and system in paper.WELDER_VARIANTS:
+            try:
+                prefix, remade = paper.built_variant(case, system, args)
+            except Exception as e:
+                row["profile"] = f"error: no build to profile: {benchmark._error(e)}"
+                yield row
+                continue
+            if remade and paper.is_shared(row):
+                cell = paper.welder_cell(prefix, system, args)
+                row = paper.cell_row(case, system, cell, paper.gpu_folder(args.device))
         if row["status"] != "ok":
             row["profile"] = f"not profiled: {row['status']}"
         elif system in paper.WELDER_VARIANTS:
-            try:
-                row.update(profile(system, paper.built_variant(case, system, args), args))
-            except Exception as e:
-                row["profile"] = f"error: no build to profile: {benchmark._error(e)}"
+            row.update(profile(system, prefix, args))
         else:
             row.update(profile(system, paper.export_case(case, args), args))
         yield row
