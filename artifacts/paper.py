@@ -24,6 +24,7 @@ import contextlib
 import csv
 import datetime as dt
 import fcntl
+import importlib.util
 import io
 import json
 import math
@@ -37,6 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +106,20 @@ def gpu_folder(device: str) -> str:
         return match_gpu_name(name).name
     except WelderError:
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+
+
+def script_module(folder: str) -> ModuleType:
+    """artifacts/<folder>/run_all.py as a module, for a tool beside it: every figure's
+    script has that file name, so it is loaded by path under a name of its own."""
+    name = f"{folder.lower()}_run_all"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / folder / "run_all.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def cases(args: argparse.Namespace) -> list[Config]:

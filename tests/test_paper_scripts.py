@@ -452,13 +452,104 @@ def test_ncu_csv_gives_kernels_dram_bytes_and_l2_writes() -> None:
     assert metrics in command and command[-2:] == ["welder", "p"]
 
 
-def check_l2_metric() -> ModuleType:
-    path = ROOT / "artifacts" / "Figure11" / "check_l2_metric.py"
-    spec = importlib.util.spec_from_file_location("check_l2_metric", path)
+def figure11_tool(name: str) -> ModuleType:
+    path = ROOT / "artifacts" / "Figure11" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
+
+
+def check_l2_metric() -> ModuleType:
+    return figure11_tool("check_l2_metric")
+
+
+#: One inference as ncu times it: group_0's kernel twice, a library kernel no group names,
+#: group_1's once (durations in ns, the units line's).
+CONTEXT_NCU = (
+    "==PROF== Connected to process 9\n"
+    + NCU_HEADER
+    + '"gpu__time_duration.sum"\n"","","","","","","","nsecond"\n'
+    + '"0","9","python","h","welder_k0_a(float const*, float*)","1","7","5,000"\n'
+    + '"1","9","python","h","sm90_xmma_gemm","1","7","3000"\n'
+    + '"2","9","python","h","welder_k1_b","1","7","9000"\n'
+    + '"3","9","python","h","welder_k0_a(float const*, float*)","1","7","6000"\n'
+)
+CONTEXT_TUNED = {
+    "groups": [
+        {
+            "name": "group_0",
+            "ops": ["MatMul", "Add", "Add"],
+            "measured_latency_us": 4.0,
+            "kernel": {"name": "welder_k0_a"},
+        },
+        {
+            "name": "group_1",
+            "ops": ["Softmax"],
+            "measured_latency_us": 10.0,
+            "kernel": {"name": "welder_k1_b"},
+        },
+        {"name": "group_2", "ops": ["MatMul"], "measured_latency_us": 2.0, "kernel": None},
+    ],
+    "totals": {"measured_runtime_us": 30.0},
+}
+
+
+def test_kernel_context_sets_each_launch_beside_its_time_alone() -> None:
+    """Each profiled kernel matched by name (parameters dropped) to its group, durations
+    from ns to us; a kernel no group names stays apart; the report's sums are the
+    matched launches' and the worst launch comes first."""
+    tool = figure11_tool("kernel_context")
+    kernels = tool.FIGURE11.ncu_named_kernels(CONTEXT_NCU, [tool.METRIC])
+    placed = tool.place(kernels, CONTEXT_TUNED)
+    got = [(p.group, p.alone_us, round(p.placed_us, 6)) for p in placed]
+    assert got == [("group_0", 4.0, 5.0), (None, None, 3.0), ("group_1", 10.0, 9.0), ("group_0", 4.0, 6.0)]
+    assert placed[0].ops == "MatMul Add"
+    lines = tool.report(placed, CONTEXT_TUNED["totals"], top=2)
+    assert lines[0] == "4 kernels in one inference, 3 of them the plan's groups"
+    assert "18.0 us" in lines[1] and "20.0 us" in lines[2] and "+3.0 us in other kernels" in lines[2]
+    assert "30.0 us" in lines[3]
+    assert [line.split()[0] for line in lines[6:]] == ["group_0", "group_0"]
+    assert lines[6].split()[3] == "+2.00"
+
+
+def test_kernel_context_runs_ncu_on_the_build_and_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tool = figure11_tool("kernel_context")
+    assert tool.main([str(tmp_path)]) == 2
+    assert "tuned.json not found" in capsys.readouterr().err
+    (tmp_path / "tuned.json").write_text(json.dumps(CONTEXT_TUNED))
+    monkeypatch.setattr(tool.shutil, "which", lambda name: None)
+    assert tool.main([str(tmp_path)]) == 2
+    assert "ncu not found" in capsys.readouterr().err
+    commands: list[list[str]] = []
+
+    def run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 0, CONTEXT_NCU, "")
+
+    monkeypatch.setattr(tool.subprocess, "run", run)
+    out = tmp_path / "launches.json"
+    assert tool.main([str(tmp_path), "--ncu", "/x/ncu", "--json", str(out)]) == 0
+    assert commands[0][0] == "/x/ncu" and commands[0][-2:] == ["welder", str(tmp_path)]
+    assert "--cache-control" in commands[0] and "none" in commands[0]
+    assert "4 kernels in one inference" in capsys.readouterr().out
+    assert [launch["group"] for launch in json.loads(out.read_text())] == [
+        "group_0",
+        None,
+        "group_1",
+        "group_0",
+    ]
+    monkeypatch.setattr(
+        tool.subprocess,
+        "run",
+        lambda c, **k: subprocess.CompletedProcess(c, 1, "", "==ERROR== ERR_NVGPUCTRPERM"),
+    )
+    assert tool.main([str(tmp_path), "--ncu", "/x/ncu"]) == 2
+    assert "ERR_NVGPUCTRPERM" in capsys.readouterr().err
 
 
 def l2_check_csv(counts: list[tuple[int, int]]) -> str:

@@ -14,25 +14,17 @@ no torch, no ncu, no permission for the counters).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def _figure11() -> ModuleType:
-    # Loaded by path: every figure's script is a run_all.py.
-    spec = importlib.util.spec_from_file_location("figure11_run_all", Path(__file__).with_name("run_all.py"))
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import paper
 
-
-FIGURE11 = _figure11()
+FIGURE11 = paper.script_module("Figure11")
 COUNTER = FIGURE11.METRICS[-1]
 ALL_SOURCES = "lts__t_sectors_op_write.sum"
 METRICS = (COUNTER, ALL_SOURCES)

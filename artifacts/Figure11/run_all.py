@@ -71,12 +71,21 @@ UNITS = {
     "MB": 1e6,
     "GB": 1e9,
     "sector": 32.0,
+    "nsecond": 1e-9,
+    "usecond": 1e-6,
+    "msecond": 1e-3,
+    "second": 1.0,
 }
 
 
-def ncu_command(ncu: str, system: str, prefix: Path) -> list[str]:
+def ncu_command(
+    ncu: str, system: str, prefix: Path, metrics: Sequence[str] = METRICS, options: Sequence[str] = ()
+) -> list[str]:
+    """ncu over one inference of ``system`` (profile_once.py), ``metrics`` in its raw CSV;
+    ``options`` go to ncu before the rest."""
     return [
         ncu,
+        *options,
         "--clock-control",
         "none",
         "--target-processes",
@@ -84,7 +93,7 @@ def ncu_command(ncu: str, system: str, prefix: Path) -> list[str]:
         "--profile-from-start",
         "off",
         "--metrics",
-        ",".join(METRICS),
+        ",".join(metrics),
         "--csv",
         "--page",
         "raw",
@@ -98,9 +107,16 @@ def ncu_command(ncu: str, system: str, prefix: Path) -> list[str]:
 
 
 def ncu_kernels(text: str, metrics: Sequence[str]) -> list[list[float]]:
-    """Each profiled kernel's values of ``metrics`` from ``ncu --csv --page raw``: one line per
-    kernel after the header, scaled by the units line where there is one (bytes; a sector is
-    32); the program's own output and ncu's ``==PROF==`` lines around it are skipped."""
+    """Each profiled kernel's values of ``metrics`` from ``ncu --csv --page raw``
+    (:func:`ncu_named_kernels` without the names)."""
+    return [values for _, values in ncu_named_kernels(text, metrics)]
+
+
+def ncu_named_kernels(text: str, metrics: Sequence[str]) -> list[tuple[str, list[float]]]:
+    """Each profiled kernel's name and values of ``metrics`` from ``ncu --csv --page raw``:
+    one line per kernel after the header, scaled by the units line where there is one
+    (bytes; a sector is 32); the program's own output and ncu's ``==PROF==`` lines around
+    it are skipped.  The name is the function's, without a demangled parameter list."""
     lines = [line for line in text.splitlines() if line.startswith('"')]
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
@@ -111,6 +127,7 @@ def ncu_kernels(text: str, metrics: Sequence[str]) -> list[list[float]]:
         columns = [header.index(m) for m in metrics]
     except ValueError:
         raise ValueError(f"ncu CSV lacks {tuple(metrics)}: {header[:8]}...") from None
+    name = header.index("Kernel Name") if "Kernel Name" in header else None
     scale, kernels = [1.0] * len(columns), []
     for row in table[1:]:
         if len(row) < len(header):
@@ -118,7 +135,8 @@ def ncu_kernels(text: str, metrics: Sequence[str]) -> list[list[float]]:
         if not row[0].strip():  # the units line
             scale = [UNITS.get(row[c].strip(), 1.0) for c in columns]
             continue
-        kernels.append([float(row[c].replace(",", "") or 0.0) * k for c, k in zip(columns, scale)])
+        values = [float(row[c].replace(",", "") or 0.0) * k for c, k in zip(columns, scale)]
+        kernels.append(("" if name is None else row[name].split("(")[0].strip(), values))
     return kernels
 
 
