@@ -9,6 +9,7 @@ import functools
 import importlib.util
 import json
 import math
+import os
 import re
 import shlex
 import shutil
@@ -684,6 +685,33 @@ def test_main_test_prints_outputs_and_summary(builds: Builds, tmp_path: Path) ->
         assert 0 < low <= mean <= high
         printed.append(values)
     assert printed[0] == printed[1]
+
+
+@needs_emulated_build
+def test_a_carveout_from_the_environment_changes_no_output(builds: Builds, tmp_path: Path) -> None:
+    """WELDER_SMEM_CARVEOUT sets every kernel's carveout before the first run and leaves the
+    outputs as they were; what is not a percent stops the runtime with a message naming it."""
+    emitted = builds("bert_layer")
+    command = [str(main_test_path(emitted.prefix)), "--iters", "1", "--warmup", "0"]
+
+    def run(carveout: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "WELDER_SMEM_CARVEOUT"}
+        if carveout is not None:
+            env["WELDER_SMEM_CARVEOUT"] = carveout
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+
+    plain = run(None)
+    assert plain.returncode == 0, plain.stderr
+    for percent in ("0", "100"):
+        done = run(percent)
+        assert done.returncode == 0, done.stderr
+        assert parse_main_test(done.stdout)[0] == parse_main_test(plain.stdout)[0]
+    for bad in ("101", "-1", "half", ""):
+        done = run(bad)
+        assert done.returncode != 0 and f"WELDER_SMEM_CARVEOUT={bad}: expected a percent" in done.stderr, (
+            bad,
+            done.stderr,
+        )
 
 
 @needs_emulated_build

@@ -6,7 +6,9 @@ The tune times every kernel on its own, launched back to back on the same inputs
 (``tuned.json``'s ``measured_latency_us``); the runtime runs them one after another, each
 on what the previous left in the caches.  When a plan's runtime takes longer than its
 kernels' sum (ViT-S/32 at batch 1 in fp32: 778 us against 717, where ``--nofusion``'s
-runtime is 152 us shorter than its sum), this says which kernels are slower in place.
+runtime is 152 us shorter than its sum), this says which kernels are slower in place
+(`welder profile` times each step alone too, on the runtime's buffers, and the gap
+between the whole run and that sum; this times each kernel in its sequence).
 One warmed-up inference of PREFIX (profile_once.py) runs under ``ncu --cache-control none
 --clock-control none --metrics gpu__time_duration.sum``: the caches are left as the
 previous kernel left them and the clocks as they run, one pass a kernel, so each
