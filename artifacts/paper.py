@@ -333,25 +333,31 @@ def case_rows(case: Config, todo: Sequence[str], args: argparse.Namespace) -> It
             fresh.append(system)
         else:
             yield row
-    for system, cell in measure_case(case, fresh, args):
-        yield cell_row(case, system, cell, gpu)
+    if fresh:  # nothing left to measure: no export either
+        for system, cell in measure_case(case, fresh, args):
+            yield cell_row(case, system, cell, gpu)
 
 
-def shared_row(
-    case: Config, system: str, args: argparse.Namespace, timeouts: bool = False
-) -> dict[str, Any] | None:
+def shared_row(case: Config, system: str, args: argparse.Namespace) -> dict[str, Any] | None:
     """SHARED's measured line of this case and system (read afresh: a worker beside this
     one may have added it), or None when it is not there or --redo or --no-reuse asks
-    for a measurement of this script's own.  With ``timeouts``, a torch peer's line that
-    ran past --peer-timeout-s counts too (an error, but one that bounds the time).
-    (SHARED itself never finds its own: it measures only the lines it lacks.)"""
+    for a measurement of this script's own.  A torch peer's line that ran past SHARED's
+    --peer-timeout-s counts too where that limit is at least this run's: an error, but
+    one that bounds the time, and measuring it again would only run out the same clock
+    (max-autotune's compiles of the convolutional models take minutes).  (SHARED itself
+    never finds its own: it measures only the lines it lacks.)"""
     if args.redo or args.no_reuse:
         return None
     row = ResultsCsv(args.out / f"{SHARED}.csv", LATENCY_FIELDS).get(case, system)
-    timed_out = timeouts and row is not None and row["status"] == "error" and PEER_TIMEOUT in row["detail"]
-    if row is None or (row["status"] != "ok" and not timed_out):
+    if row is None or (row["status"] != "ok" and not _bounds(row, args.peer_timeout_s)):
         return None
     return dict(row, detail=f"{row['detail']}; {FROM_SHARED}".lstrip("; "))
+
+
+def _bounds(row: Mapping[str, Any], limit_s: float) -> bool:
+    """Whether ``row`` is a torch peer stopped at --peer-timeout-s of ``limit_s`` or more."""
+    found = re.search(rf"timed out after ([0-9.]+) s {re.escape(PEER_TIMEOUT)}", str(row["detail"]))
+    return row["status"] == "error" and found is not None and float(found.group(1)) >= limit_s
 
 
 def is_shared(row: Mapping[str, Any]) -> bool:
@@ -563,11 +569,19 @@ def missing(args: argparse.Namespace, store: ResultsCsv, case: Config) -> list[s
 
 
 def print_pending(args: argparse.Namespace, store: ResultsCsv) -> None:
-    """--pending: each case a run with these options would measure, with its systems."""
+    """--pending: each case a run with these options would measure, with its systems, a
+    line SHARED's CSV would give (no timing of its own) marked so."""
     todo = [(case, systems) for case in cases(args) if (systems := missing(args, store, case))]
+    taken = 0
     for case, systems in todo:
-        print(f"{case.key}: {', '.join(systems)}")
-    print(f"{len(todo)} case(s) to measure, {sum(len(s) for _, s in todo)} line(s), in {store.path}")
+        names = []
+        for system in systems:
+            shared = store.path.stem != SHARED and shared_row(case, system, args) is not None
+            taken += shared
+            names.append(f"{system} ({FROM_SHARED})" if shared else system)
+        print(f"{case.key}: {', '.join(names)}")
+    lines = sum(len(s) for _, s in todo)
+    print(f"{len(todo)} case(s) to measure, {lines} line(s) ({taken} {FROM_SHARED}), in {store.path}")
 
 
 def run_on_gpus(args: argparse.Namespace, store: ResultsCsv, argv: Sequence[str]) -> None:

@@ -139,6 +139,30 @@ def test_pending_lists_what_a_run_would_measure_and_measures_nothing(
     assert [f"{key}: {', '.join(systems)}" for key, systems in calls] == listed[:-1]
 
 
+def test_pending_marks_the_lines_figure9_10_would_give(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another script's --pending says which of its lines figure9_10.csv already has (an
+    ok line, or a peer's timeout at this run's limit or more): those cost no timing."""
+    case = benchmark.Config("bert", 1, "fp16")
+    shared = paper.ResultsCsv(tmp_path / "figure9_10.csv", paper.LATENCY_FIELDS)
+    shared.put(paper.cell_row(case, "eager", benchmark.Cell(ms=7.25), "H100"))
+    shared.put(paper.cell_row(case, "compile", benchmark.Cell(error="boom"), "H100"))
+    late = benchmark.Cell(error=f"compile-max-autotune timed out after 240 s {paper.PEER_TIMEOUT}")
+    shared.put(paper.cell_row(case, "compile-max-autotune", late, "H100"))
+    argv = ["--models", "bert", "--bs", "1", "--dtype", "fp16", "--device", "cpu", "--out", str(tmp_path)]
+    argv += ["--systems", "welder-no-tc,eager,compile,compile-max-autotune", "--pending"]
+    for limit, marked in (
+        ("240", "compile-max-autotune (from figure9_10.csv)"),
+        ("600", "compile-max-autotune"),
+    ):
+        assert script("Figure10b").main([*argv, "--peer-timeout-s", limit]) == 0
+        listed = capsys.readouterr().out.splitlines()
+        assert listed[0] == f"bert_b1_fp16: welder-no-tc, eager (from figure9_10.csv), compile, {marked}"
+        taken = 2 if limit == "240" else 1
+        assert listed[1].startswith(f"1 case(s) to measure, 4 line(s) ({taken} from figure9_10.csv)")
+
+
 def test_results_csv_round_trip_and_retry(tmp_path: Path) -> None:
     store = paper.ResultsCsv(tmp_path / "r.csv", paper.LATENCY_FIELDS)
     case = benchmark.Config("bert", 1, "fp16")
@@ -807,11 +831,39 @@ def test_table4_takes_figure9_s_max_autotune_timeout_as_its_line(
 
     monkeypatch.setattr(paper, "export_case", export_case)
     argv = ["--models", "nerf", "--bs", "1", "--device", "cpu", "--out", str(tmp_path)]
-    assert table4.main([*argv, "--systems", "compile-max-autotune", "--runs", str(tmp_path / "runs")]) == 0
+    argv += ["--systems", "compile-max-autotune", "--runs", str(tmp_path / "runs"), "--peer-timeout-s", "200"]
+    assert table4.main(argv) == 0
     rows = {r["dtype"]: r for r in paper.ResultsCsv(tmp_path / "table4.csv", table4.FIELDS).rows()}
     assert rows["fp32"]["status"] == "error" and "timed out after 200 s" in rows["fp32"]["detail"]
     assert "from figure9_10.csv" in rows["fp32"]["detail"]
     assert exports == ["nerf_b1_fp16"] and "export failed" in rows["fp16"]["detail"]
+    # given longer than Figure 9 had, it compiles again
+    assert table4.main([*argv[:-1], "600", "--retry-errors"]) == 0
+    assert exports == ["nerf_b1_fp16", "nerf_b1_fp32", "nerf_b1_fp16"]
+
+
+def test_a_peer_timeout_in_figure9_is_every_script_s_line_up_to_its_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Figure 11 (as every script) takes Figure 9's max-autotune that ran out a limit at
+    least its own, and profiles nothing of it; with a longer limit it measures it again."""
+    fig11 = script("Figure11")
+    case = benchmark.Config("bert", 1, "fp16")
+    late = benchmark.Cell(error=f"compile-max-autotune timed out after 240 s {paper.PEER_TIMEOUT}")
+    paper.ResultsCsv(tmp_path / "figure9_10.csv", paper.LATENCY_FIELDS).put(
+        paper.cell_row(case, "compile-max-autotune", late, "G")
+    )
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(paper, "measure_case", fake_cells(calls))
+    argv = ["--models", "bert", "--bs", "1", "--dtype", "fp16", "--device", "cpu", "--out", str(tmp_path)]
+    argv += ["--systems", "compile-max-autotune"]
+    assert fig11.main([*argv, "--peer-timeout-s", "240"]) == 0
+    (row,) = paper.ResultsCsv(tmp_path / "figure11.csv", fig11.FIELDS).rows()
+    assert (
+        calls == [] and "timed out after 240 s" in row["detail"] and row["profile"] == "not profiled: error"
+    )
+    assert fig11.main([*argv, "--peer-timeout-s", "241", "--retry-errors"]) == 0
+    assert calls == [("bert_b1_fp16", ("compile-max-autotune",))]
 
 
 def test_table5_defaults_are_the_compute_intensive_cases(

@@ -14,8 +14,9 @@ all groups (tuned.json), ``cached_groups`` how many groups came from the cache.
 call with TorchInductor's caches disabled (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1, as every
 torch peer of these scripts runs), so it is cold too; its latency is recorded beside it.
 Figure 9's line of the same case is taken where it was measured so (its note says
-"Inductor caches off"), or where it ran past Figure 9's --peer-timeout-s (an error line
-whose limit bounds the compile time from below), unless --no-reuse or --redo.
+"Inductor caches off"), or where it ran past Figure 9's --peer-timeout-s and that limit is
+at least this run's (an error line whose limit bounds the compile time from below), unless
+--no-reuse or --redo.
 
 Writes table4.csv, table4.md, table4.meta.json and table4_<dtype>_b<bs>.png (compile
 seconds per model, log scale) to artifacts/results/<GPU>/.  Cases already in the CSV are
@@ -74,7 +75,7 @@ def tune(prefix: Path, cache: Path, args: argparse.Namespace) -> tuple[float, fl
 def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     gpu = paper.gpu_folder(args.device)
     runs = Path(args.runs)
-    shared = paper.shared_row(case, MAX_AUTOTUNE, args, timeouts=True) if MAX_AUTOTUNE in todo else None
+    shared = paper.shared_row(case, MAX_AUTOTUNE, args) if MAX_AUTOTUNE in todo else None
     # Figure 9 compiled it cold too, or ran out of time compiling: more than its limit either way.
     if shared is not None and (COLD_NOTE in shared["detail"] or shared["status"] == "error"):
         yield {k: v for k, v in shared.items() if k in FIELDS}
