@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -688,30 +689,67 @@ def test_main_test_prints_outputs_and_summary(builds: Builds, tmp_path: Path) ->
 
 
 @needs_emulated_build
-def test_a_carveout_from_the_environment_changes_no_output(builds: Builds, tmp_path: Path) -> None:
-    """WELDER_SMEM_CARVEOUT sets every kernel's carveout before the first run and leaves the
-    outputs as they were; what is not a percent stops the runtime with a message naming it."""
+@pytest.mark.parametrize(
+    ("variable", "good", "bad", "expected"),
+    [
+        ("WELDER_SMEM_CARVEOUT", ("0", "100"), ("101", "-1", "half", ""), "expected a percent from 0 to 100"),
+        ("WELDER_PDL", ("0", "1"), ("2", "yes", ""), "expected 0 or 1"),
+    ],
+)
+def test_a_launch_setting_from_the_environment_changes_no_output(
+    builds: Builds, tmp_path: Path, variable: str, good: tuple[str, ...], bad: tuple[str, ...], expected: str
+) -> None:
+    """WELDER_SMEM_CARVEOUT (every kernel's carveout) and WELDER_PDL (programmatic dependent
+    launches) are read once at set-up and leave the outputs as they were; a value they do not
+    take stops the runtime with a message naming the variable."""
     emitted = builds("bert_layer")
     command = [str(main_test_path(emitted.prefix)), "--iters", "1", "--warmup", "0"]
 
-    def run(carveout: str | None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != "WELDER_SMEM_CARVEOUT"}
-        if carveout is not None:
-            env["WELDER_SMEM_CARVEOUT"] = carveout
+    def run(value: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != variable}
+        if value is not None:
+            env[variable] = value
         return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
 
     plain = run(None)
     assert plain.returncode == 0, plain.stderr
-    for percent in ("0", "100"):
-        done = run(percent)
+    for value in good:
+        done = run(value)
         assert done.returncode == 0, done.stderr
         assert parse_main_test(done.stdout)[0] == parse_main_test(plain.stdout)[0]
-    for bad in ("101", "-1", "half", ""):
-        done = run(bad)
-        assert done.returncode != 0 and f"WELDER_SMEM_CARVEOUT={bad}: expected a percent" in done.stderr, (
-            bad,
-            done.stderr,
-        )
+    for value in bad:
+        done = run(value)
+        assert done.returncode != 0 and f"{variable}={value}: {expected}" in done.stderr, (value, done.stderr)
+
+
+@needs_emulated_build
+def test_env_ab_times_each_setting_in_turns_and_names_a_failing_one(builds: Builds) -> None:
+    """scripts/env_ab.py runs the build once per setting and round and reports each
+    setting's median and ratio; a setting the runtime refuses is a failure with its
+    message, the others still reported."""
+    emitted = builds("bert_layer")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "env_ab.py"
+    sets = ["--set", "WELDER_PDL=0", "--set", "WELDER_PDL=1", "--set", "WELDER_PDL=2"]
+    command = [
+        sys.executable,
+        str(script),
+        str(emitted.prefix),
+        *sets,
+        "--rounds",
+        "2",
+        "--iters",
+        "1",
+        "--number",
+        "1",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("WELDER_PDL=2: expected 0 or 1") == 2  # once a round
+    header, row = done.stdout.strip().splitlines()
+    assert header.split() == ["build", "WELDER_PDL=0", "WELDER_PDL=1", "WELDER_PDL=2"]
+    _, first, unit, ratio, second, unit2, _, third = row.split()
+    assert float(first) > 0 and float(second) > 0 and unit == unit2 == "ms"
+    assert ratio == "1.000x" and third == "failed"
 
 
 @needs_emulated_build
@@ -1137,6 +1175,34 @@ def test_nvcc_builds_the_runtime_for_sm90(tmp_path: Path) -> None:
     ):
         assert re.search(rf"\bT {symbol}$", exported, re.MULTILINE), symbol
     assert "welder_k0" not in exported  # only the C interface is exported
+
+
+@needs_nvcc_build
+@pytest.mark.parametrize(("arch", "waits"), [("90", True), ("80", False)])
+def test_an_sm90_kernel_waits_for_its_predecessor_before_touching_memory(
+    tmp_path: Path, arch: str, waits: bool
+) -> None:
+    """Under programmatic dependent launch a kernel may start while the one before it
+    still runs: in the PTX of every sm_90 kernel, griddepcontrol.wait comes before any
+    global load, store or asynchronous copy (and lets the next launch right after); an
+    sm_80 kernel has neither instruction."""
+    emitted = emit_case(tmp_path / "gpu", CASES["bert_layer"], cuda_arch=arch)
+    source = emitted.prefix / "nnfusion_rt" / "cuda_codegen"
+    entries = 0
+    for kernels in sorted(source.glob("kernels_*.cu")):
+        ptx = tmp_path / f"{kernels.stem}.ptx"
+        cmd = ["nvcc", f"-arch=sm_{arch}", "-std=c++17", "-ptx", f"-I{source}", str(kernels), "-o", str(ptx)]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+        for body in ptx.read_text().split(".entry ")[1:]:
+            entries += 1
+            memory = re.search(r"\b(ld\.global|st\.global|cp\.async|atom\.global|red\.global)", body)
+            assert memory is not None
+            if waits:
+                wait, launch = body.find("griddepcontrol.wait"), body.find("griddepcontrol.launch_dependents")
+                assert 0 <= wait < launch < memory.start(), body[:200]
+            else:
+                assert "griddepcontrol" not in body
+    assert entries > 0
 
 
 @needs_nvcc_build

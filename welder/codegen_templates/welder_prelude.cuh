@@ -41,6 +41,7 @@
   [[maybe_unused]] ::welder_emu::SharedPtr<T> name =                \
       ::welder_emu::detail::shared_view<T>(welder_smem, #name, (byte_offset), (count))
 #define WELDER_SMEM_PTR(T) ::welder_emu::SharedPtr<T>
+#define WELDER_GRID_DEPENDENCY() ((void)0)
 
 #else  // nvcc
 
@@ -54,6 +55,17 @@
 #define WELDER_SHARED(T, name, byte_offset, count) \
   [[maybe_unused]] T* name = reinterpret_cast<T*>(welder_smem + (byte_offset))
 #define WELDER_SMEM_PTR(T) T*
+
+// Programmatic dependent launch (sm_90): every kernel first waits until the grid before it in
+// the stream has finished and its writes are visible, then lets the grid after it launch, whose
+// blocks take SMs as this grid's leave and wait there in turn.  The runtime launches with the
+// attribute that allows this only when asked (WELDER_PDL=1, docs/runtime.md); launched without
+// it, as the tuner's timing does, both instructions return at once.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define WELDER_GRID_DEPENDENCY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define WELDER_GRID_DEPENDENCY() ((void)0)
+#endif
 
 template <class V, class T>
 __device__ __forceinline__ V welder_vload(const T* p, long long i) {

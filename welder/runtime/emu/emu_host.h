@@ -261,6 +261,14 @@ inline cudaError_t cudaGetDeviceCount(int* count) {
 }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 
+// The emulator runs sm_90's instructions (wgmma, TMA, clusters): it answers as a 9.0 device.
+enum cudaDeviceAttr { cudaDevAttrComputeCapabilityMajor = 75, cudaDevAttrComputeCapabilityMinor = 76 };
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
+  if (device != 0) return welder_emu_host::fail(cudaErrorInvalidValue, "the emulator has device 0 only");
+  *value = attribute == cudaDevAttrComputeCapabilityMajor ? 9 : 0;
+  return cudaSuccess;
+}
+
 inline cudaError_t cudaMalloc(void** p, size_t bytes) {
   using namespace welder_emu_host;
   const size_t rounded = (bytes + 255) / 256 * 256 + (bytes == 0 ? 256 : 0);
