@@ -385,12 +385,20 @@ def test_tune_reports_prediction_kernel_sum_and_end_to_end_latency(
         f"model latency: predicted {totals['predicted_latency_us']:.1f} us, measured 123.0 us end to end; "
         f"kernels timed one by one: {totals['measured_kernels_us']:.1f} us"
     ) in out
+    assert ("more than its kernels timed one by one" in out) == (totals["measured_kernels_us"] < 123.0)
     times = next(line for line in out.splitlines() if line.startswith("time: "))
     tuning, build, total = (float(w) for w in times.replace(",", " ").split() if w.replace(".", "").isdigit())
     assert tuning == pytest.approx(totals["tuning_seconds"], abs=0.051)
     assert build == pytest.approx(totals["build_seconds"], abs=0.051)
     assert total == pytest.approx(totals["total_seconds"], abs=0.051)
     assert totals["tuning_seconds"] <= totals["total_seconds"]
+
+    # a runtime longer than its kernels' sum: something costs in place that the tuner never saw
+    monkeypatch.setattr(pipeline, "time_runtime", lambda prefix, timeout_s: RuntimeTiming(1e6, 1e6, 50, 10))
+    assert main(["tune", str(bert_prefix), "--arch", "H100", "--topk", "2"]) == 0
+    assert "note: the runtime took 1000000.0 us, more than its kernels timed one by one (" in (
+        capsys.readouterr().out
+    )
 
     def broken(prefix: Path, timeout_s: float) -> RuntimeTiming:
         raise WelderError("`welder run` failed (exit 2): no GPU")

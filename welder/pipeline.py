@@ -368,10 +368,19 @@ def _time_built(
     timeout_s = runtime_timeout_s(kernels_us)
     log.info("timing the runtime: `welder run %s` (at most %.0f s)", out, timeout_s)
     try:
-        return time_runtime(out, timeout_s=timeout_s)
+        timing = time_runtime(out, timeout_s=timeout_s)
     except WelderError as e:
         notes.append(f"runtime not timed: {e}")
         return None
+    if kernels_us is not None and timing.median_us > kernels_us:
+        # A replay saves each kernel its launch: a runtime is shorter than that sum, or a kernel
+        # is slower in its place than alone, which no choice of the tuner saw.
+        notes.append(
+            f"the runtime took {timing.median_us:.1f} us, more than its kernels timed one by one "
+            f"({kernels_us:.1f} us): some kernel is slower in its place in the run than alone; "
+            f"`welder profile {out}` times each step apart and the gap"
+        )
+    return timing
 
 
 #: What starting a runtime may take before its first inference: CUDA, the weights, the graph.
