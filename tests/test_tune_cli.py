@@ -385,7 +385,8 @@ def test_tune_reports_prediction_kernel_sum_and_end_to_end_latency(
         f"model latency: predicted {totals['predicted_latency_us']:.1f} us, measured 123.0 us end to end; "
         f"kernels timed one by one: {totals['measured_kernels_us']:.1f} us"
     ) in out
-    assert ("more than its kernels timed one by one" in out) == (totals["measured_kernels_us"] < 123.0)
+    over = totals["measured_kernels_us"] * (1 + pipeline.RUNTIME_OVER_KERNELS) < 123.0
+    assert ("more than its kernels timed one by one" in out) == over
     times = next(line for line in out.splitlines() if line.startswith("time: "))
     tuning, build, total = (float(w) for w in times.replace(",", " ").split() if w.replace(".", "").isdigit())
     assert tuning == pytest.approx(totals["tuning_seconds"], abs=0.051)
@@ -393,12 +394,15 @@ def test_tune_reports_prediction_kernel_sum_and_end_to_end_latency(
     assert total == pytest.approx(totals["total_seconds"], abs=0.051)
     assert totals["tuning_seconds"] <= totals["total_seconds"]
 
-    # a runtime longer than its kernels' sum: something costs in place that the tuner never saw
-    monkeypatch.setattr(pipeline, "time_runtime", lambda prefix, timeout_s: RuntimeTiming(1e6, 1e6, 50, 10))
-    assert main(["tune", str(bert_prefix), "--arch", "H100", "--topk", "2"]) == 0
-    assert "note: the runtime took 1000000.0 us, more than its kernels timed one by one (" in (
-        capsys.readouterr().out
-    )
+    # a runtime 3% over its kernels' sum: something costs in place that the tuner never saw;
+    # 1% over is within the spread of a few long kernels' timings
+    for share, noted in ((1.03, True), (1.01, False)):
+        took = totals["measured_kernels_us"] * share
+        timed_at = lambda p, timeout_s, t=took: RuntimeTiming(t, t, 50, 10)  # noqa: E731
+        monkeypatch.setattr(pipeline, "time_runtime", timed_at)
+        assert main(["tune", str(bert_prefix), "--arch", "H100", "--topk", "2"]) == 0
+        note = f"note: the runtime took {took:.1f} us, more than its kernels timed one by one ("
+        assert (note in capsys.readouterr().out) == noted
 
     def broken(prefix: Path, timeout_s: float) -> RuntimeTiming:
         raise WelderError("`welder run` failed (exit 2): no GPU")

@@ -355,6 +355,11 @@ RUNTIME_WARMUP = 10
 #: How long timing a runtime may take where nothing bounds it better.
 RUNTIME_TIMEOUT_S = 600.0
 _MEDIAN = re.compile(r"^median (\S+) ms$", re.M)
+#: A replay saves each kernel the launch it pays when timed alone, so a runtime comes in under
+#: its kernels' sum (0.7-3.7 us a kernel on the H200 at batch 1); over it by more than this
+#: share (beyond the spread of a few long kernels' timings: NeRF's seven ran 0.7% over), some
+#: kernel is slower in its place than alone, which none of the tuner's choices saw.
+RUNTIME_OVER_KERNELS = 0.02
 
 
 def _time_built(
@@ -372,9 +377,7 @@ def _time_built(
     except WelderError as e:
         notes.append(f"runtime not timed: {e}")
         return None
-    if kernels_us is not None and timing.median_us > kernels_us:
-        # A replay saves each kernel its launch: a runtime is shorter than that sum, or a kernel
-        # is slower in its place than alone, which no choice of the tuner saw.
+    if kernels_us is not None and timing.median_us > kernels_us * (1 + RUNTIME_OVER_KERNELS):
         notes.append(
             f"the runtime took {timing.median_us:.1f} us, more than its kernels timed one by one "
             f"({kernels_us:.1f} us): some kernel is slower in its place in the run than alone; "
