@@ -108,13 +108,14 @@ def gpu_folder(device: str) -> str:
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
 
 
-def script_module(folder: str) -> ModuleType:
-    """artifacts/<folder>/run_all.py as a module, for a tool beside it: every figure's
-    script has that file name, so it is loaded by path under a name of its own."""
-    name = f"{folder.lower()}_run_all"
+def script_module(folder: str, stem: str = "run_all") -> ModuleType:
+    """artifacts/<folder>/<stem>.py as a module, loaded once: the folders are not packages
+    and every figure's script is a run_all.py, so each is loaded by path under a name of its
+    own (a tool beside a script imports the script this way, and the tests both)."""
+    name = f"{folder.lower()}_{stem}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / folder / "run_all.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / folder / f"{stem}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # a dataclass looks its module up there

@@ -38,12 +38,7 @@ TINY = json.dumps({"nerf": {"points": 64}})
 
 def script(folder: str) -> ModuleType:
     """artifacts/<folder>/run_all.py as a module (the folders are not packages)."""
-    path = ROOT / "artifacts" / folder / "run_all.py"
-    spec = importlib.util.spec_from_file_location(f"paper_{folder.lower()}", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return paper.script_module(folder)
 
 
 def need(*packages: str) -> None:
@@ -477,13 +472,7 @@ def test_ncu_csv_gives_kernels_dram_bytes_and_l2_writes() -> None:
 
 
 def figure11_tool(name: str) -> ModuleType:
-    path = ROOT / "artifacts" / "Figure11" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # a dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return paper.script_module("Figure11", name)
 
 
 def check_l2_metric() -> ModuleType:
