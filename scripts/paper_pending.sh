@@ -7,8 +7,8 @@
 #
 # The state a run goes on from is .paper-state/ in the checkout, when it is there: the
 # results folder (results/: a run skips the lines its CSVs hold), the tuning cache
-# (cache/tuning.db) and commit (the welder commit, for a copy without git history).  It is
-# copied in before the run, and the state -- results with their PNGs, and a consistent copy
+# (cache/tuning.db, or gzipped as cache/tuning.db.gz, a tenth of the size) and commit (the
+# welder commit, for a copy without git history).  It is copied in before the run, and the state -- results with their PNGs, and a consistent copy
 # of the cache -- goes back as paper-state.tgz in $OUT (or /tmp/welder-paper) every 15 s
 # while the run lasts and once at its end, so a run cut short still returns what it
 # measured.  Unpack it into .paper-state/ for the next run, and copy results/ into
@@ -37,7 +37,11 @@ gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 mkdir -p "$out" "$state/results" "$state/cache"
 if [ -d .paper-state ]; then
   # under the pack lock: a script started beside another must not open a half-copied cache
-  ( flock 9; cp -rn .paper-state/. "$state/" ) 9>"$state/pack.lock"
+  # the cache may come gzipped (cache/tuning.db.gz: a tenth of the size, to fit a transfer)
+  ( flock 9; cp -rn .paper-state/. "$state/"
+    db="$state/cache/tuning.db"
+    if [ -f "$db.gz" ] && [ ! -f "$db" ]; then gunzip -c "$db.gz" > "$db.tmp" && mv "$db.tmp" "$db"; fi
+  ) 9>"$state/pack.lock"
 fi
 export WELDER_COMMIT=${WELDER_COMMIT:-$(cat .paper-state/commit 2>/dev/null || git rev-parse --short HEAD)}
 

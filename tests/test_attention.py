@@ -13,6 +13,9 @@ scores of unit variance.
 
 from __future__ import annotations
 
+import shutil
+import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +28,7 @@ from test_mma import _context, _matmul, emulate_configs, needs_emulator
 
 from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
-from welder.codegen import generate_kernel
+from welder.codegen import TEMPLATE_DIR, generate_kernel
 from welder.frontend.onnx import import_onnx
 from welder.schedule.engine import CostModel, fuse
 from welder.schedule.group import make_group
@@ -225,6 +228,53 @@ def test_fp32_attention_is_exact_on_ffma(label: str) -> None:
         for launch, outputs in enumerate(runs):
             err = error_metric(outputs["y"], reference)
             assert err <= 1e-5 < threshold_for("float32"), f"{cfg.stages[0]} launch {launch}: error {err:.3e}"
+
+
+def text_instructions(cubin: bytes) -> dict[str, int]:
+    """Each kernel's SASS instructions in an sm_90 cubin (16 bytes each): the sizes of its
+    ELF64 ``.text.<kernel>`` sections."""
+    shoff, shentsize, shnum, shstrndx = (
+        *struct.unpack_from("<Q", cubin, 0x28),
+        *struct.unpack_from("<HHH", cubin, 0x3A),
+    )
+    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]
+
+    def name(h: tuple[int, ...]) -> str:
+        start = names_at + h[0]
+        return cubin[start : cubin.index(b"\0", start)].decode()
+
+    return {name(h)[len(".text.") :]: h[5] // 16 for h in headers if name(h).startswith(".text.")}
+
+
+#: Instructions an exact-fp32 attention kernel of ViT-S/32's heads (50 keys, 64 wide) may
+#: hold: half of the 7,304 its largest config held fully unrolled.  Its code runs once in each
+#: of 6 blocks; ViT's kernel of 6,352 spent 56% of its cycles waiting on instruction fetch in
+#: a run, where the kernels before it had taken the SMs' instruction caches (ncu), and took
+#: 24 us there against 10.4 us launched alone.
+FFMA_ATTENTION_INSTRUCTIONS = 3652
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_fp32_attention_code_stays_small_enough_to_run_from_a_cold_instruction_cache(tmp_path: Path) -> None:
+    """The head loop of S and each piece's key loop of O stay rolled: every config of ViT's
+    attention compiles to at most FFMA_ATTENTION_INSTRUCTIONS instructions for sm_90."""
+    graph = import_onnx(attention_model(Case(1, 6, 50, 64, "none"), dtype=np.float32))
+    group = make_group(graph, list(graph.nodes))
+    configs = attention.FFMA_KIND.propose(group, _context(graph, topk=4))
+    assert configs
+    kernels = [generate_kernel(graph, group, cfg, f"att_probe{i}") for i, cfg in enumerate(configs)]
+    src = tmp_path / "k.cu"
+    src.write_text("\n".join(k.source for k in kernels))
+    cubin = tmp_path / "k.cubin"
+    subprocess.run(
+        ["nvcc", "-arch=sm_90", "-cubin", "-O3", f"-I{TEMPLATE_DIR}", str(src), "-o", str(cubin)],
+        check=True,
+        capture_output=True,
+    )
+    sizes = text_instructions(cubin.read_bytes())
+    assert sorted(sizes) == sorted(k.name for k in kernels)
+    assert max(sizes.values()) <= FFMA_ATTENTION_INSTRUCTIONS, sizes
 
 
 def test_the_rule_reads_structure_not_names() -> None:

@@ -528,6 +528,20 @@ def test_kernel_context_sets_each_launch_beside_its_time_alone() -> None:
     assert lines[6].split()[3] == "+2.00"
 
 
+@pytest.mark.parametrize("unit, factor", [("nsecond", 1e-9), ("ns", 1e-9), ("us", 1e-6), ("msecond", 1e-3)])
+def test_ncu_durations_scale_by_their_unit_and_an_unknown_unit_is_an_error(unit: str, factor: float) -> None:
+    """Both spellings ncu has used for its time units scale; a unit Figure 11 does not know
+    stops the parse, naming it, rather than being read as a factor of 1."""
+    fig11 = script("Figure11")
+    text = CONTEXT_NCU.replace('"nsecond"', f'"{unit}"')
+    kernels = fig11.ncu_named_kernels(text, ["gpu__time_duration.sum"])
+    assert [values[0] for _, values in kernels] == pytest.approx(
+        [5000 * factor, 3000 * factor, 9000 * factor, 6000 * factor]
+    )
+    with pytest.raises(ValueError, match="'fortnight'"):
+        fig11.ncu_named_kernels(CONTEXT_NCU.replace('"nsecond"', '"fortnight"'), ["gpu__time_duration.sum"])
+
+
 def test_kernel_context_runs_ncu_on_the_build_and_says_what_is_missing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

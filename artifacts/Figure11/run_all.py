@@ -75,6 +75,10 @@ UNITS = {
     "usecond": 1e-6,
     "msecond": 1e-3,
     "second": 1.0,
+    "ns": 1e-9,
+    "us": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
 }
 
 
@@ -133,11 +137,21 @@ def ncu_named_kernels(text: str, metrics: Sequence[str]) -> list[tuple[str, list
         if len(row) < len(header):
             continue
         if not row[0].strip():  # the units line
-            scale = [UNITS.get(row[c].strip(), 1.0) for c in columns]
+            scale = [_unit(row[c].strip(), header[c]) for c in columns]
             continue
         values = [float(row[c].replace(",", "") or 0.0) * k for c, k in zip(columns, scale)]
         kernels.append(("" if name is None else row[name].split("(")[0].strip(), values))
     return kernels
+
+
+def _unit(name: str, metric: str) -> float:
+    """The factor of ncu's unit ``name`` (an empty one is a plain count); an unknown unit is
+    an error: read as 1, nanoseconds became microseconds a thousand times too large."""
+    if not name:
+        return 1.0
+    if name not in UNITS:
+        raise ValueError(f"ncu reports {metric} in {name!r}, a unit not in Figure11's UNITS")
+    return UNITS[name]
 
 
 def parse_ncu_csv(text: str) -> tuple[int, float, float, float]:
