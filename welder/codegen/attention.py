@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from welder.ir.compute import reduce_identity
-from welder.ir.expr import Expr, Load, Var, loads, rewrite, substitute
+from welder.ir.expr import Binary, Expr, Load, Var, loads, rewrite, substitute
 from welder.schedule.config import StageConfig
 from welder.schedule.kinds.attention import (
     Attention,
@@ -82,6 +82,7 @@ class AttentionStageCtx(StageCtx):
     m_origin: str
     rows: list[RowStage]
     probs: str  # C: P at (gm, gn), with sv (S's element) or lv (its logit) in scope
+    probs_scale: str | None  # row stage P is divided by, as a product by its reciprocal
     logits: str | None  # C: the logit computed in place of S's element (_logits), if any
     q: object
     k: object
@@ -138,6 +139,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     v = replace(_operand(kb, values, values.b, "n", second, f"att{k}_v", v_elems, o_origins), name="v")
     pack2, pack1 = pair_packers(dtype)
     logit, bodies, probs = _logits(att, kb.group.computes)
+    probs, scale = _reciprocal_scale(att, probs)
     rows = _row_stages(kb, att, bodies, s_origins)
     return AttentionStageCtx(
         template=TEMPLATE,
@@ -169,6 +171,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
         m_origin=s_origins[att.scores.m_axis],
         rows=rows,
         probs=_printer(kb, att, _row_names(att, o_origins, "gn"))(probs),
+        probs_scale=scale,
         logits=None if logit is None else _printer(kb, att, _row_names(att, s_origins, "gn"))(logit),
         q=q,
         k=kop,
@@ -234,6 +237,23 @@ def _logits(att: Attention, group_computes: dict) -> tuple[Expr | None, list[Exp
     if any(ld.tensor == s_name for e in swap for ld in loads(e)):
         return None, rows, probs  # S is read outside the expression too
     return logit, swap[:-1], swap[-1]
+
+
+def _reciprocal_scale(att: Attention, probs: Expr) -> tuple[Expr, str | None]:
+    """``P = x / l`` with ``l`` a row stage (a softmax's sum), in fp32: ``x`` and the row
+    stage's variable, which the kernel inverts once a row and multiplies each element by.
+    An IEEE division is some twenty instructions inlined per element (28 a thread for ViT's
+    50 keys, a fifth of its kernel), and the product by a reciprocal differs from it by an
+    ulp or two; otherwise ``P`` as it is and None."""
+    if (
+        isinstance(probs, Binary)
+        and probs.op == "div"
+        and probs.dtype == "float32"
+        and isinstance(probs.b, Load)
+        and probs.b.tensor in att.rows
+    ):
+        return probs.a, f"rv{att.rows.index(probs.b.tensor)}"
+    return probs, None
 
 
 def _row_names(att: Attention, origins: list[str], key: str) -> dict[str, str]:
