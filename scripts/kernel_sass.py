@@ -4,12 +4,18 @@ For the groups of ``DIR/tuned.json`` whose root contains ``--group`` (all of the
 it), regenerates each group's kernel from the recorded config over ``DIR/model.onnx`` --
 the kernel the tune measured, from today's code generator -- compiles it with nvcc for
 ``--sm`` (default sm_90; sm_90a where the kernel needs it), and prints ptxas's registers,
-spills and stack, and the count of each SASS opcode class (``IMAD``, ``LDG``, ``HMMA``, ...:
-predicated instructions included) where ``cuobjdump`` is on PATH.  The counts are static:
-an instruction inside a loop counts once.  This is how the gather's integer arithmetic
-was measured (docs/tensor_cores.md, "The gathered operand").
+spills and stack, its static instruction count (from the cubin), and the count of each
+SASS opcode class (``IMAD``, ``LDG``, ``HMMA``, ...: predicated instructions included)
+where ``cuobjdump`` is on PATH.  The counts are static: an instruction inside a loop counts
+once.  This is how the gather's integer arithmetic was measured (docs/tensor_cores.md, "The
+gathered operand").  ``--recorded`` compiles the source tuned.json recorded instead (the
+kernel as the tune generated it; no model.onnx needed).
 
-    python scripts/kernel_sass.py DIR [--group ROOT_PART] [--top 12] [--json OUT]
+Last, the kernels of at most one wave (blocks <= the arch's SMs) with the most
+instructions: code that a run fetches cold, which the tune's timing alone does not see
+(docs/codegen.md, "Exact-fp32 attention from a cold instruction cache").
+
+    python scripts/kernel_sass.py DIR [--group ROOT_PART] [--top 12] [--recorded] [--json OUT]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from welder.arch import get_arch  # noqa: E402
 from welder.codegen import generate_kernel  # noqa: E402
+from welder.device.cubin import text_instructions  # noqa: E402
 from welder.device.gpu import CompileError, GpuUnavailable, compile_cubin  # noqa: E402
 from welder.pipeline import planned_import  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
@@ -51,6 +58,8 @@ class KernelSass:
     stack_bytes: int
     spill_store_bytes: int
     spill_load_bytes: int
+    instructions: int  # static SASS instructions (the cubin's .text section)
+    blocks: int | None  # the kernel's grid, as tuned.json records it
     opcodes: dict[str, int] = field(default_factory=dict)  # empty without cuobjdump
 
 
@@ -69,21 +78,45 @@ def ptxas_facts(log: str) -> tuple[int, int, int, int]:
     return int(regs.group(1)), int(stack.group(1)), int(stack.group(2)), int(stack.group(3))
 
 
-def study(source: str, sm: str, work: Path) -> tuple[tuple[int, int, int, int], dict[str, int]]:
-    """Compile one kernel's source; ptxas's facts and, where cuobjdump exists, its opcodes."""
+def study(
+    source: str, name: str, sm: str, work: Path
+) -> tuple[tuple[int, int, int, int], int, dict[str, int]]:
+    """Compile one kernel's source: ptxas's facts, the static instruction count of kernel
+    ``name`` and, where cuobjdump exists, its opcodes."""
     logs: list[str] = []
     try:
         image = compile_cubin(source, sm, options=("-Xptxas", "-v"), report=logs.append)
     except (CompileError, GpuUnavailable) as e:
         raise SystemExit(f"kernel_sass: {e}") from None
     facts = ptxas_facts(logs[0])
+    instructions = text_instructions(image)[name]
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump is None:
-        return facts, {}
+        return facts, instructions, {}
     cubin = work / "kernel.cubin"
     cubin.write_bytes(image)
     dump = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True)
-    return facts, opcode_counts(dump.stdout)
+    return facts, instructions, opcode_counts(dump.stdout)
+
+
+def one_wave_by_size(results: list[KernelSass], sms: int, top: int) -> list[str]:
+    """The ``top`` kernels of at most ``sms`` blocks with the most instructions, as lines."""
+    lines = [f"kernels of at most one wave ({sms} blocks), most instructions first:"]
+    alike: dict[tuple[str, int, int], list[KernelSass]] = {}
+    for r in results:
+        if r.blocks is not None and r.blocks <= sms:
+            alike.setdefault((r.ops, r.instructions, r.blocks), []).append(r)
+    few = sorted(alike.values(), key=lambda rs: -rs[0].instructions)
+    for rs in few[:top]:
+        r, times = rs[0], [x.measured_us for x in rs if x.measured_us is not None]
+        measured = f"{sum(times) / len(times):.1f}" if times else "-"
+        lines.append(
+            f"  {r.instructions:7d} instr  {r.blocks:5d} blocks  {measured:>8} us  x{len(rs):<3d}"
+            f"  {r.ops[:50]}  {r.group[-40:]}"
+        )
+    if not few:
+        lines.append("  none")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,38 +125,71 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", default="", help="only groups whose root contains this")
     parser.add_argument("--sm", default="sm_90", help="nvcc's architecture (default sm_90)")
     parser.add_argument("--top", type=int, default=12, help="opcode classes printed per kernel")
+    parser.add_argument(
+        "--recorded", action="store_true", help="compile tuned.json's recorded source instead of regenerating"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    for name in ("model.onnx", "tuned.json"):
+    for name in ("tuned.json",) if args.recorded else ("model.onnx", "tuned.json"):
         if not (args.dir / name).is_file():
             print(f"kernel_sass: {args.dir / name} does not exist", file=sys.stderr)
             return 2
     tuned = json.loads((args.dir / "tuned.json").read_text())
-    graph = planned_import(str(args.dir / "model.onnx"), get_arch(tuned["arch"]))
-    chosen = [g for g in tuned["groups"] if args.group in g["root"] and not g.get("library")]
+    arch = get_arch(tuned["arch"])
+    graph = None if args.recorded else planned_import(str(args.dir / "model.onnx"), arch)
+    chosen = [
+        g
+        for g in tuned["groups"]
+        if args.group in g["root"] and not g.get("library") and (g.get("kernel") or not args.recorded)
+    ]
     if not chosen:
         print(f"kernel_sass: no generated group's root contains {args.group!r}", file=sys.stderr)
         return 2
     results = []
+    studied: dict[str, tuple[tuple[int, int, int, int], int, dict[str, int]]] = {}
     with tempfile.TemporaryDirectory(prefix="welder-sass-") as work:
         for g in chosen:
-            group = make_group(graph, g["members"])
-            kernel = generate_kernel(graph, group, config_from_json(g["configs"][0]), "welder_study")
-            sm = f"{args.sm}a" if kernel.arch_specific and not args.sm.endswith("a") else args.sm
-            (regs, stack, stores, loads), opcodes = study(kernel.source, sm, Path(work))
+            if g.get("signature") in studied:  # a repeated layer: the same kernel
+                (regs, stack, stores, loads), instructions, opcodes = studied[g["signature"]]
+            elif graph is None:
+                source, name = g["kernel"]["source"], g["kernel"]["name"]
+                specific = "welder_wgmma" in source
+            else:
+                group = make_group(graph, g["members"])
+                kernel = generate_kernel(graph, group, config_from_json(g["configs"][0]), "welder_study")
+                source, name, specific = kernel.source, "welder_study", kernel.arch_specific
+            if g.get("signature") not in studied:
+                sm = f"{args.sm}a" if specific and not args.sm.endswith("a") else args.sm
+                found = study(source, name, sm, Path(work))
+                studied[g.get("signature") or g["root"]] = found
+                (regs, stack, stores, loads), instructions, opcodes = found
             ops = "+".join(dict.fromkeys(g["ops"]))
+            blocks = (g.get("kernel") or {}).get("grid")
             result = KernelSass(
-                g["root"], ops, g.get("measured_latency_us"), regs, stack, stores, loads, opcodes
+                g["root"],
+                ops,
+                g.get("measured_latency_us"),
+                regs,
+                stack,
+                stores,
+                loads,
+                instructions,
+                None if blocks is None else int(blocks),
+                opcodes,
             )
             results.append(result)
             measured = f"{result.measured_us:.1f} us" if result.measured_us is not None else "not measured"
             print(f"{g['root']} ({ops[:60]}; {measured})")
-            print(f"  {regs} registers, {stack} B stack, spills {stores} B stored / {loads} B loaded")
+            print(
+                f"  {regs} registers, {stack} B stack, spills {stores} B stored / {loads} B loaded, "
+                f"{instructions} instructions, {'?' if blocks is None else blocks} blocks"
+            )
             if opcodes:
                 top = ", ".join(f"{op} {n}" for op, n in list(opcodes.items())[: args.top])
                 print(f"  {sum(opcodes.values())} instructions: {top}")
             else:
-                print("  (cuobjdump is not on PATH: no instruction counts)")
+                print("  (cuobjdump is not on PATH: no opcode classes)")
+    print("\n".join(one_wave_by_size(results, arch.sm_count, args.top)))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
     return 0

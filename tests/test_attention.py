@@ -14,7 +14,6 @@ scores of unit variance.
 from __future__ import annotations
 
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from test_mma import _context, _matmul, emulate_configs, needs_emulator
 from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
 from welder.codegen import TEMPLATE_DIR, generate_kernel
+from welder.device.cubin import text_instructions
 from welder.frontend.onnx import import_onnx
 from welder.schedule.engine import CostModel, fuse
 from welder.schedule.group import make_group
@@ -228,23 +228,6 @@ def test_fp32_attention_is_exact_on_ffma(label: str) -> None:
         for launch, outputs in enumerate(runs):
             err = error_metric(outputs["y"], reference)
             assert err <= 1e-5 < threshold_for("float32"), f"{cfg.stages[0]} launch {launch}: error {err:.3e}"
-
-
-def text_instructions(cubin: bytes) -> dict[str, int]:
-    """Each kernel's SASS instructions in an sm_90 cubin (16 bytes each): the sizes of its
-    ELF64 ``.text.<kernel>`` sections."""
-    shoff, shentsize, shnum, shstrndx = (
-        *struct.unpack_from("<Q", cubin, 0x28),
-        *struct.unpack_from("<HHH", cubin, 0x3A),
-    )
-    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-    names_at = headers[shstrndx][4]
-
-    def name(h: tuple[int, ...]) -> str:
-        start = names_at + h[0]
-        return cubin[start : cubin.index(b"\0", start)].decode()
-
-    return {name(h)[len(".text.") :]: h[5] // 16 for h in headers if name(h).startswith(".text.")}
 
 
 #: Instructions an exact-fp32 attention kernel of ViT-S/32's heads (50 keys, 64 wide) may

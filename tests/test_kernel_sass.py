@@ -77,11 +77,14 @@ def test_a_tuned_group_is_compiled_and_counted(tmp_path: Path, capsys) -> None:
     assert result["group"] == tuned["groups"][0]["root"]
     assert 0 < result["registers"] <= 255
     assert result["spill_store_bytes"] == 0
+    assert result["blocks"] == tuned["groups"][0]["kernel"]["grid"]
     if shutil.which("cuobjdump"):
         assert result["opcodes"].get("EXIT", 0) >= 1
+        assert sum(result["opcodes"].values()) <= result["instructions"]
     else:
         assert result["opcodes"] == {}
-        assert "no instruction counts" in capsys.readouterr().out
+        assert "no opcode classes" in capsys.readouterr().out
+    assert result["instructions"] > 0
 
 
 def test_group_tools_rebuild_groups_of_the_graph_the_tuner_planned(tmp_path: Path, capsys) -> None:
