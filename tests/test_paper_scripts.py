@@ -10,6 +10,7 @@ there, welder only planned from the H100's cost model) and skip without torch.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
 import json
@@ -649,6 +650,52 @@ def test_figure11_profiles_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert (tmp_path / "runs" / "exports" / "bert_b1_fp16") in [p for _, p in seen]
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "figure11_fp16_b1.png").is_file()
+
+
+@pytest.mark.parametrize("system", ["compile-max-autotune", "compile", "eager"])
+def test_figure11_compiles_torch_compile_outside_ncu_into_caches_the_profile_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, system: str
+) -> None:
+    """A torch.compile system runs once outside ncu first, into emptied caches of its own,
+    and ncu's run reads the same caches; eager has nothing to compile and goes to ncu
+    directly.  A compile past --peer-timeout-s is the profile's error, with no ncu run."""
+    fig11 = script("Figure11")
+    calls: list[tuple[list[str], dict[str, str]]] = []
+    stale = tmp_path / "runs" / "inductor" / f"bert_b1_fp16-{system}" / "stale"
+
+    def run_child(command: Any, timeout_s: float, env: dict[str, str] | None = None) -> Any:
+        calls.append((list(command), dict(env or {})))
+        assert system == "eager" or not stale.exists()
+        return subprocess.CompletedProcess(command, 0, NCU_OUTPUT if command[0] == "ncu" else "", "")
+
+    monkeypatch.setattr(fig11.benchmark, "_run_child", run_child)
+    stale.parent.mkdir(parents=True)
+    stale.write_text("a cache entry of an earlier compile")
+    args = argparse.Namespace(
+        device="cuda", ncu="ncu", runs=str(tmp_path / "runs"), peer_timeout_s=240.0, profile_timeout_s=240.0
+    )
+    prefix = tmp_path / "runs" / "exports" / "bert_b1_fp16"
+    assert fig11.profile(system, prefix, args)["profile"] == "ncu"
+    if system == "eager":
+        assert [c[0][0] for c in calls] == ["ncu"]
+        return
+    (warm, warm_env), (ncu, ncu_env) = calls
+    assert warm[0] != "ncu" and warm[1].endswith("profile_once.py") and warm[2:] == [system, str(prefix)]
+    assert ncu[0] == "ncu" and ncu[-2:] == [system, str(prefix)]
+    folder = str(stale.parent)
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        assert warm_env[key].startswith(folder) and ncu_env[key] == warm_env[key]
+    assert ncu_env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+
+    def too_long(command: Any, timeout_s: float, env: dict[str, str] | None = None) -> Any:
+        if command[0] == "ncu":
+            raise AssertionError("ncu ran after a compile that did not finish")
+        raise fig11.benchmark.StepTimeout(f"timed out after {timeout_s:.0f} s")
+
+    monkeypatch.setattr(fig11.benchmark, "_run_child", too_long)
+    cell = fig11.profile(system, prefix, args)
+    assert cell["profile"].startswith("error: its compile outside ncu timed out after 240 s")
+    assert "--peer-timeout-s" in cell["profile"]
 
 
 @pytest.mark.parametrize("remade", [False, True])
