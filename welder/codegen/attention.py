@@ -83,6 +83,7 @@ class AttentionStageCtx(StageCtx):
     rows: list[RowStage]
     probs: str  # C: P at (gm, gn), with sv (S's element) or lv (its logit) in scope
     probs_scale: str | None  # row stage P is divided by, as a product by its reciprocal
+    probs_kept: bool  # P's numerator is the last row stage's value, kept in S's place
     logits: str | None  # C: the logit computed in place of S's element (_logits), if any
     q: object
     k: object
@@ -141,6 +142,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     logit, bodies, probs = _logits(att, kb.group.computes)
     probs, scale = _reciprocal_scale(att, probs)
     rows = _row_stages(kb, att, bodies, s_origins)
+    probs_c = _printer(kb, att, _row_names(att, o_origins, "gn"))(probs)
     return AttentionStageCtx(
         template=TEMPLATE,
         headers=HEADERS,
@@ -170,8 +172,9 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
         row_guard=att.scores.m % st.block_m != 0 or st.tile[-2] != st.block_m,
         m_origin=s_origins[att.scores.m_axis],
         rows=rows,
-        probs=_printer(kb, att, _row_names(att, o_origins, "gn"))(probs),
+        probs=probs_c,
         probs_scale=scale,
+        probs_kept=scale is not None and bool(rows) and probs_c == rows[-1].value,
         logits=None if logit is None else _printer(kb, att, _row_names(att, s_origins, "gn"))(logit),
         q=q,
         k=kop,
