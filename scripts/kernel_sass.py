@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from welder.arch import get_arch  # noqa: E402
-from welder.codegen import generate_kernel  # noqa: E402
+from welder.codegen import TEMPLATE_DIR, generate_kernel  # noqa: E402
 from welder.device.cubin import text_instructions  # noqa: E402
-from welder.device.gpu import CompileError, GpuUnavailable, compile_cubin  # noqa: E402
+from welder.device.gpu import CompileError, GpuUnavailable, compile_cubin, nvcc_path  # noqa: E402
 from welder.pipeline import planned_import  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
 from welder.schedule.kinds import config_from_json  # noqa: E402
@@ -45,6 +45,9 @@ from welder.schedule.kinds import config_from_json  # noqa: E402
 #: ptxas -v's lines: "Used 136 registers", "0 bytes stack frame, 0 bytes spill stores, ...".
 _REGISTERS = re.compile(r"Used (\d+) registers")
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+#: A PTX branch (``@%p3 bra.uni $L__BB0_5;``) and a PTX label (``$L__BB0_5:``).
+_BRANCH = re.compile(r"^\s*(?:@!?%\w+\s+)?bra(?:\.uni)?\s+(\$\w+);")
+_LABEL = re.compile(r"^(\$\w+):")
 #: A SASS line: ``/*0040*/  @!P0 IMAD.MOV.U32 R1, ...`` -> the opcode's class, ``IMAD``.
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
@@ -59,6 +62,7 @@ class KernelSass:
     spill_store_bytes: int
     spill_load_bytes: int
     instructions: int  # static SASS instructions (the cubin's .text section)
+    straight_line: float  # share of its PTX instructions in no loop (straight_line_fraction)
     blocks: int | None  # the kernel's grid, as tuned.json records it
     opcodes: dict[str, int] = field(default_factory=dict)  # empty without cuobjdump
 
@@ -67,6 +71,31 @@ def opcode_counts(sass: str) -> dict[str, int]:
     """Opcode classes of a ``cuobjdump -sass`` listing, most frequent first."""
     counts = Counter(m.group(1) for m in _OPCODE.finditer(sass))
     return dict(counts.most_common())
+
+
+def straight_line_fraction(ptx: str, kernel: str) -> float:
+    """The share of ``kernel``'s PTX instructions that lie in no loop: not between a label
+    and a later branch back to it.  Each thread runs those once, so a kernel of one wave
+    fetches them cold once a run (the rest it fetches once and reruns)."""
+    lines = ptx.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(".visible .entry " + kernel + "("))
+    end = next(i for i in range(start, len(lines)) if lines[i] == "}")
+    body = lines[start:end]
+    labels = {m.group(1): i for i, line in enumerate(body) if (m := _LABEL.match(line))}
+    in_loop = [False] * len(body)
+    for i, line in enumerate(body):
+        m = _BRANCH.match(line)
+        if m and labels.get(m.group(1), len(body)) < i:
+            for j in range(labels[m.group(1)], i + 1):
+                in_loop[j] = True
+    instructions = [
+        i
+        for i, line in enumerate(body)
+        if line.strip().endswith(";") and not line.strip().startswith((".", "//"))
+    ]
+    if not instructions:
+        return 1.0
+    return sum(not in_loop[i] for i in instructions) / len(instructions)
 
 
 def ptxas_facts(log: str) -> tuple[int, int, int, int]:
@@ -78,41 +107,60 @@ def ptxas_facts(log: str) -> tuple[int, int, int, int]:
     return int(regs.group(1)), int(stack.group(1)), int(stack.group(2)), int(stack.group(3))
 
 
-def study(
-    source: str, name: str, sm: str, work: Path
-) -> tuple[tuple[int, int, int, int], int, dict[str, int]]:
+@dataclass
+class Studied:
+    """What nvcc made of one kernel (see :class:`KernelSass`)."""
+
+    facts: tuple[int, int, int, int]  # ptxas_facts
+    instructions: int
+    straight_line: float
+    opcodes: dict[str, int]
+
+
+def study(source: str, name: str, sm: str, work: Path) -> Studied:
     """Compile one kernel's source: ptxas's facts, the static instruction count of kernel
-    ``name`` and, where cuobjdump exists, its opcodes."""
+    ``name``, the share of its PTX in no loop and, where cuobjdump exists, its opcodes."""
     logs: list[str] = []
     try:
         image = compile_cubin(source, sm, options=("-Xptxas", "-v"), report=logs.append)
-    except (CompileError, GpuUnavailable) as e:
+        src, ptx = work / "kernel.cu", work / "kernel.ptx"
+        src.write_text(source)
+        subprocess.run(
+            [nvcc_path(), "-ptx", "-O3", f"-arch={sm}", f"-I{TEMPLATE_DIR}", str(src), "-o", str(ptx)],
+            check=True,
+            capture_output=True,
+        )
+    except (CompileError, GpuUnavailable, subprocess.CalledProcessError) as e:
         raise SystemExit(f"kernel_sass: {e}") from None
     facts = ptxas_facts(logs[0])
     instructions = text_instructions(image)[name]
+    straight = straight_line_fraction(ptx.read_text(), name)
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump is None:
-        return facts, instructions, {}
+        return Studied(facts, instructions, straight, {})
     cubin = work / "kernel.cubin"
     cubin.write_bytes(image)
     dump = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True)
-    return facts, instructions, opcode_counts(dump.stdout)
+    return Studied(facts, instructions, straight, opcode_counts(dump.stdout))
 
 
 def one_wave_by_size(results: list[KernelSass], sms: int, top: int) -> list[str]:
-    """The ``top`` kernels of at most ``sms`` blocks with the most instructions, as lines."""
-    lines = [f"kernels of at most one wave ({sms} blocks), most instructions first:"]
+    """The ``top`` kernels of at most ``sms`` blocks with the most instructions in no loop
+    (each run once a run, and fetched cold), as lines."""
+    lines = [f"kernels of at most one wave ({sms} blocks), most instructions in no loop first:"]
     alike: dict[tuple[str, int, int], list[KernelSass]] = {}
     for r in results:
         if r.blocks is not None and r.blocks <= sms:
             alike.setdefault((r.ops, r.instructions, r.blocks), []).append(r)
-    few = sorted(alike.values(), key=lambda rs: -rs[0].instructions)
+    few = sorted(alike.values(), key=lambda rs: -rs[0].instructions * rs[0].straight_line)
     for rs in few[:top]:
         r, times = rs[0], [x.measured_us for x in rs if x.measured_us is not None]
         measured = f"{sum(times) / len(times):.1f}" if times else "-"
+        once = round(r.instructions * r.straight_line)
         lines.append(
-            f"  {r.instructions:7d} instr  {r.blocks:5d} blocks  {measured:>8} us  x{len(rs):<3d}"
-            f"  {r.ops[:50]}  {r.group[-40:]}"
+            f"  {once:6d} of {r.instructions:6d} instr  {r.blocks:5d} blocks  {measured:>8} us"
+            f"  x{len(rs):<3d}"
+            f"  {r.ops[:44]}  {r.group[-36:]}"
         )
     if not few:
         lines.append("  none")
@@ -146,11 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kernel_sass: no generated group's root contains {args.group!r}", file=sys.stderr)
         return 2
     results = []
-    studied: dict[str, tuple[tuple[int, int, int, int], int, dict[str, int]]] = {}
+    studied: dict[str, Studied] = {}
     with tempfile.TemporaryDirectory(prefix="welder-sass-") as work:
         for g in chosen:
             if g.get("signature") in studied:  # a repeated layer: the same kernel
-                (regs, stack, stores, loads), instructions, opcodes = studied[g["signature"]]
+                found = studied[g["signature"]]
             elif graph is None:
                 source, name = g["kernel"]["source"], g["kernel"]["name"]
                 specific = "welder_wgmma" in source
@@ -162,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
                 sm = f"{args.sm}a" if specific and not args.sm.endswith("a") else args.sm
                 found = study(source, name, sm, Path(work))
                 studied[g.get("signature") or g["root"]] = found
-                (regs, stack, stores, loads), instructions, opcodes = found
+            (regs, stack, stores, loads), instructions, opcodes = (
+                found.facts,
+                found.instructions,
+                found.opcodes,
+            )
             ops = "+".join(dict.fromkeys(g["ops"]))
             blocks = (g.get("kernel") or {}).get("grid")
             result = KernelSass(
@@ -174,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 stores,
                 loads,
                 instructions,
+                found.straight_line,
                 None if blocks is None else int(blocks),
                 opcodes,
             )
@@ -182,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{g['root']} ({ops[:60]}; {measured})")
             print(
                 f"  {regs} registers, {stack} B stack, spills {stores} B stored / {loads} B loaded, "
-                f"{instructions} instructions, {'?' if blocks is None else blocks} blocks"
+                f"{instructions} instructions ({found.straight_line:.0%} in no loop), "
+                f"{'?' if blocks is None else blocks} blocks"
             )
             if opcodes:
                 top = ", ".join(f"{op} {n}" for op, n in list(opcodes.items())[: args.top])

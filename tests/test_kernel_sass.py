@@ -45,6 +45,39 @@ def test_opcodes_are_counted_by_class_predicates_included() -> None:
     assert counts["IMAD"] == 2 and counts["LDG"] == 1 and counts["BRA"] == 1
 
 
+PTX = """
+.visible .entry other(
+)
+{
+	ret;
+}
+.visible .entry k(
+	.param .u64 k_param_0
+)
+{
+	.reg .b32 	%r<4>;
+	mov.u32 	%r1, 0;
+$L__BB0_1:
+	ld.shared.v2.f32 	{%f1, %f2}, [%r1];
+	add.s32 	%r1, %r1, 1;
+	setp.lt.s32 	%p1, %r1, 8;
+	@%p1 bra 	$L__BB0_1;
+	@%p1 bra 	$L__BB0_2;
+	mov.u32 	%r2, 1;
+$L__BB0_2:
+	ret;
+}
+"""
+
+
+def test_instructions_between_a_label_and_a_branch_back_to_it_are_a_loop() -> None:
+    """Counted by hand: 8 instructions in ``k`` (declarations are not), of which the load,
+    the add, the compare and the back branch lie in the loop; the forward branch and what
+    follows it do not."""
+    assert kernel_sass.straight_line_fraction(PTX, "k") == 4 / 8
+    assert kernel_sass.straight_line_fraction(PTX, "other") == 1.0
+
+
 def test_ptxas_reports_are_read() -> None:
     log = (
         "ptxas info    : Used 136 registers, used 1 barriers\n"
@@ -84,7 +117,7 @@ def test_a_tuned_group_is_compiled_and_counted(tmp_path: Path, capsys) -> None:
     else:
         assert result["opcodes"] == {}
         assert "no opcode classes" in capsys.readouterr().out
-    assert result["instructions"] > 0
+    assert result["instructions"] > 0 and 0.0 < result["straight_line"] <= 1.0
 
 
 def test_group_tools_rebuild_groups_of_the_graph_the_tuner_planned(tmp_path: Path, capsys) -> None:
