@@ -8,13 +8,13 @@ in topological order; networkx provides the graph algorithms the scheduler needs
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 import networkx as nx
 import numpy as np
 
+from welder import files
 from welder.errors import ModelError
 from welder.ir.compute import Compute, Reduce, compute, reduce, reduce_axis
 from welder.ir.expr import (
@@ -402,9 +402,7 @@ class Graph:
         }
 
     def write_json(self, path: str) -> None:
-        with open(path, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
-            f.write("\n")
+        files.write_json(self.to_json(), path)
 
     def summary(self) -> str:
         kinds = {"reduction": 0, "injective": 0}

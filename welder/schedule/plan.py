@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from welder import files
 from welder.arch import Arch
 from welder.graph import Graph
 from welder.schedule.config import GroupConfig
@@ -327,9 +327,7 @@ def write_tuned_json(plan: Plan, graph: Graph, path: str) -> None:
 
 
 def write_json(doc: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+    files.write_json(doc, path)
 
 
 # Short spellings of long op types, so a group's ops fit one column of the summary.
