@@ -23,6 +23,7 @@ ROOT = Path(welder.__file__).resolve().parent
 LAYERS: list[tuple[str, ...]] = [
     (
         "welder.errors",
+        "welder.files",
         "welder.resources",
         "welder.lock",
         "welder.hostcpu",

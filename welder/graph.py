@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 import networkx as nx
 import numpy as np
 
-from welder import files
 from welder.errors import ModelError
+from welder.files import write_json
 from welder.ir.compute import Compute, Reduce, compute, reduce, reduce_axis
 from welder.ir.expr import (
     INDEX,
@@ -402,7 +402,7 @@ class Graph:
         }
 
     def write_json(self, path: str) -> None:
-        files.write_json(self.to_json(), path)
+        write_json(self.to_json(), path)
 
     def summary(self) -> str:
         kinds = {"reduction": 0, "injective": 0}

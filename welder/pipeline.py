@@ -25,6 +25,7 @@ from welder.check import model_file
 from welder.codegen import Kernel, generate_model
 from welder.device.gpu import GpuDevice, gpu_available
 from welder.errors import WelderError
+from welder.files import write_json
 from welder.frontend.onnx import MemoryLimit, import_onnx, load_model
 from welder.graph import Graph
 from welder.lock import prefix_lock
@@ -33,7 +34,7 @@ from welder.runtime.emit import emit_runtime, normalize_cuda_arch
 from welder.runtime.library import parse_summary
 from welder.schedule.kinds import Options
 from welder.schedule.kinds.mma import TF32_KIND
-from welder.schedule.plan import Plan, plan_model, tuned_json, write_json
+from welder.schedule.plan import Plan, plan_model, tuned_json
 from welder.tune.cache import TuningCache
 from welder.tune.tuner import tune_model
 

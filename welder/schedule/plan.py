@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from welder import files
 from welder.arch import Arch
+from welder.files import write_json
 from welder.graph import Graph
 from welder.schedule.config import GroupConfig
 from welder.schedule.engine import CostModel, fuse, group_signature
@@ -324,10 +324,6 @@ def _basis(flags: list[bool]) -> str:
 
 def write_tuned_json(plan: Plan, graph: Graph, path: str) -> None:
     write_json(tuned_json(plan, graph), path)
-
-
-def write_json(doc: dict, path: str) -> None:
-    files.write_json(doc, path)
 
 
 # Short spellings of long op types, so a group's ops fit one column of the summary.
