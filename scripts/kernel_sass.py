@@ -197,19 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     studied: dict[str, Studied] = {}
     with tempfile.TemporaryDirectory(prefix="welder-sass-") as work:
         for g in chosen:
-            if g.get("signature") in studied:  # a repeated layer: the same kernel
-                found = studied[g["signature"]]
-            elif graph is None:
-                source, name = g["kernel"]["source"], g["kernel"]["name"]
-                specific = "welder_wgmma" in source
-            else:
-                group = make_group(graph, g["members"])
-                kernel = generate_kernel(graph, group, config_from_json(g["configs"][0]), "welder_study")
-                source, name, specific = kernel.source, "welder_study", kernel.arch_specific
-            if g.get("signature") not in studied:
+            key = g.get("signature") or g["root"]  # repeated layers: one kernel, studied once
+            if key not in studied:
+                if graph is None:
+                    source, name = g["kernel"]["source"], g["kernel"]["name"]
+                    specific = "welder_wgmma" in source
+                else:
+                    group = make_group(graph, g["members"])
+                    kernel = generate_kernel(graph, group, config_from_json(g["configs"][0]), "welder_study")
+                    source, name, specific = kernel.source, "welder_study", kernel.arch_specific
                 sm = f"{args.sm}a" if specific and not args.sm.endswith("a") else args.sm
-                found = study(source, name, sm, Path(work))
-                studied[g.get("signature") or g["root"]] = found
+                studied[key] = study(source, name, sm, Path(work))
+            found = studied[key]
             (regs, stack, stores, loads), instructions, opcodes = (
                 found.facts,
                 found.instructions,

@@ -8,11 +8,11 @@
 # The state a run goes on from is .paper-state/ in the checkout, when it is there: the
 # results folder (results/: a run skips the lines its CSVs hold), the tuning cache
 # (cache/tuning.db, or gzipped as cache/tuning.db.gz, a tenth of the size) and commit (the
-# welder commit, for a copy without git history).  It is copied in before the run, and the state -- results with their PNGs, and a consistent copy
-# of the cache -- goes back as paper-state.tgz in $OUT (or /tmp/welder-paper) every 15 s
-# while the run lasts and once at its end, so a run cut short still returns what it
-# measured.  Unpack it into .paper-state/ for the next run, and copy results/ into
-# artifacts/results/<GPU>/ to commit it.  Each welder build's tuned.json (every group's
+# welder commit, for a copy without git history).  It is copied in before the run, and the
+# state -- results with their PNGs, and a consistent copy of the cache -- goes back as
+# paper-state.tgz in $OUT (or /tmp/welder-paper) every 15 s while the run lasts and once at
+# its end, so a run cut short still returns what it measured.  Unpack it into .paper-state/
+# for the next run, and copy results/ into artifacts/results/<GPU>/ to commit it.  Each welder build's tuned.json (every group's
 # measured and predicted latency, every config it timed) comes back beside it in tuned.tar
 # (one file, as a machine may return only a few), gzipped, as
 # tuned/tuned_<variant>_<case>.json.gz, its log (the tune's stderr, a line a group, also of a

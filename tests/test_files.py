@@ -49,8 +49,20 @@ def test_tuned_json_is_written_this_way(tmp_path: Path, monkeypatch: pytest.Monk
         f.write("{")
         raise OSError("killed")
 
-    monkeypatch.setattr(files.json, "dump", fail)
     monkeypatch.setattr(json, "dump", fail)
     with pytest.raises(OSError):
         plan.write_json({"groups": [1]}, str(path))
     assert json.loads(path.read_text()) == {"groups": []}
+
+
+def test_an_npz_written_through_a_replaced_path_lands_whole(tmp_path: Path) -> None:
+    """np.savez adds ``.npz`` to a name without it, so the partial path keeps the target's
+    suffix: what lands is the array written, and nothing is left beside it."""
+    import numpy as np
+
+    path = tmp_path / "inputs.npz"
+    with files.replaced(path) as partial:
+        np.savez(partial, x=np.arange(5))
+    with np.load(path) as stored:
+        assert stored["x"].tolist() == [0, 1, 2, 3, 4]
+    assert [p.name for p in tmp_path.iterdir()] == ["inputs.npz"]

@@ -21,6 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from welder.errors import ModelError
+from welder.files import replaced
 from welder.graph import Graph
 from welder.ir.expr import FLOAT_DTYPES, Cast, Expr, Load, walk
 from welder.ir.interpret import np_dtype
@@ -368,9 +369,8 @@ def cached_onnxruntime_outputs(
         pass
     reference = onnxruntime_outputs(model, feeds, outputs)
     entry.parent.mkdir(parents=True, exist_ok=True)
-    partial = entry.with_name(f"{entry.stem}.{os.getpid()}.tmp.npz")
-    np.savez(partial, **reference)
-    os.replace(partial, entry)
+    with replaced(entry) as partial:
+        np.savez(partial, **reference)
     return reference
 
 

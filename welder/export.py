@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from welder.errors import WelderError
+from welder.files import replaced
 
 if TYPE_CHECKING:
     import torch
@@ -1112,9 +1113,8 @@ def export_onnx(
         if created and not any(out.iterdir()):
             out.rmdir()
         raise
-    partial = out / f"{INPUTS_NPZ}.{os.getpid()}.tmp.npz"
-    np.savez(partial, **feeds)
-    os.replace(partial, out / INPUTS_NPZ)
+    with replaced(out / INPUTS_NPZ) as partial:
+        np.savez(partial, **feeds)
     info = ExportInfo(
         model=name,
         batch=batch,
