@@ -48,7 +48,7 @@ for _path in (ROOT / "scripts", ROOT / "artifacts", ROOT):
 
 import benchmark  # noqa: E402
 from benchmark import Cell, Config  # noqa: E402
-from run_torch import COLD_ENV, UNCAPTURED, TimingPlan  # noqa: E402
+from run_torch import CACHE_ENVS, UNCAPTURED, TimingPlan, compile_seconds  # noqa: E402
 
 from welder.export import INPUTS_NPZ, PAPER_MODELS  # noqa: E402
 
@@ -287,27 +287,35 @@ def measure_case(
         yield "onnxruntime", cell
 
 
-#: The environment of every torch peer: Inductor's on-disk caches off, so that a compile
-#: time is a cold compile's however many cases ran on the machine before (Table 4 takes
-#: Figure 9's max-autotune line for that reason).
-COLD_INDUCTOR = {COLD_ENV: "1"}
 #: How a torch peer's line ends when it ran past --peer-timeout-s.
 PEER_TIMEOUT = "(--peer-timeout-s)"
 
 
+def cold_caches(folder: Path) -> dict[str, str]:
+    """The environment of a torch peer: Inductor's and Triton's on-disk caches in empty
+    folders under ``folder``, so that its compile is a cold one however many cases ran on
+    the machine before (Table 4 takes Figure 9's max-autotune line for that reason), while
+    a second compile in the same process (the mode without CUDA graphs, where the first
+    mode's callable cannot be captured) finds the kernels and autotuning the first made."""
+    return {name: str(folder / name.lower()) for name in CACHE_ENVS}
+
+
 def torch_peer(export: Path, system: str, args: argparse.Namespace) -> Cell:
     """One torch system timed by run_torch.py in a process of its own (exact fp32: TF32
-    off; Inductor's caches off): every system starts cold, a crash stays in its process,
-    and --peer-timeout-s bounds a compile that runs on (max-autotune's take minutes), its
-    workers stopped too."""
+    off; Inductor's caches empty at its start): every system starts cold, a crash stays
+    in its process, and --peer-timeout-s bounds a compile that runs on (max-autotune's
+    take minutes), its workers stopped too.  A system stopped after its compile was done
+    keeps that compile's time (``build_s``) on its error line."""
     with tempfile.TemporaryDirectory(prefix="welder-peer-") as tmp:
-        out = Path(tmp) / "result.json"
+        out, log = Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
         command = [sys.executable, str(ROOT / "artifacts" / "run_torch.py"), str(export), "--systems", system]
         command += ["--device", args.device, "--budget-s", str(args.budget_s), "--json", str(out)]
         try:
-            proc = benchmark._run_child(command, args.peer_timeout_s, COLD_INDUCTOR)
+            proc = benchmark._run_child(command, args.peer_timeout_s, cold_caches(Path(tmp)), log=log)
         except benchmark.StepTimeout as e:
-            return Cell(error=f"{system} {e} {PEER_TIMEOUT}")
+            compiled = compile_seconds(log.read_text(errors="replace"), system) if log.is_file() else None
+            done = f", its compile done in {compiled:.1f} s" if compiled is not None else ""
+            return Cell(error=f"{system} {e} {PEER_TIMEOUT}{done}", build_s=compiled)
         if not out.is_file():
             return Cell(error=f"run_torch exit {proc.returncode}: {benchmark._tail(proc, 2)}")
         result = json.loads(out.read_text())[0]

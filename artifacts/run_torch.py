@@ -15,7 +15,10 @@ and outputs on the GPU, two latencies each:
 
 ``compile`` is ``torch.compile(mode="reduce-overhead")`` (CUDA graphs),
 ``compile-max-autotune`` is ``mode="max-autotune"`` (Triton templates and their
-autotuning, CUDA graphs too); a compile time is the wall time of the first call.  Where
+autotuning, CUDA graphs too); a compile time is the wall time of the first call, written
+to stderr as soon as it is known (``COMPILED``: a parent that stops the process later,
+in its timing, keeps it), and noted as a cold compile where Inductor's caches were off or
+empty when it started (``cold_note``).  Where
 a compiled callable cannot be captured, its mode without CUDA graphs (the same kernels)
 is compiled and captured instead, and the notes say so; where no capture works (a forward
 that syncs with the host), the device time is the GPU's busy time per call from
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -230,6 +234,35 @@ def load(prefix: str | Path, device: str) -> tuple[Any, tuple[Any, ...], Any, li
 #: carries: its compile time is a cold compile's.
 COLD_ENV = "TORCHINDUCTOR_FORCE_DISABLE_CACHES"
 COLD_NOTE = "Inductor caches off: a cold compile"
+#: Where Inductor and Triton keep their on-disk caches, and the note of a compile that
+#: started with both empty: as cold as one with the caches off, but what it compiled and
+#: autotuned is there for a second compile in the same process (the mode without CUDA
+#: graphs that a failed capture falls back to), which then takes seconds, not minutes.
+CACHE_ENVS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+EMPTY_NOTE = "Inductor caches empty at its start: a cold compile"
+#: What every cold compile's note ends with.
+COLD = "a cold compile"
+#: The line run_torch writes to stderr as soon as a compile is done, so that a parent that
+#: stops it later (its timing past a limit) still knows the compile time.
+COMPILED = re.compile(r"^# (\S+) compiled in ([0-9.]+) s$", re.M)
+
+
+def cold_note() -> str | None:
+    """The note of a compile starting now, where it is a cold one: Inductor's caches off,
+    or both cache folders named and empty."""
+    if os.environ.get(COLD_ENV) == "1":
+        return COLD_NOTE
+    folders = [os.environ.get(name) for name in CACHE_ENVS]
+    if all(folders) and not any(Path(f).is_dir() and any(Path(f).iterdir()) for f in folders):
+        return EMPTY_NOTE
+    return None
+
+
+def compile_seconds(stderr: str, system: str) -> float | None:
+    """``system``'s compile time from run_torch's stderr (COMPILED), None before it was done."""
+    found = [float(s) for name, s in COMPILED.findall(stderr) if name == system]
+    return found[-1] if found else None
+
 
 #: The torch.compile systems and their modes.
 COMPILE_MODES = {"compile": "reduce-overhead", "compile-max-autotune": "max-autotune"}
@@ -409,17 +442,18 @@ def time_system(
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     with torch.inference_mode():
-        compile_s = None
+        compile_s, setup = None, []
         if system == "eager":
             call = _step(module, args, False)
         else:
+            setup = [note] if (note := cold_note()) else []
             call = _step(_compiled(module, COMPILE_MODES[system]), args, cuda)
             clock = WallClock(sync)
             clock.start()
             call()
             compile_s = clock.stop() / 1e3
+            print(f"# {system} compiled in {compile_s:.2f} s", file=sys.stderr, flush=True)
         latency = measure_calls(call, sync, plan)
-        setup = [COLD_NOTE] if compile_s is not None and os.environ.get(COLD_ENV) == "1" else []
         if not cuda:
             return SystemTiming(measure(call, clock_for(device), plan), latency, compile_s, setup)
         try:

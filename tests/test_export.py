@@ -767,23 +767,48 @@ def test_busy_time_counts_kernels_copies_and_memsets_not_annotations() -> None:
     assert work(device_type="cuda") and not work(device_type="cuda", is_user_annotation=True)
 
 
-@pytest.mark.parametrize("cold", [True, False])
-def test_a_compile_made_with_inductor_s_caches_off_says_so(monkeypatch, cold) -> None:
+@pytest.mark.parametrize("caches", ["off", "empty", "filled", "default"])
+def test_a_cold_compile_says_so_and_tells_its_time_on_stderr(monkeypatch, capsys, tmp_path, caches) -> None:
     """The note that lets Table 4 take a compile time as a cold one: on a compiled system
-    whose process had Inductor's caches off, on no other."""
+    whose process had Inductor's caches off or both its cache folders empty, on no other;
+    and the compile time on stderr as soon as it is known (what a parent that stops the
+    process later keeps)."""
     need("torch")
     import run_torch
     import torch
 
     monkeypatch.setattr(run_torch, "_compiled", lambda module, mode: module)
-    if cold:
+    monkeypatch.delenv(run_torch.COLD_ENV, raising=False)
+    for name in run_torch.CACHE_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    if caches == "off":
         monkeypatch.setenv(run_torch.COLD_ENV, "1")
-    else:
-        monkeypatch.delenv(run_torch.COLD_ENV, raising=False)
+    elif caches in ("empty", "filled"):
+        for name in run_torch.CACHE_ENVS:
+            monkeypatch.setenv(name, str(tmp_path / name))
+        (tmp_path / run_torch.CACHE_ENVS[0]).mkdir()
+        if caches == "filled":
+            (tmp_path / run_torch.CACHE_ENVS[-1]).mkdir()
+            (tmp_path / run_torch.CACHE_ENVS[-1] / "kernel.cubin").write_bytes(b"x")
     plan = TimingPlan(warmup=1, warmup_s=0.0, repeats=3, min_repeats=1, repeat_ms=1.0, budget_s=0.1)
     module, args = torch.nn.Linear(4, 4), (torch.ones(1, 4),)
-    assert time_system("compile", module, args, "cpu", plan).notes == ([run_torch.COLD_NOTE] if cold else [])
+    timing = time_system("compile", module, args, "cpu", plan)
+    expected = {"off": [run_torch.COLD_NOTE], "empty": [run_torch.EMPTY_NOTE]}.get(caches, [])
+    assert timing.notes == expected
+    assert all(run_torch.COLD in note for note in expected)
+    said = run_torch.compile_seconds(capsys.readouterr().err, "compile")
+    assert said == pytest.approx(timing.compile_s, abs=0.01)
     assert time_system("eager", module, args, "cpu", plan).notes == []
+    assert run_torch.compile_seconds(capsys.readouterr().err, "eager") is None
+
+
+def test_compile_seconds_reads_the_named_system_s_last_line() -> None:
+    import run_torch
+
+    err = "warning: x\n# compile compiled in 3.50 s\n# compile-max-autotune compiled in 95.25 s\ntrace"
+    assert run_torch.compile_seconds(err, "compile-max-autotune") == 95.25
+    assert run_torch.compile_seconds(err, "compile") == 3.5
+    assert run_torch.compile_seconds("# compile compiled in", "compile") is None
 
 
 def test_busy_time_is_the_union_of_the_spans() -> None:

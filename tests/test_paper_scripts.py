@@ -448,6 +448,37 @@ def test_a_torch_peer_past_its_limit_is_an_error_naming_the_option(tmp_path: Pat
     assert cell.ms is None and "timed out after" in cell.error and "--peer-timeout-s" in cell.error
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_torch_peer_stopped_in_its_timing_keeps_its_compile_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
+) -> None:
+    """A child that said its compile was done (run_torch's stderr line) and then ran past
+    --peer-timeout-s: the error line keeps the compile's seconds, which Table 4 reads; one
+    stopped before it said so has none.  The child is a real process, its stderr a file."""
+    child = tmp_path / "child.py"
+    said = "# compile-max-autotune compiled in 1.25 s" if compiled else "# still compiling"
+    child.write_text(f"import sys, time\nprint({said!r}, file=sys.stderr, flush=True)\ntime.sleep(60)\n")
+    run_child = benchmark._run_child
+    seen: list[dict[str, str]] = []
+
+    def instead(command, timeout_s, extra_env=None, log=None):
+        seen.append(extra_env)
+        return run_child([sys.executable, str(child)], timeout_s, extra_env, log)
+
+    monkeypatch.setattr(benchmark, "_run_child", instead)
+    parser = paper.build_parser("t", systems=("eager",))
+    args = paper.parse_args(parser, ["--device", "cpu", "--peer-timeout-s", "3"])
+    cell = paper.torch_peer(tmp_path, "compile-max-autotune", args)
+    assert cell.ms is None and "timed out after 3 s (--peer-timeout-s)" in cell.error
+    if compiled:
+        assert cell.build_s == 1.25 and cell.error.endswith("its compile done in 1.2 s")
+    else:
+        assert cell.build_s is None and "compile done" not in cell.error
+    assert not any(Path(folder).exists() for folder in seen[0].values())  # the peer's own, removed
+    row = {"status": "error", "detail": cell.error}
+    assert paper._bounds(row, 3) and not paper._bounds(row, 4)
+
+
 NCU_HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
 NCU_OUTPUT = f"""==PROF== Connected to process 123
 some program output
@@ -824,9 +855,10 @@ def test_table4_tunes_cold_then_warm_on_one_cache(tmp_path: Path, monkeypatch: p
 def test_table4_takes_figure9_s_max_autotune_line_only_if_it_compiled_cold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Figure 9 max-autotune line whose note says Inductor's caches were off is Table 4's
-    cold compile (no export, no compile of its own); one without that note, or --no-reuse,
-    is compiled again.  Every torch peer runs with the caches off."""
+    """A Figure 9 max-autotune line whose note says its compile was cold is Table 4's cold
+    compile (no export, no compile of its own); one without that note, or --no-reuse, is
+    compiled again.  Every torch peer runs with Inductor's and Triton's caches in folders of
+    its own, empty at its start."""
     table4 = script("Table4")
     figure9 = paper.ResultsCsv(tmp_path / "figure9_10.csv", paper.LATENCY_FIELDS)
     cold = benchmark.Cell(ms=0.7, build_s=310.0, detail=f"{run_torch.COLD_NOTE}; tf32=False")
@@ -835,7 +867,10 @@ def test_table4_takes_figure9_s_max_autotune_line_only_if_it_compiled_cold(
     figure9.put(paper.cell_row(benchmark.Config("nerf", 1, "fp16"), "compile-max-autotune", warm, "G"))
     peers: list[tuple[str, dict[str, str] | None]] = []
 
-    def run_child(command, timeout_s, extra_env=None):
+    def run_child(command, timeout_s, extra_env=None, log=None):
+        assert sorted(extra_env) == sorted(run_torch.CACHE_ENVS)
+        assert not any(Path(folder).exists() for folder in extra_env.values())
+        assert len({Path(folder).parent for folder in extra_env.values()}) == 1
         peers.append((command[command.index("--systems") + 1], extra_env))
         raise benchmark.StepTimeout("stopped here")
 
@@ -857,7 +892,7 @@ def test_table4_takes_figure9_s_max_autotune_line_only_if_it_compiled_cold(
     assert rows["fp32"]["build_s"] == "310" and rows["fp32"]["status"] == "ok"
     assert "from figure9_10.csv" in rows["fp32"]["detail"]
     assert rows["fp16"]["status"] == "error" and exports == ["nerf_b1_fp16"]
-    assert peers == [("compile-max-autotune", {run_torch.COLD_ENV: "1"})]
+    assert [system for system, _ in peers] == ["compile-max-autotune"]
     assert table4.main([*argv, "--no-reuse", "--redo", "--dtype", "fp32"]) == 0
     assert len(peers) == 2 and exports[-1] == "nerf_b1_fp32"
 
@@ -866,11 +901,15 @@ def test_table4_takes_figure9_s_max_autotune_timeout_as_its_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A max-autotune that ran past Figure 9's --peer-timeout-s is Table 4's line as it is
-    (the compile takes longer than that limit); other Figure 9 errors are compiled again."""
+    (its compile takes longer than that limit, or, stopped in its timing, the compile time
+    it kept); other Figure 9 errors are compiled again."""
     table4 = script("Table4")
     figure9 = paper.ResultsCsv(tmp_path / "figure9_10.csv", paper.LATENCY_FIELDS)
     late = benchmark.Cell(error=f"compile-max-autotune timed out after 200 s {paper.PEER_TIMEOUT}")
     figure9.put(paper.cell_row(benchmark.Config("nerf", 1, "fp32"), "compile-max-autotune", late, "G"))
+    timing = benchmark.Cell(error=f"{late.error}, its compile done in 95.2 s", build_s=95.25)
+    vit = benchmark.Config("vit_small_p32", 1, "fp32")
+    figure9.put(paper.cell_row(vit, "compile-max-autotune", timing, "G"))
     crashed = benchmark.Cell(error="run_torch exit 1: CUDA out of memory")
     figure9.put(paper.cell_row(benchmark.Config("nerf", 1, "fp16"), "compile-max-autotune", crashed, "G"))
     exports: list[str] = []
@@ -887,6 +926,12 @@ def test_table4_takes_figure9_s_max_autotune_timeout_as_its_line(
     assert rows["fp32"]["status"] == "error" and "timed out after 200 s" in rows["fp32"]["detail"]
     assert "from figure9_10.csv" in rows["fp32"]["detail"]
     assert exports == ["nerf_b1_fp16"] and "export failed" in rows["fp16"]["detail"]
+    assert table4.main(["--models", "vit_small_p32", *argv[2:], "--dtype", "fp32"]) == 0
+    vit = paper.ResultsCsv(tmp_path / "table4.csv", table4.FIELDS).get(
+        benchmark.Config("vit_small_p32", 1, "fp32"), "compile-max-autotune"
+    )
+    assert vit["build_s"] == "95.25" and "its compile done in 95.2 s" in vit["detail"]
+    assert exports == ["nerf_b1_fp16"]
     # given longer than Figure 9 had, it compiles again
     assert table4.main([*argv[:-1], "600", "--retry-errors"]) == 0
     assert exports == ["nerf_b1_fp16", "nerf_b1_fp32", "nerf_b1_fp16"]
