@@ -11,6 +11,7 @@ to shared memory and to global memory.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -27,6 +28,8 @@ from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
 from welder.codegen import generate_kernel, model_source
 from welder.codegen.kernel import KernelBuilder
+from welder.device.cubin import text_instructions
+from welder.device.gpu import compile_cubin
 from welder.frontend.onnx import import_onnx
 from welder.graph import Graph
 from welder.ir.interpret import np_dtype
@@ -389,6 +392,24 @@ def test_both_copy_loops_match_the_interpreter() -> None:
             configs.append(cfg)
     assert {p[0] for p in seen} == {True, False} and {p[1] for p in seen} == {True, False}
     assert _run(graph, group, configs, feeds) == []
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_sum_over_the_splits_is_a_loop_not_straight_line_code() -> None:
+    """One config split 2 and 16 ways: nvcc's instruction counts differ by less than four
+    instructions an accumulator.  Unrolled whole, the last block's sum took a load, a select
+    and an add an accumulator for every split (2,000 more instructions at 16 splits here),
+    code a run fetches cold (docs/codegen.md)."""
+    graph = import_onnx(_matmul(128, 3072, 768)[0])
+    group = _whole_group(graph)
+    cfg = next(c for c in mma.KIND.propose(group, _context(graph, topk=8)) if c.stages[0].splits > 1)
+    counts = {}
+    for splits in (2, 16):
+        split = replace(cfg, stages=[replace(cfg.stages[0], splits=splits), *cfg.stages[1:]])
+        kernel = generate_kernel(graph, group, split, f"k{splits}")
+        counts[splits] = text_instructions(compile_cubin(kernel.source, "sm_90"))[kernel.name]
+    accumulators = math.prod(cfg.block_tile) // cfg.threads
+    assert counts[16] - counts[2] < 4 * accumulators, counts
 
 
 def test_split_k_is_proposed_where_tiles_leave_sms_idle() -> None:
