@@ -291,27 +291,34 @@ def measure_case(
 PEER_TIMEOUT = "(--peer-timeout-s)"
 
 
-def cold_caches(folder: Path) -> dict[str, str]:
-    """The environment of a torch peer: Inductor's and Triton's on-disk caches in empty
-    folders under ``folder``, so that its compile is a cold one however many cases ran on
-    the machine before (Table 4 takes Figure 9's max-autotune line for that reason), while
-    a second compile in the same process (the mode without CUDA graphs, where the first
-    mode's callable cannot be captured) finds the kernels and autotuning the first made."""
-    return {name: str(folder / name.lower()) for name in CACHE_ENVS}
+def peer_caches(export: Path, system: str, args: argparse.Namespace) -> dict[str, str]:
+    """The environment that puts a torch peer's Inductor and Triton on-disk caches in
+    RUNS/inductor/CASE-SYSTEM.  A timing (:func:`torch_peer`) empties the folder first, so
+    its compile is a cold one however many cases ran on the machine before (Table 4 takes
+    Figure 9's max-autotune line for that reason), while a second compile in the same
+    process (the mode without CUDA graphs, where the first mode's callable cannot be
+    captured) finds the kernels and autotuning the first made; Figure 11's profile of the
+    same case and system then finds them too, and profiles the kernels that were timed
+    (Inductor's own keys decide what may be reused)."""
+    folder = Path(args.runs) / "inductor" / f"{export.name}-{system}"
+    return dict(zip(CACHE_ENVS, (str(folder / "inductor"), str(folder / "triton"))))
 
 
 def torch_peer(export: Path, system: str, args: argparse.Namespace) -> Cell:
     """One torch system timed by run_torch.py in a process of its own (exact fp32: TF32
-    off; Inductor's caches empty at its start): every system starts cold, a crash stays
-    in its process, and --peer-timeout-s bounds a compile that runs on (max-autotune's
-    take minutes), its workers stopped too.  A system stopped after its compile was done
-    keeps that compile's time (``build_s``) on its error line."""
+    off; Inductor's caches empty at its start, :func:`peer_caches`): every system starts
+    cold, a crash stays in its process, and --peer-timeout-s bounds a compile that runs on
+    (max-autotune's take minutes), its workers stopped too.  A system stopped after its
+    compile was done keeps that compile's time (``build_s``) on its error line."""
+    caches = peer_caches(export, system, args)
+    for folder in caches.values():
+        shutil.rmtree(folder, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="welder-peer-") as tmp:
         out, log = Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
         command = [sys.executable, str(ROOT / "artifacts" / "run_torch.py"), str(export), "--systems", system]
         command += ["--device", args.device, "--budget-s", str(args.budget_s), "--json", str(out)]
         try:
-            proc = benchmark._run_child(command, args.peer_timeout_s, cold_caches(Path(tmp)), log=log)
+            proc = benchmark._run_child(command, args.peer_timeout_s, caches, log=log)
         except benchmark.StepTimeout as e:
             compiled = compile_seconds(log.read_text(errors="replace"), system) if log.is_file() else None
             done = f", its compile done in {compiled:.1f} s" if compiled is not None else ""

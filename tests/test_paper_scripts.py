@@ -443,7 +443,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_torch_peer_past_its_limit_is_an_error_naming_the_option(tmp_path: Path) -> None:
     parser = paper.build_parser("t", systems=("eager",))
-    args = paper.parse_args(parser, ["--device", "cpu", "--peer-timeout-s", "0.01"])
+    args = paper.parse_args(parser, ["--device", "cpu", "--peer-timeout-s", "0.01", "--runs", str(tmp_path)])
     cell = paper.torch_peer(tmp_path, "compile-max-autotune", args)
     assert cell.ms is None and "timed out after" in cell.error and "--peer-timeout-s" in cell.error
 
@@ -454,27 +454,37 @@ def test_a_torch_peer_stopped_in_its_timing_keeps_its_compile_time(
 ) -> None:
     """A child that said its compile was done (run_torch's stderr line) and then ran past
     --peer-timeout-s: the error line keeps the compile's seconds, which Table 4 reads; one
-    stopped before it said so has none.  The child is a real process, its stderr a file."""
+    stopped before it said so has none.  The child is a real process, its stderr a file.
+    Its caches are RUNS/inductor/CASE-SYSTEM, emptied before it starts (a cold compile)
+    and kept after (for Figure 11's profile of the same compile)."""
     child = tmp_path / "child.py"
     said = "# compile-max-autotune compiled in 1.25 s" if compiled else "# still compiling"
     child.write_text(f"import sys, time\nprint({said!r}, file=sys.stderr, flush=True)\ntime.sleep(60)\n")
+    export = tmp_path / "runs" / "exports" / "nerf_b1_fp32"
+    folder = tmp_path / "runs" / "inductor" / "nerf_b1_fp32-compile-max-autotune"
+    (folder / "inductor").mkdir(parents=True)
+    (folder / "inductor" / "stale").write_text("an earlier compile's")
     run_child = benchmark._run_child
     seen: list[dict[str, str]] = []
 
     def instead(command, timeout_s, extra_env=None, log=None):
         seen.append(extra_env)
+        assert not (folder / "inductor" / "stale").exists()
+        Path(extra_env["TRITON_CACHE_DIR"]).mkdir(parents=True)
         return run_child([sys.executable, str(child)], timeout_s, extra_env, log)
 
     monkeypatch.setattr(benchmark, "_run_child", instead)
     parser = paper.build_parser("t", systems=("eager",))
-    args = paper.parse_args(parser, ["--device", "cpu", "--peer-timeout-s", "3"])
-    cell = paper.torch_peer(tmp_path, "compile-max-autotune", args)
+    argv = ["--device", "cpu", "--peer-timeout-s", "3", "--runs", str(tmp_path / "runs")]
+    args = paper.parse_args(parser, argv)
+    cell = paper.torch_peer(export, "compile-max-autotune", args)
     assert cell.ms is None and "timed out after 3 s (--peer-timeout-s)" in cell.error
     if compiled:
         assert cell.build_s == 1.25 and cell.error.endswith("its compile done in 1.2 s")
     else:
         assert cell.build_s is None and "compile done" not in cell.error
-    assert not any(Path(folder).exists() for folder in seen[0].values())  # the peer's own, removed
+    assert sorted(seen[0].values()) == [str(folder / "inductor"), str(folder / "triton")]
+    assert (folder / "triton").is_dir()  # kept
     row = {"status": "error", "detail": cell.error}
     assert paper._bounds(row, 3) and not paper._bounds(row, 4)
 
@@ -687,21 +697,23 @@ def test_figure11_profiles_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_figure11_compiles_torch_compile_outside_ncu_into_caches_the_profile_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, system: str
 ) -> None:
-    """A torch.compile system runs once outside ncu first, into emptied caches of its own,
-    and ncu's run reads the same caches; eager has nothing to compile and goes to ncu
-    directly.  A compile past --peer-timeout-s is the profile's error, with no ncu run."""
+    """A torch.compile system runs once outside ncu first, into the caches its timing
+    compiled into (what that compile left is kept: the kernels timed are the ones
+    profiled), and ncu's run reads the same caches; eager has nothing to compile and goes
+    to ncu directly.  A compile past --peer-timeout-s is the profile's error, with no ncu
+    run."""
     fig11 = script("Figure11")
     calls: list[tuple[list[str], dict[str, str]]] = []
-    stale = tmp_path / "runs" / "inductor" / f"bert_b1_fp16-{system}" / "stale"
+    timed = tmp_path / "runs" / "inductor" / f"bert_b1_fp16-{system}" / "triton" / "kernel.cubin"
 
     def run_child(command: Any, timeout_s: float, env: dict[str, str] | None = None) -> Any:
         calls.append((list(command), dict(env or {})))
-        assert system == "eager" or not stale.exists()
+        assert timed.is_file()
         return subprocess.CompletedProcess(command, 0, NCU_OUTPUT if command[0] == "ncu" else "", "")
 
     monkeypatch.setattr(fig11.benchmark, "_run_child", run_child)
-    stale.parent.mkdir(parents=True)
-    stale.write_text("a cache entry of an earlier compile")
+    timed.parent.mkdir(parents=True)
+    timed.write_text("a kernel of the timing's compile")
     args = argparse.Namespace(
         device="cuda", ncu="ncu", runs=str(tmp_path / "runs"), peer_timeout_s=240.0, profile_timeout_s=240.0
     )
@@ -713,9 +725,9 @@ def test_figure11_compiles_torch_compile_outside_ncu_into_caches_the_profile_rea
     (warm, warm_env), (ncu, ncu_env) = calls
     assert warm[0] != "ncu" and warm[1].endswith("profile_once.py") and warm[2:] == [system, str(prefix)]
     assert ncu[0] == "ncu" and ncu[-2:] == [system, str(prefix)]
-    folder = str(stale.parent)
+    assert warm_env["TRITON_CACHE_DIR"] == str(timed.parent)
     for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
-        assert warm_env[key].startswith(folder) and ncu_env[key] == warm_env[key]
+        assert warm_env[key].startswith(str(timed.parent.parent)) and ncu_env[key] == warm_env[key]
     assert ncu_env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
 
     def too_long(command: Any, timeout_s: float, env: dict[str, str] | None = None) -> Any:

@@ -63,11 +63,13 @@ CHILD = Path(__file__).with_name("profile_once.py")
 #: Inductor compiles in the profiled process itself: a pool of compile workers under ncu
 #: held mobilenet_v2's torch.compile past a 540 s run.
 PROFILE_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
-#: The torch systems compiled once outside ncu before their profile, into Inductor's and
-#: Triton's caches in a folder of their own (RUNS/inductor/CASE-SYSTEM, emptied first), so
-#: that the compile under ncu, which must happen in the profiled process, finds its graph
-#: and its autotuning there: max-autotune's cold compile under ncu ran past a call's limit
-#: on every model but bert.  The kernels profiled are that compile's.
+#: The torch systems compiled once outside ncu before their profile, into the Inductor and
+#: Triton caches of the same case and system's timing (RUNS/inductor/CASE-SYSTEM,
+#: paper.peer_caches), so that the compile under ncu, which must happen in the profiled
+#: process, finds its graph and its autotuning there: max-autotune's cold compile under
+#: ncu ran past a call's limit on every model but bert.  Where Figure 9 timed the system on
+#: this machine, the kernels profiled are the ones it timed and the compile outside takes
+#: seconds.
 COMPILED_OUTSIDE = ("compile", "compile-max-autotune")
 UNITS = {
     "byte": 1.0,
@@ -169,18 +171,12 @@ def parse_ncu_csv(text: str) -> tuple[int, float, float, float]:
     return len(kernels), read, written, l2_written
 
 
-def inductor_caches(folder: Path) -> dict[str, str]:
-    """The environment that puts Inductor's and Triton's on-disk caches in ``folder``,
-    emptied first (its compile is then a cold one, and what it leaves is its own)."""
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    return {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton")}
-
-
 def compile_outside(system: str, prefix: Path, args: argparse.Namespace) -> dict[str, str] | str:
     """One inference of ``system`` outside ncu (profile_once.py), its compile bounded by
-    --peer-timeout-s, into caches of its own: their environment, or why it failed."""
-    caches = inductor_caches(Path(args.runs) / "inductor" / f"{prefix.name}-{system}")
+    --peer-timeout-s, into the caches of the same case and system's timing
+    (:func:`paper.peer_caches`, kept): their environment, or why it failed.  After the
+    timing it finds the timed compile's graph and autotuning; without one it compiles."""
+    caches = paper.peer_caches(prefix, system, args)
     command = [sys.executable, str(CHILD), system, str(prefix)]
     try:
         proc = benchmark._run_child(command, args.peer_timeout_s, caches)
