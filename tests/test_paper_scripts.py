@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -1226,3 +1227,31 @@ def test_plot_only_without_results_names_the_missing_csv(tmp_path: Path, capsys,
     out = tmp_path / "absent"
     assert script(folder).main(["--plot-only", "--device", "cpu", "--out", str(out)]) == 2
     assert str(out) in capsys.readouterr().err and not out.exists()
+
+
+def test_paper_state_seeds_the_results_a_run_goes_on_from(tmp_path: Path) -> None:
+    """scripts/paper_state.sh in a checkout without .paper-state/: each script's CSV, table
+    and .meta.json of the GPU's committed results, nothing else; a second seeding, an
+    unknown GPU: exit 2, the state left as it was."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "paper_state.sh", tmp_path / "scripts")
+    results = tmp_path / "artifacts" / "results" / "H200"
+    results.mkdir(parents=True)
+    kept = ["figure9_10.csv", "figure9_10.md", "table4.meta.json"]
+    for name in (*kept, "figure9_fp32.png", "tuned_x.json.gz"):
+        (results / name).write_text(name)
+
+    def seed(*args: str) -> subprocess.CompletedProcess[str]:
+        command = ["bash", str(tmp_path / "scripts" / "paper_state.sh"), *args]
+        return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+
+    assert seed().returncode == 0
+    state = tmp_path / ".paper-state" / "results"
+    assert sorted(p.name for p in state.iterdir()) == kept
+    assert (state / "figure9_10.csv").read_text() == "figure9_10.csv"
+    (state / "figure9_10.csv").write_text("a line not committed yet")
+    again = seed()
+    assert again.returncode == 2 and "already" in again.stderr
+    assert (state / "figure9_10.csv").read_text() == "a line not committed yet"
+    unknown = seed("B200")
+    assert unknown.returncode == 2 and "H200" in unknown.stderr
