@@ -237,7 +237,7 @@ COLD_NOTE = "Inductor caches off: a cold compile"
 #: Where Inductor and Triton keep their on-disk caches, and the note of a compile that
 #: started with both empty: as cold as one with the caches off, but what it compiled and
 #: autotuned is there for a second compile in the same process (the mode without CUDA
-#: graphs that a failed capture falls back to), which then takes seconds, not minutes.
+#: graphs that a failed capture falls back to) to reuse.
 CACHE_ENVS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 EMPTY_NOTE = "Inductor caches empty at its start: a cold compile"
 #: What every cold compile's note ends with.
