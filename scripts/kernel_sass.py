@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from welder.arch import get_arch  # noqa: E402
-from welder.codegen import TEMPLATE_DIR, generate_kernel  # noqa: E402
+from welder.codegen import generate_kernel  # noqa: E402
 from welder.device.cubin import text_instructions  # noqa: E402
-from welder.device.gpu import CompileError, GpuUnavailable, compile_cubin, nvcc_path  # noqa: E402
+from welder.device.gpu import CompileError, GpuUnavailable, compile_cubin, compile_ptx  # noqa: E402
 from welder.pipeline import planned_import  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
 from welder.schedule.kinds import config_from_json  # noqa: E402
@@ -123,18 +123,12 @@ def study(source: str, name: str, sm: str, work: Path) -> Studied:
     logs: list[str] = []
     try:
         image = compile_cubin(source, sm, options=("-Xptxas", "-v"), report=logs.append)
-        src, ptx = work / "kernel.cu", work / "kernel.ptx"
-        src.write_text(source)
-        subprocess.run(
-            [nvcc_path(), "-ptx", "-O3", f"-arch={sm}", f"-I{TEMPLATE_DIR}", str(src), "-o", str(ptx)],
-            check=True,
-            capture_output=True,
-        )
-    except (CompileError, GpuUnavailable, subprocess.CalledProcessError) as e:
+        ptx = compile_ptx(source, sm)
+    except (CompileError, GpuUnavailable) as e:
         raise SystemExit(f"kernel_sass: {e}") from None
     facts = ptxas_facts(logs[0])
     instructions = text_instructions(image)[name]
-    straight = straight_line_fraction(ptx.read_text(), name)
+    straight = straight_line_fraction(ptx, name)
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump is None:
         return Studied(facts, instructions, straight, {})
@@ -209,11 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                 sm = f"{args.sm}a" if specific and not args.sm.endswith("a") else args.sm
                 studied[key] = study(source, name, sm, Path(work))
             found = studied[key]
-            (regs, stack, stores, loads), instructions, opcodes = (
-                found.facts,
-                found.instructions,
-                found.opcodes,
-            )
+            regs, stack, stores, loads = found.facts
+            instructions, opcodes = found.instructions, found.opcodes
             ops = "+".join(dict.fromkeys(g["ops"]))
             blocks = (g.get("kernel") or {}).get("grid")
             result = KernelSass(

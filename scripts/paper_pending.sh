@@ -12,7 +12,8 @@
 # state -- results with their PNGs, and a consistent copy of the cache -- goes back as
 # paper-state.tgz in $OUT (or /tmp/welder-paper) every 15 s while the run lasts and once at
 # its end, so a run cut short still returns what it measured.  Unpack it into .paper-state/
-# for the next run, and copy results/ into artifacts/results/<GPU>/ to commit it.  Each welder build's tuned.json (every group's
+# for the next run (scripts/paper_state.sh seeds it in a fresh checkout), and copy results/
+# into artifacts/results/<GPU>/ to commit it.  Each welder build's tuned.json (every group's
 # measured and predicted latency, every config it timed) comes back beside it in tuned.tar
 # (one file, as a machine may return only a few), gzipped, as
 # tuned/tuned_<variant>_<case>.json.gz, its log (the tune's stderr, a line a group, also of a

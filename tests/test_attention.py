@@ -14,7 +14,6 @@ scores of unit variance.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,8 +26,9 @@ from test_mma import _context, _matmul, emulate_configs, needs_emulator
 
 from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
-from welder.codegen import TEMPLATE_DIR, generate_kernel
+from welder.codegen import generate_kernel
 from welder.device.cubin import text_instructions
+from welder.device.gpu import compile_cubin
 from welder.frontend.onnx import import_onnx
 from welder.schedule.engine import CostModel, fuse
 from welder.schedule.group import make_group
@@ -239,7 +239,7 @@ FFMA_ATTENTION_INSTRUCTIONS = 3652
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_fp32_attention_code_stays_small_enough_to_run_from_a_cold_instruction_cache(tmp_path: Path) -> None:
+def test_fp32_attention_code_stays_small_enough_to_run_from_a_cold_instruction_cache() -> None:
     """The head loop of S and each piece's key loop of O stay rolled: every config of ViT's
     attention compiles to at most FFMA_ATTENTION_INSTRUCTIONS instructions for sm_90."""
     graph = import_onnx(attention_model(Case(1, 6, 50, 64, "none"), dtype=np.float32))
@@ -247,15 +247,7 @@ def test_fp32_attention_code_stays_small_enough_to_run_from_a_cold_instruction_c
     configs = attention.FFMA_KIND.propose(group, _context(graph, topk=4))
     assert configs
     kernels = [generate_kernel(graph, group, cfg, f"att_probe{i}") for i, cfg in enumerate(configs)]
-    src = tmp_path / "k.cu"
-    src.write_text("\n".join(k.source for k in kernels))
-    cubin = tmp_path / "k.cubin"
-    subprocess.run(
-        ["nvcc", "-arch=sm_90", "-cubin", "-O3", f"-I{TEMPLATE_DIR}", str(src), "-o", str(cubin)],
-        check=True,
-        capture_output=True,
-    )
-    sizes = text_instructions(cubin.read_bytes())
+    sizes = text_instructions(compile_cubin([k.source for k in kernels], "sm_90"))
     assert sorted(sizes) == sorted(k.name for k in kernels)
     assert max(sizes.values()) <= FFMA_ATTENTION_INSTRUCTIONS, sizes
 

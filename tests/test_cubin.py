@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import struct
 
 import pytest
 
 from welder.device.cubin import text_instructions
+from welder.device.gpu import CompileError, compile_cubin, compile_ptx
 
 
 def elf64(sections: dict[str, bytes]) -> bytes:
@@ -44,3 +46,19 @@ def test_each_kernel_is_its_text_section_in_16_byte_instructions() -> None:
 def test_what_is_not_an_elf64_image_is_refused() -> None:
     with pytest.raises(ValueError, match="not an ELF64 cubin"):
         text_instructions(b"// PTX text, not a cubin")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_nvcc_s_cubin_and_ptx_of_one_source_name_the_same_kernels() -> None:
+    """A real cubin: one .text section a kernel, a whole number of instructions, and the
+    PTX of the same source enters the same kernels; what nvcc refuses is a CompileError."""
+    source = 'extern "C" __global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }\n'
+    source += 'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }\n'
+    sizes = text_instructions(compile_cubin(source, "sm_90"))
+    assert sorted(sizes) == ["add_one", "twice"] and all(0 < n < 64 for n in sizes.values())
+    ptx = compile_ptx(source, "sm_90")
+    assert ".visible .entry add_one(" in ptx and ".visible .entry twice(" in ptx
+    with pytest.raises(CompileError, match="nvcc failed"):
+        compile_ptx("this is not CUDA", "sm_90")
+    with pytest.raises(CompileError, match="not an nvcc architecture"):
+        compile_ptx(source, "ampere")

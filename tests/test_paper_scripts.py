@@ -459,7 +459,7 @@ def test_a_torch_peer_stopped_in_its_timing_keeps_its_compile_time(
     Its caches are RUNS/inductor/CASE-SYSTEM, emptied before it starts (a cold compile)
     and kept after (for Figure 11's profile of the same compile)."""
     child = tmp_path / "child.py"
-    said = "# compile-max-autotune compiled in 1.25 s" if compiled else "# still compiling"
+    said = "# compile-max-autotune compiled in 1.50 s" if compiled else "# still compiling"
     child.write_text(f"import sys, time\nprint({said!r}, file=sys.stderr, flush=True)\ntime.sleep(60)\n")
     export = tmp_path / "runs" / "exports" / "nerf_b1_fp32"
     folder = tmp_path / "runs" / "inductor" / "nerf_b1_fp32-compile-max-autotune"
@@ -481,7 +481,7 @@ def test_a_torch_peer_stopped_in_its_timing_keeps_its_compile_time(
     cell = paper.torch_peer(export, "compile-max-autotune", args)
     assert cell.ms is None and "timed out after 3 s (--peer-timeout-s)" in cell.error
     if compiled:
-        assert cell.build_s == 1.25 and cell.error.endswith("its compile done in 1.2 s")
+        assert cell.build_s == 1.5 and cell.error.endswith("its compile done in 1.5 s")
     else:
         assert cell.build_s is None and "compile done" not in cell.error
     assert sorted(seen[0].values()) == [str(folder / "inductor"), str(folder / "triton")]

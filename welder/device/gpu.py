@@ -199,17 +199,41 @@ def compile_cubin(
     names (their includes are guarded).  ``include_dirs`` defaults to the kernel templates' folder,
     where ``welder_prelude.cuh`` lives.  Raises :class:`CompileError` with nvcc's diagnostics.
     ``report`` receives what nvcc printed to stderr on success (``-Xptxas -v``'s registers)."""
+    return _nvcc("cubin", sources, arch, include_dirs, options, timeout_s, report)
+
+
+def compile_ptx(
+    sources: Sequence[str] | str,
+    arch: str = "sm_90",
+    include_dirs: Sequence[str | os.PathLike[str]] | None = None,
+    timeout_s: float = NVCC_TIMEOUT_S,
+) -> str:
+    """The PTX nvcc makes of the source(s), as :func:`compile_cubin` compiles them: where a
+    study needs the code's structure (its loops) rather than the machine code."""
+    return _nvcc("ptx", sources, arch, include_dirs, (), timeout_s, None).decode()
+
+
+def _nvcc(
+    output: str,
+    sources: Sequence[str] | str,
+    arch: str,
+    include_dirs: Sequence[str | os.PathLike[str]] | None,
+    options: Sequence[str],
+    timeout_s: float,
+    report: Callable[[str], None] | None,
+) -> bytes:
+    """One nvcc call from CUDA source(s) to ``output`` (``cubin`` or ``ptx``)."""
     text = sources if isinstance(sources, str) else "\n".join(sources)
     dirs = [TEMPLATE_DIR] if include_dirs is None else list(include_dirs)
     if not re.fullmatch(r"(sm|compute)_\d+[a-z]?", arch):
         raise CompileError(f"{arch!r} is not an nvcc architecture like sm_90")
     with tempfile.TemporaryDirectory(prefix="welder-nvcc-") as work:
-        src, out = Path(work) / "kernels.cu", Path(work) / "kernels.cubin"
+        src, out = Path(work) / "kernels.cu", Path(work) / f"kernels.{output}"
         src.write_text(text)
         command = [
             *_niced(),
             nvcc_path(),
-            "-cubin",
+            f"-{output}",
             "-O3",
             f"-arch={arch}",
             *(f"-I{d}" for d in dirs),
