@@ -35,6 +35,7 @@ from welder.schedule.config import GroupConfig
 from welder.schedule.group import Group, InvalidGroup, execution_order, make_group
 from welder.schedule.kinds import Options, ScheduleContext, propose
 from welder.schedule.kinds.library import LibraryGroup
+from welder.schedule.proposals import ProposalStore
 
 #: Bumped when the fusion search or ``nofusion_partition`` changes which groups it forms: a
 #: model's plan stored before (``welder.tune.plan_cache``) is no answer for it now.
@@ -68,10 +69,18 @@ class CostModel:
     second a group, hundreds of distinct groups a model), so within :meth:`parallel` the
     search hands the groups it is about to rate to :meth:`prefetch`, which proposes the
     new ones in ``workers`` forked processes; the ratings, and so the search, are the same
-    as one process would make."""
+    as one process would make.
+
+    With a ``store`` (:mod:`welder.schedule.proposals`), a group proposed in an earlier run,
+    or by another process, is read from disk rather than proposed again."""
 
     def __init__(
-        self, graph: Graph, arch: Arch, options: Options | None = None, workers: int | None = None
+        self,
+        graph: Graph,
+        arch: Arch,
+        options: Options | None = None,
+        workers: int | None = None,
+        store: ProposalStore | None = None,
     ) -> None:
         self.graph = graph
         self.arch = arch
@@ -79,8 +88,10 @@ class CostModel:
         self.context = ScheduleContext(self._shape, self._dtype, arch, self.options)
         self._cache: dict[str, list[GroupConfig]] = {}
         self._tensor = functools.cache(graph.tensor)  # asked a million times a search
-        self.calls = 0  # groups proposed, here or (forked) in a worker process
-        self.forked = 0  # of which in a worker process
+        self.store = store
+        self.calls = 0  # groups proposed here, or learned from a worker process
+        self.forked = 0  # of which learned (a worker proposed them, or read them from the store)
+        self.stored = 0  # groups read from the store here
         self.workers = usable_cores() if workers is None else workers
         self._pool: multiprocessing.pool.Pool | None = None
         self._forked_with = 0  # memoised groups when the workers were forked
@@ -173,11 +184,24 @@ class CostModel:
         key = group_signature(self.graph, group)
         names = canonical_names(group)
         if key not in self._cache:
-            self.calls += 1
-            found = propose(group, self.context)
-            self._cache[key] = [c.renamed(names) for c in found]
+            stored = self._stored(key)
+            self._cache[key] = stored if stored is not None else self._propose(group, key, names)
         back = {v: k for k, v in names.items()}
         return [c.renamed(back) for c in self._cache[key]]
+
+    def _stored(self, signature: str) -> list[GroupConfig] | None:
+        if self.store is None:
+            return None
+        found = self.store.get(self.store.key(signature, self.arch, self.options))
+        self.stored += found is not None
+        return found
+
+    def _propose(self, group: Group, signature: str, names: dict[str, str]) -> list[GroupConfig]:
+        self.calls += 1
+        found = [c.renamed(names) for c in propose(group, self.context)]
+        if self.store is not None:
+            self.store.put(self.store.key(signature, self.arch, self.options), found)
+        return found
 
     def __call__(self, group: Group) -> float | None:
         cfgs = self.configs(group)

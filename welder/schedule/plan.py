@@ -14,6 +14,7 @@ from welder.schedule.engine import CostModel, fuse, group_signature
 from welder.schedule.group import Group, make_group
 from welder.schedule.kinds import Options
 from welder.schedule.kinds.library import LibraryGroup, find_gemm_groups, library_call
+from welder.schedule.proposals import DEFAULT_STORE, ProposalStore
 
 
 @dataclass
@@ -184,12 +185,14 @@ def plan_model(
     progress: Callable[[int, int], None] | None = None,
     skip_dot: bool = False,
     kinds: Sequence[str] = Options.kinds,
+    store: ProposalStore | None = DEFAULT_STORE,
 ) -> Plan:
     """Fuse ``graph`` and pick configs with the cost model; with ``skip_dot`` every matrix
     product the library can compute is a cuBLAS call instead of a kernel.  ``kinds`` are the
-    kernel kinds that may propose configs (``("simt",)``: no tensor cores)."""
+    kernel kinds that may propose configs (``("simt",)``: no tensor cores).  Proposals are
+    kept in ``store`` (None: none kept), so planning the model again reads them."""
     start = time.perf_counter()
-    cost = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)))
+    cost = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)), store=store)
     library = {lg.group.root: lg for lg in find_gemm_groups(graph, arch)} if skip_dot else {}
     result = fuse(graph, cost, nofusion=nofusion, progress=progress, library=list(library.values()))
     groups = []

@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from welder.errors import WelderError
+from welder.schedule.proposals import FOLDER as PROPOSALS_FOLDER
+from welder.schedule.proposals import ProposalStore
 
 #: Bumped when the table layout changes; a file written by a newer layout is refused.
 SCHEMA_VERSION = 1
@@ -320,6 +322,11 @@ class TuningCache:
             conn.execute("DELETE FROM plans" + condition, args)
             conn.execute("COMMIT")
         return removed
+
+    def proposals(self) -> ProposalStore:
+        """The cost model's proposals kept beside the database (``proposals/`` in its folder),
+        so that emptying the folder makes a tune cold in both."""
+        return ProposalStore(self.path.parent / PROPOSALS_FOLDER)
 
     def _files(self) -> list[Path]:
         return [self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")]

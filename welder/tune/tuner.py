@@ -292,7 +292,8 @@ def tune_group(
     if hit:
         return result
     if configs is None:
-        configs = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds))).configs(group)
+        store = cache.proposals() if cache is not None else None
+        configs = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)), store=store).configs(group)
     cands = compile_candidates(device, prepare_candidates(graph, group, configs))
     return finish_candidates(graph, cands, device, cache, key, topk, seed)
 
@@ -328,7 +329,8 @@ class GpuMeasure:
         self.cache = cache
         self.topk = topk
         self.seed = seed
-        self.cost = cost or CostModel(graph, arch, Options(topk=topk))
+        store = cache.proposals() if cache is not None else None
+        self.cost = cost or CostModel(graph, arch, Options(topk=topk), store=store)
         self.phases = phases or Phases()
         self.tunes = 0  # groups compiled and timed (cache misses)
         self._results: dict[str, TunedConfig | None] = {}  # signature -> result in canonical names
@@ -544,7 +546,8 @@ class _ModelTuner:
         self.device = device
         self.workers = workers or usable_cores()
         self.stream = stream
-        self.cost = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)))
+        store = cache.proposals() if cache is not None else None
+        self.cost = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)), store=store)
         self.phases = Phases()
         self.measure = GpuMeasure(graph, arch, device, cache, topk, seed, self.cost, self.phases)
         self.log: list[str] = []

@@ -45,7 +45,7 @@ _NO_GUARD = 2**64 - 1
 _COMPILER = "g++"
 _BASE_FLAGS = (
     "-std=c++17",
-    "-O2",
+    "-O1",
     "-fPIC",
     "-shared",
     "-pthread",
