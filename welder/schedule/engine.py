@@ -184,23 +184,22 @@ class CostModel:
         key = group_signature(self.graph, group)
         names = canonical_names(group)
         if key not in self._cache:
-            stored = self._stored(key)
-            self._cache[key] = stored if stored is not None else self._propose(group, key, names)
+            self._cache[key] = self._stored_or_proposed(group, key, names)
         back = {v: k for k, v in names.items()}
         return [c.renamed(back) for c in self._cache[key]]
 
-    def _stored(self, signature: str) -> list[GroupConfig] | None:
-        if self.store is None:
-            return None
-        found = self.store.get(self.store.key(signature, self.arch, self.options))
-        self.stored += found is not None
-        return found
-
-    def _propose(self, group: Group, signature: str, names: dict[str, str]) -> list[GroupConfig]:
+    def _stored_or_proposed(self, group: Group, signature: str, names: dict[str, str]) -> list[GroupConfig]:
+        store, stored_as = self.store, ""
+        if store is not None:
+            stored_as = store.key(signature, self.arch, self.options)
+            found = store.get(stored_as)
+            if found is not None:
+                self.stored += 1
+                return found
         self.calls += 1
         found = [c.renamed(names) for c in propose(group, self.context)]
-        if self.store is not None:
-            self.store.put(self.store.key(signature, self.arch, self.options), found)
+        if store is not None:
+            store.put(stored_as, found)
         return found
 
     def __call__(self, group: Group) -> float | None:

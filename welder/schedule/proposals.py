@@ -10,23 +10,24 @@ propose every group again: a warm tune spent 6.6-11.7 s of its 9-14 s there (Tab
 Entries live as one JSON file each under ``$WELDER_CACHE_DIR/proposals`` (by default
 ``~/.cache/welder/proposals``), or the folder a :class:`ProposalStore` is given; the tuner
 keeps them beside its tuning database, so emptying that folder makes a tune cold again.
-Each file is written under a private name and renamed into place, so processes proposing
-at once (a search's forked workers, concurrent tunes) never read half an entry; an
-unreadable entry counts as absent.  The key hashes the sources of every package the
+Each file is written beside its place and renamed over it (``welder.files``), so processes
+proposing at once (a search's forked workers, concurrent tunes) never read half an entry;
+an unreadable entry counts as absent.  The key hashes the sources of every package the
 proposals depend on (:func:`code_digest`), so an edited or upgraded welder starts afresh
 instead of reading configs its own policy would not propose.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from welder.arch import Arch
+from welder.files import write_json
 from welder.resources import PACKAGE_DIR
 from welder.schedule.config import GroupConfig
 from welder.schedule.kinds import Options, config_from_json
@@ -91,22 +92,12 @@ class ProposalStore:
             return None
 
     def put(self, key: str, configs: list[GroupConfig]) -> None:
-        """Store ``configs`` under ``key``.  A folder that cannot be written leaves the store
-        without the entry: the next run proposes again, as without a store."""
-        text = json.dumps({"configs": [c.to_json() for c in configs]}, sort_keys=True)
-        folder = self.folder
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, scratch = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-                os.replace(scratch, folder / f"{key}.json")
-            except BaseException:
-                Path(scratch).unlink(missing_ok=True)
-                raise
-        except OSError:
-            pass
+        """Store ``configs`` under ``key`` (:func:`welder.files.write_json`: a reader sees the
+        old entry or the new one).  A folder that cannot be written leaves the store without
+        the entry: the next run proposes again, as without a store."""
+        with contextlib.suppress(OSError):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_json({"configs": [c.to_json() for c in configs]}, self.folder / f"{key}.json")
 
 
 #: The store of the default folder: what a plan and a tune keep their proposals in.
