@@ -43,6 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
     they share one emulator cache (each kernel compiles once per run).  Set
     $WELDER_TEST_CACHE_DIR to keep that cache between runs instead."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
+        _share_cores_between_workers()
         return
     sandbox = Path(tempfile.mkdtemp(prefix="welder-tests-"))
     config.stash[_SANDBOX_KEY] = sandbox
@@ -55,6 +56,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if keep:
         os.environ["WELDER_CACHE_DIR"] = keep
     os.environ[SANDBOX_VARIABLE] = str(sandbox)
+
+
+def _share_cores_between_workers() -> None:
+    """In a pytest-xdist worker: welder's own processes (planning workers, compiles) get
+    this worker's share of the cores ($WELDER_JOBS, unless set already), since the other
+    workers keep the rest busy."""
+    from welder.hostcpu import JOBS_VARIABLE, usable_cores
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if JOBS_VARIABLE not in os.environ:
+        os.environ[JOBS_VARIABLE] = str(max(1, usable_cores() // workers))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

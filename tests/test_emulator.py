@@ -21,7 +21,7 @@ import pytest
 
 from welder.errors import WelderError
 from welder.runtime import emu
-from welder.runtime.emu import EmulationError, compile_kernels
+from welder.runtime.emu import EmulationError, compile_kernels, emulator
 
 pytestmark = pytest.mark.skipif(not emu.available(), reason="kernel emulation needs Linux and g++")
 
@@ -527,8 +527,10 @@ def line_of(source: str, text: str) -> int:
 
 
 @pytest.fixture(scope="session")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("emu-cache")
+def cache() -> Path:
+    """The session's emulator cache (conftest.py: one for every worker), where the runtime
+    objects for these flags are built once."""
+    return emulator._cache_root(None)
 
 
 @pytest.fixture(scope="session")
@@ -1028,11 +1030,32 @@ def test_builds_are_cached(good, cache):
     assert good.path.parent == cache and good.path.is_file()
 
 
+def test_builders_racing_for_one_cache_compile_its_runtime_objects_once(tmp_path, monkeypatch):
+    """Modules built at once into a new cache (threads here, processes alike: each takes its
+    own lock on the file) compile the emulator's runtime objects once between them, and
+    each module still links and runs."""
+    compiled: list[str] = []
+    run = emulator._run_compilers
+
+    def recording(commands):
+        compiled.extend(c[c.index("-x") + 2] for c in commands if "-x" in c)
+        return run(commands)
+
+    monkeypatch.setattr(emulator, "_run_compilers", recording)
+    source = '#include "welder_prelude.cuh"\n__global__ void k(float* y) {\n  y[threadIdx.x] = %d.0f;\n}\n'
+    with ThreadPoolExecutor(3) as pool:
+        modules = list(pool.map(lambda v: compile_kernels(source % v, ["k"], cache_dir=tmp_path), [1, 2, 3]))
+    runtime = sorted(str(p) for p in emulator.EMU_DIR.glob("*.cpp"))
+    assert sorted(c for c in compiled if c in runtime) == runtime
+    for value, module in zip([1, 2, 3], modules):
+        y = np.zeros(32, np.float32)
+        module.launch("k", 1, 32, 0, [y])
+        np.testing.assert_array_equal(y, np.full(32, value, np.float32))
+
+
 def test_a_caches_second_module_compiles_against_the_precompiled_prelude(tmp_path, rng):
     """The first module a cache builds parses the prelude; the second precompiles it beside
     the modules, and g++ takes that .gch for a module's compile (-H marks it with "!")."""
-    from welder.runtime.emu import emulator
-
     cache = tmp_path / "emu"
     source = '#include "welder_prelude.cuh"\n__global__ void k(float* y) {\n  y[threadIdx.x] = 2.0f;\n}\n'
     compile_kernels(source, ["k"], cache_dir=cache, extra_flags=WARNINGS_AS_ERRORS)
@@ -1057,8 +1080,6 @@ def test_a_caches_second_module_compiles_against_the_precompiled_prelude(tmp_pat
 
 
 def test_default_cache_location(monkeypatch, tmp_path):
-    from welder.runtime.emu import emulator
-
     monkeypatch.setenv("WELDER_CACHE_DIR", str(tmp_path))
     assert emulator._cache_root(None) == tmp_path / "emu"
     monkeypatch.delenv("WELDER_CACHE_DIR")

@@ -33,12 +33,12 @@ from cluster_reference import (
     exchange_case,
     ring_case,
 )
-from kernel_fixtures import EMULATOR, WARNINGS_AS_ERRORS, emulated
+from kernel_fixtures import EMULATOR, emulated
 from kernel_fixtures import line_of as kernel_line
 from tma_reference import assert_gemm_close
 
 from welder.runtime import emu
-from welder.runtime.emu import EmulationError, compile_kernels
+from welder.runtime.emu import EmulationError
 
 pytestmark = EMULATOR
 
@@ -274,10 +274,8 @@ WELDER_CLUSTER_DIMS(square, 2, 2)
 """
 
 
-def test_cluster_dims_the_emulator_does_not_model_are_refused(tmp_path):
-    module = compile_kernels(
-        DIMS_SOURCE, ["wide", "square"], cache_dir=tmp_path, extra_flags=WARNINGS_AS_ERRORS
-    )
+def test_cluster_dims_the_emulator_does_not_model_are_refused():
+    module = emulated(DIMS_SOURCE, ["wide", "square"])
     for kernel, reason in [
         ("wide", "the kernel declares cluster dims (16,1,1): a cluster has 1 to 8 blocks"),
         ("square", "the kernel declares cluster dims (2,2,1): the emulator supports clusters along x only"),

@@ -10,6 +10,7 @@ kernel -- caches it by content, and marshals numpy arrays and scalars into launc
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import re
@@ -18,8 +19,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
-from contextlib import suppress
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -452,6 +453,18 @@ def _compile_command(flags: Sequence[str], source: Path, output: Path, prelude: 
     ]
 
 
+@contextmanager
+def _first_builder(lock: Path) -> Iterator[None]:
+    """Holds ``lock`` exclusively for the body, waiting while another process or thread holds
+    it.  Files every build shares (the runtime objects, a precompiled header) are built
+    under one: a second builder that would compile them at the same moment waits and then
+    finds the first's, instead of spending the same compile again."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
 def _precompiled_prelude(flags: Sequence[str], root: Path, digest: str) -> Path:
     """A header for modules compiled with ``flags`` to force in instead of the prelude, with
     the prelude precompiled beside it (:func:`_precompiled`): the emulator's headers are most
@@ -476,16 +489,17 @@ def _precompiled(
         return stub
     if not build:
         return None
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as scratch:
-        work = Path(scratch) / folder.name
-        work.mkdir()
-        (work / header.name).write_text(f'#include "{header}"\n')
-        command = [_COMPILER, *flags, *_INCLUDES, "-x", "c++-header", str(work / header.name)]
-        if _run_compilers([[*command, "-o", str(work / f"{header.name}.gch")]])[0] is not None:
-            return None
-        with suppress(OSError):  # another process renamed its own first: the same header
-            work.rename(folder)
+    with _first_builder(root / f".{folder.name}.lock"):
+        if not (folder / f"{header.name}.gch").is_file():
+            with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as scratch:
+                work = Path(scratch) / folder.name
+                work.mkdir()
+                (work / header.name).write_text(f'#include "{header}"\n')
+                command = [_COMPILER, *flags, *_INCLUDES, "-x", "c++-header", str(work / header.name)]
+                if _run_compilers([[*command, "-o", str(work / f"{header.name}.gch")]])[0] is not None:
+                    return None
+                with suppress(OSError):  # a process that did not lock renamed its own first
+                    work.rename(folder)
     return stub if (folder / f"{header.name}.gch").is_file() else None
 
 
@@ -515,6 +529,12 @@ def _runtime_objects(flags: Sequence[str], root: Path, digest: str) -> dict[Path
     return {source: root / f"runtime-{key}-{source.stem}.o" for source in sorted(EMU_DIR.glob("*.cpp"))}
 
 
+def _runtime_lock(runtime: dict[Path, Path]) -> Path:
+    """The lock the builders of one flag set's runtime objects take (:func:`_first_builder`)."""
+    first = next(iter(runtime.values()))
+    return first.parent / f".{first.name.rsplit('-', 1)[0]}.lock"
+
+
 def _build(
     translation_unit: str, flags: Sequence[str], runtime: dict[Path, Path], target: Path, digest: str
 ) -> None:
@@ -530,16 +550,19 @@ def _build(
         work = Path(scratch)
         source, module_object, library = work / "module.cpp", work / "module.o", work / "module.so"
         source.write_text(translation_unit)
-        missing = {src: obj for src, obj in runtime.items() if not obj.is_file()}
-        outcomes = _run_compilers(
-            [
-                _compile_command(compile_flags, source, module_object, prelude),
-                *(_compile_command(compile_flags, src, work / obj.name) for src, obj in missing.items()),
-            ]
-        )
-        for obj, outcome in zip(missing.values(), outcomes[1:]):
-            if outcome is None:
-                os.replace(work / obj.name, obj)
+        # the module compiles beside the runtime objects it lacks, under their lock
+        lacking = not all(obj.is_file() for obj in runtime.values())
+        with _first_builder(_runtime_lock(runtime)) if lacking else nullcontext():
+            missing = {src: obj for src, obj in runtime.items() if not obj.is_file()}
+            outcomes = _run_compilers(
+                [
+                    _compile_command(compile_flags, source, module_object, prelude),
+                    *(_compile_command(compile_flags, src, work / obj.name) for src, obj in missing.items()),
+                ]
+            )
+            for obj, outcome in zip(missing.values(), outcomes[1:]):
+                if outcome is None:
+                    os.replace(work / obj.name, obj)
         _raise_on_failure(outcomes)
         objects = [str(module_object), *map(str, runtime.values())]
         _raise_on_failure(_run_compilers([[_COMPILER, *flags, *objects, "-o", str(library)]]))
@@ -547,9 +570,12 @@ def _build(
 
 
 #: The flags an emulated runtime's CMake build compiles its sources with (CMakeLists.txt.j2
-#: under WELDER_EMULATE: Release at -O2 with asserts on, position-independent, hidden).
+#: under WELDER_EMULATE: Release at -O1 with asserts on, position-independent, hidden).
+#: -O1 like the kernel modules: an emulated build is compiled for a check, and its host
+#: code at -O2 took a quarter longer to compile (nnfusion_rt.cu of the demo transformer:
+#: 4.1 s of g++ against 3.1 s) for launches whose speed does not matter.
 RUNTIME_BUILD_FLAGS = (
-    "-O2",
+    "-O1",
     "-fPIC",
     "-fvisibility=hidden",
     "-Wno-unknown-pragmas",
@@ -567,9 +593,10 @@ def runtime_build_objects(cache_dir: str | os.PathLike[str] | None = None) -> li
     written under a private name and renamed, so concurrent builds never see half a file."""
     objects = _runtime_objects(RUNTIME_BUILD_FLAGS, _cache_root(cache_dir), _emulator_digest())
     root = next(iter(objects.values())).parent
-    missing = {src: obj for src, obj in objects.items() if not obj.is_file()}
-    if missing:
-        root.mkdir(parents=True, exist_ok=True)
+    if all(obj.is_file() for obj in objects.values()):
+        return list(objects.values())
+    with _first_builder(_runtime_lock(objects)):
+        missing = {src: obj for src, obj in objects.items() if not obj.is_file()}
         with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as scratch:
             compiled = {obj: Path(scratch) / obj.name for obj in missing.values()}
             outcomes = _run_compilers(
