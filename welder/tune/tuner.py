@@ -269,6 +269,15 @@ def finish_candidates(
     return result
 
 
+def _cost_model(
+    graph: Graph, arch: Arch, cache: TuningCache | None, topk: int, kinds: Sequence[str] = Options.kinds
+) -> CostModel:
+    """The cost model a tune ranks with, its proposals kept beside the tuning database (none
+    kept without one)."""
+    store = cache.proposals() if cache is not None else None
+    return CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)), store=store)
+
+
 def tune_group(
     graph: Graph,
     group: Group,
@@ -292,8 +301,7 @@ def tune_group(
     if hit:
         return result
     if configs is None:
-        store = cache.proposals() if cache is not None else None
-        configs = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)), store=store).configs(group)
+        configs = _cost_model(graph, arch, cache, topk, kinds).configs(group)
     cands = compile_candidates(device, prepare_candidates(graph, group, configs))
     return finish_candidates(graph, cands, device, cache, key, topk, seed)
 
@@ -329,8 +337,7 @@ class GpuMeasure:
         self.cache = cache
         self.topk = topk
         self.seed = seed
-        store = cache.proposals() if cache is not None else None
-        self.cost = cost or CostModel(graph, arch, Options(topk=topk), store=store)
+        self.cost = cost or _cost_model(graph, arch, cache, topk)
         self.phases = phases or Phases()
         self.tunes = 0  # groups compiled and timed (cache misses)
         self._results: dict[str, TunedConfig | None] = {}  # signature -> result in canonical names
@@ -546,8 +553,7 @@ class _ModelTuner:
         self.device = device
         self.workers = workers or usable_cores()
         self.stream = stream
-        store = cache.proposals() if cache is not None else None
-        self.cost = CostModel(graph, arch, Options(topk=topk, kinds=tuple(kinds)), store=store)
+        self.cost = _cost_model(graph, arch, cache, topk, kinds)
         self.phases = Phases()
         self.measure = GpuMeasure(graph, arch, device, cache, topk, seed, self.cost, self.phases)
         self.log: list[str] = []
