@@ -1,7 +1,7 @@
 """Built runtimes timed under settings of the runtime's environment, in turns.
 
     python scripts/env_ab.py PREFIX [PREFIX ...] --set WELDER_PDL=0 --set WELDER_PDL=1 \
-        [--rounds 3] [--iters 200] [--number 10]
+        [--rounds 3] [--iters 200] [--number 10] [--warmup 5]
 
 A runtime reads its launch settings (WELDER_PDL, WELDER_SMEM_CARVEOUT: docs/runtime.md)
 once, when it is loaded, so each timing is a ``welder run`` of its own with the setting in
@@ -44,7 +44,7 @@ def run_once(prefix: Path, chosen: tuple[str, str], names: set[str], args: argpa
     env = {k: v for k, v in os.environ.items() if k not in names}
     env[chosen[0]] = chosen[1]
     command = [sys.executable, "-c", WELDER, "run", str(prefix), "--iters", str(args.iters)]
-    command += ["--number", str(args.number)]
+    command += ["--number", str(args.number), "--warmup", str(args.warmup)]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout_s)
     found = MEDIAN.search(done.stdout)
     if done.returncode != 0 or found is None:
@@ -69,10 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="turns of every setting (3)")
     parser.add_argument("--iters", type=int, default=200, help="welder run --iters (200)")
     parser.add_argument("--number", type=int, default=10, help="welder run --number (10)")
+    parser.add_argument("--warmup", type=int, default=5, help="welder run --warmup (5)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="cap on one welder run (300)")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.iters < 1 or args.number < 1:
-        parser.error("--rounds, --iters and --number must be positive")
+    if args.rounds < 1 or args.iters < 1 or args.number < 1 or args.warmup < 0:
+        parser.error("--rounds, --iters and --number must be positive, --warmup not negative")
     missing = [str(p) for p in args.prefixes if not library_path(p).is_file()]
     if missing:
         parser.error(f"no runtime built under {', '.join(missing)} (welder build PREFIX)")

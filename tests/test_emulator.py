@@ -1053,6 +1053,25 @@ def test_builders_racing_for_one_cache_compile_its_runtime_objects_once(tmp_path
         np.testing.assert_array_equal(y, np.full(32, value, np.float32))
 
 
+def test_modules_at_other_optimisation_levels_and_include_folders_share_the_runtime_objects(cache, tmp_path):
+    """The emulator's runtime objects depend on the flags that change what they compile to
+    (a define), not on a module's optimisation level or include folders: modules built with
+    those link the one set of objects, and run."""
+    digest = emulator._emulator_digest()
+
+    def objects(extra: list[str]) -> dict[Path, Path]:
+        return emulator._runtime_objects(emulator._runtime_flags(extra), cache, digest)
+
+    assert objects(["-O0"]) == objects([f"-I{tmp_path}", "-O0"]) == objects([])
+    assert objects(["-DWELDER_UNCHECKED_INDICES"]) != objects([])
+    source = '#include "welder_prelude.cuh"\n__global__ void k(float* y) {\n  y[threadIdx.x] = 5.0f;\n}\n'
+    module = compile_kernels(source, ["k"], cache_dir=cache, extra_flags=[f"-I{tmp_path}", "-O0"])
+    y = np.zeros(32, np.float32)
+    module.launch("k", 1, 32, 0, [y])
+    np.testing.assert_array_equal(y, np.full(32, 5.0, np.float32))
+    assert all(obj.is_file() for obj in objects([]).values())
+
+
 def test_a_caches_second_module_compiles_against_the_precompiled_prelude(tmp_path, rng):
     """The first module a cache builds parses the prelude; the second precompiles it beside
     the modules, and g++ takes that .gch for a module's compile (-H marks it with "!")."""

@@ -523,6 +523,15 @@ def _raise_on_failure(outcomes: Sequence[str | None]) -> None:
         raise EmulationError(f"g++ could not compile the kernels:\n{failures[0]}")
 
 
+def _runtime_flags(extra_flags: Sequence[str]) -> list[str]:
+    """The flags the emulator's own .cpp files compile with for modules built with
+    ``extra_flags``: the module's but its include folders (the runtime's are
+    :data:`_INCLUDES`) and optimisation levels, which change nothing the two share.  One set
+    of objects then serves the modules compiled at ``-O0`` (each run once on small inputs)
+    and at ``-O1``, and the emulator runs at ``-O1`` under both."""
+    return [*_BASE_FLAGS, *(f for f in extra_flags if not f.startswith(("-I", "-O")))]
+
+
 def _runtime_objects(flags: Sequence[str], root: Path, digest: str) -> dict[Path, Path]:
     """Where the emulator's own .cpp files (no kernel code) live compiled, once per flag set."""
     key = hashlib.sha256("\0".join([*flags, _compiler_identity(), digest]).encode()).hexdigest()[:24]
@@ -536,7 +545,12 @@ def _runtime_lock(runtime: dict[Path, Path]) -> Path:
 
 
 def _build(
-    translation_unit: str, flags: Sequence[str], runtime: dict[Path, Path], target: Path, digest: str
+    translation_unit: str,
+    flags: Sequence[str],
+    runtime: dict[Path, Path],
+    runtime_flags: Sequence[str],
+    target: Path,
+    digest: str,
 ) -> None:
     """Compiles the kernels next to any runtime object not cached yet, links, renames into place.
 
@@ -545,6 +559,7 @@ def _build(
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     compile_flags = [f for f in flags if f != "-shared"] + ["-c"]
+    runtime_compile_flags = [f for f in runtime_flags if f != "-shared"] + ["-c"]
     prelude = _precompiled_prelude([f for f in flags if f != "-shared"], target.parent, digest)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as scratch:
         work = Path(scratch)
@@ -557,7 +572,10 @@ def _build(
             outcomes = _run_compilers(
                 [
                     _compile_command(compile_flags, source, module_object, prelude),
-                    *(_compile_command(compile_flags, src, work / obj.name) for src, obj in missing.items()),
+                    *(
+                        _compile_command(runtime_compile_flags, src, work / obj.name)
+                        for src, obj in missing.items()
+                    ),
                 ]
             )
             for obj, outcome in zip(missing.values(), outcomes[1:]):
@@ -663,6 +681,8 @@ def compile_kernels(
     if module is not None:
         return module
     if not target.is_file():
-        _build(translation_unit, flags, _runtime_objects(flags, root, digest), target, digest)
+        runtime_flags = _runtime_flags(extra_flags)
+        runtime = _runtime_objects(runtime_flags, root, digest)
+        _build(translation_unit, flags, runtime, runtime_flags, target, digest)
     with _modules_lock:
         return _modules.setdefault(target, EmulatedModule(target, names))
