@@ -1072,10 +1072,18 @@ def test_modules_at_other_optimisation_levels_and_include_folders_share_the_runt
     assert all(obj.is_file() for obj in objects([]).values())
 
 
-def test_a_caches_second_module_compiles_against_the_precompiled_prelude(tmp_path, rng):
+def test_a_caches_second_module_compiles_against_the_precompiled_prelude(tmp_path, rng, cache, good):
     """The first module a cache builds parses the prelude; the second precompiles it beside
-    the modules, and g++ takes that .gch for a module's compile (-H marks it with "!")."""
-    cache = tmp_path / "emu"
+    the modules, and g++ takes that .gch for a module's compile (-H marks it with "!").
+    (The new cache starts with the session's runtime objects for these flags, which ``good``
+    built: they are not what is tested here.)"""
+    session, cache = cache, tmp_path / "emu"
+    digest = emulator._emulator_digest()
+    cache.mkdir()
+    for obj in emulator._runtime_objects(
+        emulator._runtime_flags(WARNINGS_AS_ERRORS), session, digest
+    ).values():
+        shutil.copy(obj, cache / obj.name)
     source = '#include "welder_prelude.cuh"\n__global__ void k(float* y) {\n  y[threadIdx.x] = 2.0f;\n}\n'
     compile_kernels(source, ["k"], cache_dir=cache, extra_flags=WARNINGS_AS_ERRORS)
     assert not list(cache.glob("pch-*"))

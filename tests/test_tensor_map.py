@@ -126,12 +126,11 @@ def test_launch_specs_carry_the_kernels_maps():
 
 
 @pytest.mark.skipif(not emu.available(), reason="kernel emulation needs Linux and g++")
-def test_an_emulated_model_passes_a_kernels_tensor_maps(tmp_path, monkeypatch):
+def test_an_emulated_model_passes_a_kernels_tensor_maps():
     from tma_reference import UNITS
 
     from welder.runtime.emulate import EmulatedModel
 
-    monkeypatch.setenv("WELDER_CACHE_DIR", str(tmp_path))
     params = [
         KernelParam("p0", "x", "float32", (20, 44), False),
         KernelParam("p1", "y", "float32", (20, 44), True),
