@@ -1053,23 +1053,35 @@ def test_builders_racing_for_one_cache_compile_its_runtime_objects_once(tmp_path
         np.testing.assert_array_equal(y, np.full(32, value, np.float32))
 
 
-def test_modules_at_other_optimisation_levels_and_include_folders_share_the_runtime_objects(cache, tmp_path):
+def test_modules_at_other_optimisation_levels_and_include_folders_share_the_runtime_objects(
+    cache, tmp_path, monkeypatch
+):
     """The emulator's runtime objects depend on the flags that change what they compile to
-    (a define), not on a module's optimisation level or include folders: modules built with
-    those link the one set of objects, and run."""
+    (a define), not on a module's optimisation level or include folders: a module built
+    with those (a folder no build used before) compiles no runtime source of its own once
+    the plain set is there, links that set, and runs."""
     digest = emulator._emulator_digest()
 
     def objects(extra: list[str]) -> dict[Path, Path]:
         return emulator._runtime_objects(emulator._runtime_flags(extra), cache, digest)
 
-    assert objects(["-O0"]) == objects([f"-I{tmp_path}", "-O0"]) == objects([])
     assert objects(["-DWELDER_UNCHECKED_INDICES"]) != objects([])
-    source = '#include "welder_prelude.cuh"\n__global__ void k(float* y) {\n  y[threadIdx.x] = 5.0f;\n}\n'
-    module = compile_kernels(source, ["k"], cache_dir=cache, extra_flags=[f"-I{tmp_path}", "-O0"])
+    source = '#include "welder_prelude.cuh"\n__global__ void k(float* y) {\n  y[threadIdx.x] = %d.0f;\n}\n'
+    compile_kernels(source % 4, ["k"], cache_dir=cache)  # the plain set, built once a session
+    assert all(obj.is_file() for obj in objects([]).values())
+    compiled: list[str] = []
+    run = emulator._run_compilers
+
+    def recording(commands):
+        compiled.extend(c[c.index("-x") + 2] for c in commands if "-x" in c)
+        return run(commands)
+
+    monkeypatch.setattr(emulator, "_run_compilers", recording)
+    module = compile_kernels(source % 5, ["k"], cache_dir=cache, extra_flags=[f"-I{tmp_path}", "-O0"])
+    assert compiled and not [c for c in compiled if Path(c).parent == emulator.EMU_DIR], compiled
     y = np.zeros(32, np.float32)
     module.launch("k", 1, 32, 0, [y])
     np.testing.assert_array_equal(y, np.full(32, 5.0, np.float32))
-    assert all(obj.is_file() for obj in objects([]).values())
 
 
 def test_a_caches_second_module_compiles_against_the_precompiled_prelude(tmp_path, rng, cache, good):

@@ -545,12 +545,7 @@ def _runtime_lock(runtime: dict[Path, Path]) -> Path:
 
 
 def _build(
-    translation_unit: str,
-    flags: Sequence[str],
-    runtime: dict[Path, Path],
-    runtime_flags: Sequence[str],
-    target: Path,
-    digest: str,
+    translation_unit: str, flags: Sequence[str], runtime_flags: Sequence[str], target: Path, digest: str
 ) -> None:
     """Compiles the kernels next to any runtime object not cached yet, links, renames into place.
 
@@ -559,6 +554,7 @@ def _build(
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     compile_flags = [f for f in flags if f != "-shared"] + ["-c"]
+    runtime = _runtime_objects(runtime_flags, target.parent, digest)
     runtime_compile_flags = [f for f in runtime_flags if f != "-shared"] + ["-c"]
     prelude = _precompiled_prelude([f for f in flags if f != "-shared"], target.parent, digest)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as scratch:
@@ -681,8 +677,6 @@ def compile_kernels(
     if module is not None:
         return module
     if not target.is_file():
-        runtime_flags = _runtime_flags(extra_flags)
-        runtime = _runtime_objects(runtime_flags, root, digest)
-        _build(translation_unit, flags, runtime, runtime_flags, target, digest)
+        _build(translation_unit, flags, _runtime_flags(extra_flags), target, digest)
     with _modules_lock:
         return _modules.setdefault(target, EmulatedModule(target, names))
