@@ -1030,10 +1030,9 @@ def test_builds_are_cached(good, cache):
     assert good.path.parent == cache and good.path.is_file()
 
 
-def test_builders_racing_for_one_cache_compile_its_runtime_objects_once(tmp_path, monkeypatch):
-    """Modules built at once into a new cache (threads here, processes alike: each takes its
-    own lock on the file) compile the emulator's runtime objects once between them, and
-    each module still links and runs."""
+@pytest.fixture
+def compiled_sources(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The sources g++ compiles from here on (each compile's ``-x c++`` file), in order."""
     compiled: list[str] = []
     run = emulator._run_compilers
 
@@ -1042,11 +1041,18 @@ def test_builders_racing_for_one_cache_compile_its_runtime_objects_once(tmp_path
         return run(commands)
 
     monkeypatch.setattr(emulator, "_run_compilers", recording)
+    return compiled
+
+
+def test_builders_racing_for_one_cache_compile_its_runtime_objects_once(tmp_path, compiled_sources):
+    """Modules built at once into a new cache (threads here, processes alike: each takes its
+    own lock on the file) compile the emulator's runtime objects once between them, and
+    each module still links and runs."""
     source = '#include "welder_prelude.cuh"\n__global__ void k(float* y) {\n  y[threadIdx.x] = %d.0f;\n}\n'
     with ThreadPoolExecutor(3) as pool:
         modules = list(pool.map(lambda v: compile_kernels(source % v, ["k"], cache_dir=tmp_path), [1, 2, 3]))
     runtime = sorted(str(p) for p in emulator.EMU_DIR.glob("*.cpp"))
-    assert sorted(c for c in compiled if c in runtime) == runtime
+    assert sorted(c for c in compiled_sources if c in runtime) == runtime
     for value, module in zip([1, 2, 3], modules):
         y = np.zeros(32, np.float32)
         module.launch("k", 1, 32, 0, [y])
@@ -1054,7 +1060,7 @@ def test_builders_racing_for_one_cache_compile_its_runtime_objects_once(tmp_path
 
 
 def test_modules_at_other_optimisation_levels_and_include_folders_share_the_runtime_objects(
-    cache, tmp_path, monkeypatch
+    cache, tmp_path, request
 ):
     """The emulator's runtime objects depend on the flags that change what they compile to
     (a define), not on a module's optimisation level or include folders: a module built
@@ -1069,14 +1075,7 @@ def test_modules_at_other_optimisation_levels_and_include_folders_share_the_runt
     source = '#include "welder_prelude.cuh"\n__global__ void k(float* y) {\n  y[threadIdx.x] = %d.0f;\n}\n'
     compile_kernels(source % 4, ["k"], cache_dir=cache)  # the plain set, built once a session
     assert all(obj.is_file() for obj in objects([]).values())
-    compiled: list[str] = []
-    run = emulator._run_compilers
-
-    def recording(commands):
-        compiled.extend(c[c.index("-x") + 2] for c in commands if "-x" in c)
-        return run(commands)
-
-    monkeypatch.setattr(emulator, "_run_compilers", recording)
+    compiled = request.getfixturevalue("compiled_sources")  # recording from here on
     module = compile_kernels(source % 5, ["k"], cache_dir=cache, extra_flags=[f"-I{tmp_path}", "-O0"])
     assert compiled and not [c for c in compiled if Path(c).parent == emulator.EMU_DIR], compiled
     y = np.zeros(32, np.float32)
