@@ -12,6 +12,7 @@ reports under the emulator.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -190,9 +191,36 @@ class CPrinter:
         # basic block (the gathered copies want one block for their loads to be scheduled
         # together); the operands are side-effect free bools, so the value is the same.
         self.eager_logic = eager_logic
+        self._bound: dict[Expr, str] = {}  # subexpressions printed as a name (see value)
 
     def __call__(self, e: Expr) -> str:
         return self.expr(e)
+
+    def value(self, e: Expr) -> str:
+        """``e`` with every subexpression that it always evaluates more than once computed
+        once, into a local of an immediately called lambda (the plain expression where
+        nothing repeats).  A stage's body printed as a tree repeats whatever its inlined
+        producers share -- a bilinear Resize of a GELU evaluates the GELU and its
+        coordinates at four corners, each coordinate a dozen times -- and a kernel unrolls it
+        for every element a thread owns: nvcc's front end then spends most of a minute on a
+        tensor-core kernel with such an epilogue.  Only subexpressions outside a Select's
+        branches and a short-circuit's right side are taken: those the expression evaluates
+        whatever its values, so computing them first changes no result and makes no access
+        the expression would skip."""
+        shared = repeated_subexpressions(e, self.eager_logic)
+        if not shared:
+            return self.expr(e)
+        printer = CPrinter(self._load, self._var, self.nonneg, self.eager_logic)
+        lets = []
+        for k, sub in enumerate(shared):
+            lets.append((f"cse{k}", printer.expr(sub)))
+            printer._bound[sub] = f"cse{k}"
+        text = printer.expr(e)
+        # a printing rule may not print an operand as such (exp16_sub prints a difference's
+        # sides): a local nothing reads is left out
+        used = set(re.findall(r"\bcse\d+\b", " ".join([text, *(v for _, v in lets)])))
+        body = " ".join(f"const auto {name} = {v};" for name, v in lets if name in used)
+        return f"[&]() {{ {body} return {text}; }}()" if body else text
 
     def with_loads(self, values: Mapping[Load, str]) -> CPrinter:
         """This printer with the loads in ``values`` printed as the given C values (loads
@@ -206,6 +234,8 @@ class CPrinter:
         )
 
     def expr(self, e: Expr) -> str:
+        if self._bound and e in self._bound:
+            return self._bound[e]
         if isinstance(e, Var):
             return self._var.get(e.name, e.name)
         if isinstance(e, Const):
@@ -280,6 +310,40 @@ class CPrinter:
         if double:
             fn = fn[:-1]
         return f"{fn}({', '.join(args)})"
+
+
+def repeated_subexpressions(e: Expr, eager_logic: bool = False) -> list[Expr]:
+    """The subexpressions (not variables or constants) that ``e`` always evaluates at least
+    twice, each before any that contains it.  A repeat is counted where it occurs outside
+    every earlier occurrence of a larger repeat: the parts of a repeated subexpression that
+    occur nowhere else are computed with it, once, and are not taken apart.  A Select's
+    branches and the right side of ``and``/``or`` (unless ``eager_logic``, which prints both
+    sides evaluated) are conditional: what occurs only there is not counted."""
+    seen: dict[Expr, int] = {}
+    order: list[Expr] = []
+
+    def visit(x: Expr) -> None:
+        if isinstance(x, (Var, Const)):
+            return
+        if x in seen:
+            seen[x] += 1
+            return
+        seen[x] = 1
+        for child in _always_evaluated(x, eager_logic):
+            visit(child)
+        order.append(x)
+
+    visit(e)
+    return [x for x in order if seen[x] > 1]
+
+
+def _always_evaluated(e: Expr, eager_logic: bool) -> tuple[Expr, ...]:
+    """The operands of ``e`` that its C form evaluates whatever the values."""
+    if isinstance(e, Select):
+        return (e.cond,)
+    if isinstance(e, Binary) and e.op in ("and", "or") and not eager_logic:
+        return (e.a,)
+    return e.children()
 
 
 def _divide(a: str, b: str, dtype: str) -> str:

@@ -245,7 +245,7 @@ def _epilogue(kb: KernelBuilder, st: MmaConfig, con: Contraction, origins: list[
         var = f"ev{j}"
         compute = kb.group.computes[node]
         names = view_indices(compute, c.shape, index)
-        values.append(EpilogueValue(var, CPrinter(load, var=names)(compute.body)))
+        values.append(EpilogueValue(var, CPrinter(load, var=names).value(compute.body)))
         stored[node] = _rounded(var, kb.group.computes[node].dtype)
         if node in kb.group.outputs:
             outputs.append(_output(kb, node, var))

@@ -304,7 +304,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
         nreg=math.prod(st.reg_tile),
         dims=dims,
         valid=" && ".join(valid) or "true",
-        body=printer(body),
+        body=printer.value(body),
         value_t=COMPUTE_TYPES[out_dtype],
         out_dtype=out_dtype,
         tile_view=kb.tile_views.get(st.node),
@@ -570,12 +570,8 @@ def _vector_reads(
         names[ld] = f"vl{len(names)}"
         ctx.vloads.append(_VectorLoad(names[ld], _vec_type(ld.dtype, width), source, flat, source=ld))
 
-    def load(ld: Load, p: CPrinter) -> str:
-        if ld in names:
-            return read_value(f"{names[ld]}.v[e]", ld.dtype)
-        return scalar(ld)
-
-    ctx.body = CPrinter(load, nonneg=scalar.nonneg)(c.body)
+    vectors = {ld: read_value(f"{name}.v[e]", ld.dtype) for ld, name in names.items()}
+    ctx.body = scalar.with_loads(vectors).value(c.body)
 
 
 def _global(kb: KernelBuilder, vloads: Sequence[_VectorLoad]) -> list[_VectorLoad]:
