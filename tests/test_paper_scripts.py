@@ -1255,3 +1255,53 @@ def test_paper_state_seeds_the_results_a_run_goes_on_from(tmp_path: Path) -> Non
     assert (state / "figure9_10.csv").read_text() == "a line not committed yet"
     unknown = seed("B200")
     assert unknown.returncode == 2 and "H200" in unknown.stderr
+
+
+FAKE_PENDING = """#!/usr/bin/env bash
+echo "start $SCRIPT gpu=$CUDA_VISIBLE_DEVICES limit=$LIMIT $(date +%s.%N)" >> "$OUT/trace"
+sleep "$FAKE_SLEEP"
+echo "end $SCRIPT gpu=$CUDA_VISIBLE_DEVICES $(date +%s.%N)" >> "$OUT/trace"
+"""
+
+
+def test_side_by_side_runs_the_specs_of_one_gpu_in_turn(tmp_path: Path) -> None:
+    """Specs naming the same GPU run on it one after another, each given what is left of
+    LIMIT, while another GPU's run beside them; one with under MIN_LEFT seconds left is not
+    started, and its GPU's log says so."""
+    runner = ROOT / "scripts" / "paper_side_by_side.sh"
+    fake = tmp_path / "pending.sh"
+    fake.write_text(FAKE_PENDING)
+    out = tmp_path / "out"
+    env = dict(
+        os.environ,
+        OUT=str(out),
+        PAPER_RESULTS=str(tmp_path),
+        PAPER_PENDING=str(fake),
+        FAKE_SLEEP="2",
+        LIMIT="100",
+        MIN_LEFT="99",
+        CORES="1",
+    )
+    specs = [
+        "0|Figure13|--models nerf --bs 1",
+        "1|Figure10b|--models nerf --bs 1",
+        "0|Figure10b|--models nerf --bs 1",
+    ]
+    proc = subprocess.run(["bash", str(runner), *specs], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    events = [line.split() for line in (out / "trace").read_text().splitlines()]
+    at = {(e[0], e[1], e[2]): float(e[-1]) for e in events}
+    first, beside = ("Figure13", "gpu=0"), ("Figure10b", "gpu=1")
+    assert at[("start", *beside)] < at[("end", *first)], "the other GPU's spec ran beside it"
+    # the second spec of GPU 0 found fewer than MIN_LEFT seconds left after the first's 2 s
+    assert ("start", "Figure10b", "gpu=0") not in at
+    assert "not started" in (out / "log_0.txt").read_text()
+    env.update(MIN_LEFT="10")
+    (out / "trace").unlink()
+    proc = subprocess.run(["bash", str(runner), *specs], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    events = [line.split() for line in (out / "trace").read_text().splitlines()]
+    at = {(e[0], e[1], e[2]): float(e[-1]) for e in events}
+    limits = {(e[1], e[2]): int(e[3].removeprefix("limit=")) for e in events if e[0] == "start"}
+    assert at[("end", *first)] <= at[("start", "Figure10b", "gpu=0")], "GPU 0's specs ran in turn"
+    assert 99 <= limits[first] <= 100 and 90 <= limits[("Figure10b", "gpu=0")] <= 98
