@@ -360,10 +360,12 @@ def test_tune_reports_prediction_kernel_sum_and_end_to_end_latency(
     _fake_gpu(bert_prefix, tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(pipeline, "_build", lambda out, options, notes: out / "build")
     limits: list[float] = []
+    runs: list[tuple[int, int]] = []
 
-    def timed(prefix: Path, timeout_s: float) -> RuntimeTiming:
+    def timed(prefix: Path, iters: int, warmup: int, timeout_s: float) -> RuntimeTiming:
         limits.append(timeout_s)
-        return RuntimeTiming(123.0, 125.5, 50, 10)
+        runs.append((iters, warmup))
+        return RuntimeTiming(123.0, 125.5, iters, warmup)
 
     monkeypatch.setattr(pipeline, "time_runtime", timed)
     assert main(["tune", str(bert_prefix), "--arch", "H100", "--topk", "2"]) == 0
@@ -377,6 +379,7 @@ def test_tune_reports_prediction_kernel_sum_and_end_to_end_latency(
     # A runtime that hangs costs its start and twenty times its inferences, not ten minutes.
     inferences_s = 20 * 60 * totals["measured_kernels_us"] * 1e-6
     assert limits == [pytest.approx(pipeline.RUNTIME_START_S + inferences_s)]
+    assert runs == [(50, 10)], "a model of microseconds is timed fifty times after ten warm-ups"
     assert totals["predicted_latency_us"] == pytest.approx(
         sum(g["predicted_latency_us"] for g in doc["groups"]), abs=1e-2
     )
@@ -398,19 +401,41 @@ def test_tune_reports_prediction_kernel_sum_and_end_to_end_latency(
     # 1% over is within the spread of a few long kernels' timings
     for share, noted in ((1.03, True), (1.01, False)):
         took = totals["measured_kernels_us"] * share
-        timed_at = lambda p, timeout_s, t=took: RuntimeTiming(t, t, 50, 10)  # noqa: E731
+        timed_at = lambda p, iters, warmup, timeout_s, t=took: RuntimeTiming(t, t, iters, warmup)  # noqa: E731
         monkeypatch.setattr(pipeline, "time_runtime", timed_at)
         assert main(["tune", str(bert_prefix), "--arch", "H100", "--topk", "2"]) == 0
         note = f"note: the runtime took {took:.1f} us, more than its kernels timed one by one ("
         assert (note in capsys.readouterr().out) == noted
 
-    def broken(prefix: Path, timeout_s: float) -> RuntimeTiming:
+    def broken(prefix: Path, iters: int, warmup: int, timeout_s: float) -> RuntimeTiming:
         raise WelderError("`welder run` failed (exit 2): no GPU")
 
     monkeypatch.setattr(pipeline, "time_runtime", broken)
     assert main(["tune", str(bert_prefix), "--arch", "H100", "--topk", "2"]) == 0
     assert "note: runtime not timed: `welder run` failed" in capsys.readouterr().out
     assert json.loads((bert_prefix / "tuned.json").read_text())["totals"]["measured_runtime_us"] is None
+
+
+def test_a_long_inference_is_timed_fewer_times() -> None:
+    """The tune's end-to-end timing runs fifty inferences after ten warm-ups where those
+    take under RUNTIME_RUNS_S together, else as many as fit (a few of them warm-ups), never
+    fewer than the minimums."""
+    from welder.pipeline import (
+        RUNTIME_ITERS,
+        RUNTIME_MIN_ITERS,
+        RUNTIME_MIN_WARMUP,
+        RUNTIME_RUNS_S,
+        RUNTIME_WARMUP,
+        runtime_iterations,
+    )
+
+    for kernels_us in (None, 0.0, 150.0, 0.9 * RUNTIME_RUNS_S / 60 * 1e6):
+        assert runtime_iterations(kernels_us) == (RUNTIME_ITERS, RUNTIME_WARMUP)
+    for kernels_us in (1.1 * RUNTIME_RUNS_S / 60 * 1e6, 1.35e6, 4e6):
+        iters, warmup = runtime_iterations(kernels_us)
+        assert (iters + warmup) * kernels_us * 1e-6 <= RUNTIME_RUNS_S
+        assert RUNTIME_MIN_ITERS <= iters < RUNTIME_ITERS and RUNTIME_MIN_WARMUP <= warmup <= iters // 2
+    assert runtime_iterations(100e6) == (RUNTIME_MIN_ITERS, RUNTIME_MIN_WARMUP)
 
 
 # -- scripts/benchmark.py's welder steps ---------------------------------------------------------

@@ -353,6 +353,12 @@ def _build(out: Path, options: TuneOptions, notes: list[str]) -> Path | None:
 
 RUNTIME_ITERS = 50
 RUNTIME_WARMUP = 10
+#: What the timing's runs may take together where inferences are long: fifty runs and ten
+#: warm-ups of Restormer at batch 64 (1.1 to 1.4 s each) were over a minute of each tune of
+#: it, and a median of twenty second-long replays of one CUDA graph is as steady.
+RUNTIME_RUNS_S = 30.0
+RUNTIME_MIN_ITERS = 5
+RUNTIME_MIN_WARMUP = 2
 #: How long timing a runtime may take where nothing bounds it better.
 RUNTIME_TIMEOUT_S = 600.0
 _MEDIAN = re.compile(r"^median (\S+) ms$", re.M)
@@ -371,10 +377,17 @@ def _time_built(
     ``kernels_us`` (the plan's kernels, timed one by one) bounds how long that may take."""
     if not options.time_runtime or (options.cost_model and shutil.which("nvidia-smi") is None):
         return None
-    timeout_s = runtime_timeout_s(kernels_us)
-    log.info("timing the runtime: `welder run %s` (at most %.0f s)", out, timeout_s)
+    iters, warmup = runtime_iterations(kernels_us)
+    timeout_s = runtime_timeout_s(kernels_us, iters, warmup)
+    log.info(
+        "timing the runtime: `welder run %s`, %d runs after %d warm-ups (at most %.0f s)",
+        out,
+        iters,
+        warmup,
+        timeout_s,
+    )
     try:
-        timing = time_runtime(out, timeout_s=timeout_s)
+        timing = time_runtime(out, iters=iters, warmup=warmup, timeout_s=timeout_s)
     except WelderError as e:
         notes.append(f"runtime not timed: {e}")
         return None
@@ -389,6 +402,19 @@ def _time_built(
 
 #: What starting a runtime may take before its first inference: CUDA, the weights, the graph.
 RUNTIME_START_S = 120.0
+
+
+def runtime_iterations(kernels_us: float | None) -> tuple[int, int]:
+    """``(iters, warmup)`` for timing a runtime whose kernels take ``kernels_us`` in all:
+    ``RUNTIME_ITERS`` and ``RUNTIME_WARMUP`` where those fit in ``RUNTIME_RUNS_S``, else as
+    many runs as fit, a sixth of them warm-ups, never under the minimums."""
+    if not kernels_us or kernels_us <= 0:
+        return RUNTIME_ITERS, RUNTIME_WARMUP
+    runs = int(RUNTIME_RUNS_S / (kernels_us * 1e-6))
+    if runs >= RUNTIME_ITERS + RUNTIME_WARMUP:
+        return RUNTIME_ITERS, RUNTIME_WARMUP
+    warmup = max(RUNTIME_MIN_WARMUP, runs // 6)
+    return max(RUNTIME_MIN_ITERS, runs - warmup), warmup
 
 
 def runtime_timeout_s(
