@@ -228,7 +228,10 @@ def _compile_split(
     """Compile ``indices`` in one call; on failure, compile each half.  A timed-out set is
     split only while ``may_split_timeout``, which the halves of a timed-out set lose: the
     halving that isolates a bad candidate in a few quick compiles would otherwise cost one
-    full time limit per level."""
+    full time limit per level.  The halves of a timed-out set compile at once, each in an
+    nvcc of its own: a set too slow for its limit is most often a set of slow kernels, not
+    one that hangs, and one after the other its halves waited out two limits (BSRN's ten
+    wgmma candidates with a Resize-of-GELU epilogue: 160 s, then 160 s more)."""
     if not indices:
         return
     limit = compile_timeout_s(len(indices))
@@ -253,8 +256,14 @@ def _compile_split(
             )
         half = len(indices) // 2
         keep_splitting = may_split_timeout and not timed_out
-        _compile_split(device, cands, indices[:half], keep_splitting, phases)
-        _compile_split(device, cands, indices[half:], keep_splitting, phases)
+        halves = (indices[:half], indices[half:])
+        if timed_out:
+            with ThreadPoolExecutor(2, thread_name_prefix="nvcc-half") as both:
+                for done in [both.submit(_compile_split, device, cands, h, False, phases) for h in halves]:
+                    done.result()
+            return
+        for h in halves:
+            _compile_split(device, cands, h, keep_splitting, phases)
         return
     _count_compile(phases, len(indices), time.perf_counter() - start)
     for i in indices:
