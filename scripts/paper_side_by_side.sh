@@ -39,11 +39,24 @@ for spec in "$@"; do
 done
 results=${PAPER_RESULTS:-.paper-state/results}
 [ -d "$results" ] || results=$(mktemp -d)
+# the listings all at once (a few seconds each, on a machine whose minutes are counted)
+lists=$(mktemp -d)
+trap 'rm -rf "$lists"' EXIT
+k=0
 for spec in "$@"; do
   IFS='|' read -r gpu script args <<<"$spec"
   # shellcheck disable=SC2086  # ARGS is a list of options
-  if ! listed=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python "artifacts/$script/run_all.py" $args \
-      --out "$results" --pending 2>&1); then
+  ( PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python "artifacts/$script/run_all.py" $args \
+      --out "$results" --pending > "$lists/$k" 2>&1; echo $? > "$lists/$k.rc" ) &
+  k=$((k + 1))
+done
+wait
+k=0
+for spec in "$@"; do
+  listed=$(cat "$lists/$k")
+  rc=$(cat "$lists/$k.rc")
+  k=$((k + 1))
+  if [ "$rc" != 0 ]; then
     printf '%s: %s refuses its arguments:\n%s\n' "$0" "$spec" "$(tail -1 <<<"$listed")" >&2
     exit 2
   fi
