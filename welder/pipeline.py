@@ -408,7 +408,7 @@ def runtime_iterations(kernels_us: float | None) -> tuple[int, int]:
     """``(iters, warmup)`` for timing a runtime whose kernels take ``kernels_us`` in all:
     ``RUNTIME_ITERS`` and ``RUNTIME_WARMUP`` where those fit in ``RUNTIME_RUNS_S``, else as
     many runs as fit, a sixth of them warm-ups, never under the minimums."""
-    if not kernels_us or kernels_us <= 0:
+    if kernels_us is None or kernels_us <= 0:
         return RUNTIME_ITERS, RUNTIME_WARMUP
     runs = int(RUNTIME_RUNS_S / (kernels_us * 1e-6))
     if runs >= RUNTIME_ITERS + RUNTIME_WARMUP:

@@ -255,7 +255,6 @@ def _compile_split(
                 limit,
             )
         half = len(indices) // 2
-        keep_splitting = may_split_timeout and not timed_out
         halves = (indices[:half], indices[half:])
         if timed_out:
             with ThreadPoolExecutor(2, thread_name_prefix="nvcc-half") as both:
@@ -263,7 +262,7 @@ def _compile_split(
                     done.result()
             return
         for h in halves:
-            _compile_split(device, cands, h, keep_splitting, phases)
+            _compile_split(device, cands, h, may_split_timeout, phases)
         return
     _count_compile(phases, len(indices), time.perf_counter() - start)
     for i in indices:
