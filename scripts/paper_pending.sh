@@ -3,7 +3,9 @@
 # artifacts/$SCRIPT/run_all.py (default Figure9_10) with $ARGS (e.g. "--models nafnet --bs 1"),
 # $GPUS cases at once (default: every visible GPU), stopped after $LIMIT s (default 540),
 # no case started after $DEADLINE s (default LIMIT - 240); $RUNS is the scripts' --runs
-# (default runs/paper).
+# (default runs/paper; set RUNS, not --runs in ARGS, so that the tune logs come back: a
+# folder outside the checkout, such as /tmp/welder-paper-runs, keeps the exports and builds
+# for the next call on a machine still warm, where the checkout is copied afresh).
 #
 # The state a run goes on from is .paper-state/ in the checkout, when it is there: the
 # results folder (results/: a run skips the lines its CSVs hold), the tuning cache
@@ -96,7 +98,7 @@ PY
 ( while sleep 15; do pack; done ) &
 packer=$!
 # shellcheck disable=SC2086
-timeout "$limit" python "artifacts/${SCRIPT:-Figure9_10}/run_all.py" $ARGS --gpus "$gpus" \
+timeout "$limit" python "artifacts/${SCRIPT:-Figure9_10}/run_all.py" --runs "${RUNS:-runs/paper}" $ARGS --gpus "$gpus" \
   --out "$state/results" --cache-dir "$state/cache" --deadline-s "${DEADLINE:-$((limit > 300 ? limit - 240 : 60))}"
 echo "run_all: exit $?"
 kill "$packer" 2>/dev/null

@@ -11,6 +11,7 @@ there, welder only planned from the H100's cost model) and skip without torch.
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib
 import importlib.util
 import json
@@ -19,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -1305,3 +1307,32 @@ def test_side_by_side_runs_the_specs_of_one_gpu_in_turn(tmp_path: Path) -> None:
     limits = {(e[1], e[2]): int(e[3].removeprefix("limit=")) for e in events if e[0] == "start"}
     assert at[("end", *first)] <= at[("start", "Figure10b", "gpu=0")], "GPU 0's specs ran in turn"
     assert 99 <= limits[first] <= 100 and 90 <= limits[("Figure10b", "gpu=0")] <= 98
+
+
+def test_pending_run_returns_the_tune_logs_of_the_runs_folder_it_is_given(tmp_path: Path) -> None:
+    """paper_pending.sh packs the tune logs of RUNS, a folder that may lie outside the
+    checkout (where a warm machine keeps the exports between calls), into tuned.tar, and
+    the results and cache into paper-state.tgz."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    log = runs / "welder" / "nerf_b1_fp32" / "tune.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("group 0: 12.5 us\n")
+    env = dict(
+        os.environ,
+        STATE=str(tmp_path / "state"),
+        OUT=str(out),
+        RUNS=str(runs),
+        SCRIPT="Figure13",
+        ARGS="--models nerf --bs 1 --pending",
+        LIMIT="60",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    )
+    with open(tmp_path / "log.txt", "w") as stdout:
+        runner = ["bash", str(ROOT / "scripts" / "paper_pending.sh")]
+        proc = subprocess.run(runner, stdout=stdout, stderr=subprocess.STDOUT, env=env)
+    assert proc.returncode == 0, (tmp_path / "log.txt").read_text()
+    with tarfile.open(out / "tuned.tar") as tar:
+        packed = tar.extractfile("tuned/log_welder_nerf_b1_fp32.txt.gz")
+        assert packed is not None and gzip.decompress(packed.read()) == log.read_bytes()
+    with tarfile.open(out / "paper-state.tgz") as tar:
+        assert {"results", "cache"} <= {name.split("/")[0] for name in tar.getnames()}
