@@ -3,7 +3,7 @@
 # artifacts/$SCRIPT/run_all.py (default Figure9_10) with $ARGS (e.g. "--models nafnet --bs 1"),
 # $GPUS cases at once (default: every visible GPU), stopped after $LIMIT s (default 540),
 # no case started after $DEADLINE s (default LIMIT - 240); $RUNS is the scripts' --runs
-# (default runs/paper; set RUNS, not --runs in ARGS, so that the tune logs come back: a
+# (default runs/paper; --runs in ARGS is refused, as the tune logs come back from RUNS: a
 # folder outside the checkout, such as /tmp/welder-paper-runs, keeps the exports and builds
 # for the next call on a machine still warm, where the checkout is copied afresh).
 #
@@ -32,6 +32,11 @@
 # or one a GPU, each with its own log: scripts/paper_side_by_side.sh "0|Table5|ARGS" "1|Figure11|ARGS" ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [[ " ${ARGS:-} " =~ [[:space:]]--runs([=[:space:]]|$) ]]; then
+  # the scripts would build there while the pack looks for the tune logs under RUNS
+  echo "$0: ARGS holds --runs; set RUNS instead (ARGS: ${ARGS})" >&2
+  exit 2
+fi
 out=${OUT:-/tmp/welder-paper}
 state=${STATE:-/tmp/welder-paper-state}
 limit=${LIMIT:-540}

@@ -1312,7 +1312,8 @@ def test_side_by_side_runs_the_specs_of_one_gpu_in_turn(tmp_path: Path) -> None:
 def test_pending_run_returns_the_tune_logs_of_the_runs_folder_it_is_given(tmp_path: Path) -> None:
     """paper_pending.sh packs the tune logs of RUNS, a folder that may lie outside the
     checkout (where a warm machine keeps the exports between calls), into tuned.tar, and
-    the results and cache into paper-state.tgz."""
+    the results and cache into paper-state.tgz; ``--runs`` in ARGS, which would send the
+    builds elsewhere, is refused."""
     runs, out = tmp_path / "runs", tmp_path / "out"
     log = runs / "welder" / "nerf_b1_fp32" / "tune.log"
     log.parent.mkdir(parents=True)
@@ -1327,8 +1328,15 @@ def test_pending_run_returns_the_tune_logs_of_the_runs_folder_it_is_given(tmp_pa
         LIMIT="60",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     )
+    runner = ["bash", str(ROOT / "scripts" / "paper_pending.sh")]
+    # --runs in ARGS would build elsewhere than the pack looks: refused before anything is made
+    for args in ("--models nerf --runs elsewhere", "--runs=elsewhere --bs 1"):
+        refused = subprocess.run(
+            runner, capture_output=True, text=True, env={**env, "ARGS": args}, timeout=60
+        )
+        assert refused.returncode == 2 and "set RUNS instead" in refused.stderr, refused.stderr
+        assert not (tmp_path / "state").exists() and not out.exists()
     with open(tmp_path / "log.txt", "w") as stdout:
-        runner = ["bash", str(ROOT / "scripts" / "paper_pending.sh")]
         proc = subprocess.run(runner, stdout=stdout, stderr=subprocess.STDOUT, env=env)
     assert proc.returncode == 0, (tmp_path / "log.txt").read_text()
     with tarfile.open(out / "tuned.tar") as tar:
