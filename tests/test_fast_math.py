@@ -5,7 +5,7 @@ at most one unit in the last place off, and that rarely (where the exact value s
 rounding boundary).  Exact values under float's smallest normal number (2^-126, which only
 bf16 reaches) may come out as zero: the kernels compute in float, and welder_exp16 flushes such
 results.  The emulator runs the kernels here; tests/test_gpu.py runs the same
-check on the GPU, where welder_exp16 and __fdividef are the hardware's approximations.
+check on the GPU, where welder_exp16 and welder_div16 are the hardware's approximations.
 """
 
 from __future__ import annotations
@@ -123,17 +123,23 @@ def _assert_within_an_ulp(
     assert np.mean(off) <= OFF_BY_ONE, f"{label}: {np.mean(off):.2%} of values one ulp off"
 
 
+def emulated(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[list, np.ndarray]:
+    """The kernels welder generates for ``model`` (one config a group) and its output ``y``
+    from the emulator."""
+    graph = import_onnx(model)
+    plan = plan_model(graph, get_arch("H100"), topk=1)
+    kernels = generate_model(graph, [(p.group, p.configs[0]) for p in plan.groups])
+    return kernels, EmulatedModel(graph, kernels).run(feeds)["y"]
+
+
 @pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("op", list(FUNCTIONS))
 def test_16_bit_math_is_within_an_ulp_of_the_exact_value_for_every_input(op: str, fmt: str) -> None:
     dtype = FORMATS[fmt]
     model, feeds = unary_model(op, dtype)
-    graph = import_onnx(model)
-    plan = plan_model(graph, get_arch("H100"), topk=1)
-    kernels = generate_model(graph, [(p.group, p.configs[0]) for p in plan.groups])
-    got = EmulatedModel(graph, kernels).run(feeds)
-    assert_rounded_once(op, dtype, got["y"], feeds["x"])
+    _, got = emulated(model, feeds)
+    assert_rounded_once(op, dtype, got, feeds["x"])
 
 
 #: What a softmax subtracts before its exp (welder_exp16_sub): its row's maximum, here one per
@@ -155,11 +161,17 @@ def assert_difference_rounded_once(dtype: type, got: np.ndarray, x: np.ndarray) 
     m = MAXIMA.astype(dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         exact64 = np.exp(x.astype(np.float64) - m.astype(np.float64))
+    _assert_columns_rounded_once("exp(x - m)", dtype, got, exact64, x)
+
+
+def _assert_columns_rounded_once(
+    label: str, dtype: type, got: np.ndarray, exact64: np.ndarray, x: np.ndarray
+) -> None:
+    """NaN in ``got`` exactly where the float64 ``exact64`` rounds to NaN in ``dtype``,
+    every other value within one unit in the last place of it, and that rarely."""
     nan = np.isnan(exact64.astype(dtype).astype(np.float32))
-    assert np.array_equal(nan, np.isnan(got.astype(np.float32))), (
-        "exp(x - m): NaN where the exact value is not"
-    )
-    _assert_within_an_ulp(f"exp(x - m) {dtype.__name__}", got, exact64, dtype, ~nan, x)
+    assert np.array_equal(nan, np.isnan(got.astype(np.float32))), f"{label}: NaN where the exact value is not"
+    _assert_within_an_ulp(f"{label} {dtype.__name__}", got, exact64, dtype, ~nan, x)
 
 
 @pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
@@ -171,9 +183,47 @@ def test_the_exp_of_a_difference_is_within_an_ulp_for_every_input(fmt: str) -> N
     tests/test_gpu.py runs the same check with the hardware's ex2.approx."""
     dtype = FORMATS[fmt]
     model, feeds = difference_model(dtype)
-    graph = import_onnx(model)
-    plan = plan_model(graph, get_arch("H100"), topk=1)
-    kernels = generate_model(graph, [(p.group, p.configs[0]) for p in plan.groups])
+    kernels, got = emulated(model, feeds)
     assert all("welder_exp16_sub(" in k.source for k in kernels)
-    got = EmulatedModel(graph, kernels).run(feeds)["y"]
     assert_difference_rounded_once(dtype, got, feeds["x"])
+
+
+#: The divisors of every value (one a column): both zeros, both infinities, NaN, the
+#: smallest subnormal and the largest finite fp16 of both signs, 1, 3 and -0.1, then 61
+#: values spaced evenly in log from 2^-24 to 2^15 and a third of each, of both signs.
+DIVISORS = np.concatenate(
+    [
+        [0.0, -0.0, np.inf, -np.inf, np.nan, 2.0**-24, -(2.0**-24), 65504.0, -65504.0, 1.0, 3.0, -0.1],
+        *(s * np.logspace(-24, 15, 61, base=2.0) for s in (1.0, -1.0)),
+        *(s * np.logspace(-24, 15, 61, base=2.0) / 3.0 for s in (1.0, -1.0)),
+    ]
+)
+
+
+def quotient_model(dtype: type) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """x / d of every value ``x`` of ``dtype`` by each of the :data:`DIVISORS`."""
+    x = every_value(dtype)
+    node = helper.make_node("Div", ["x", "d"], ["y"])
+    return make_model([node], {"x": x}, ["y"], {"d": DIVISORS.astype(dtype)}, opset=20), {"x": x}
+
+
+def assert_quotient_rounded_once(dtype: type, got: np.ndarray, x: np.ndarray) -> None:
+    """``got`` within one unit in the last place of the float64 x / d rounded to ``dtype``,
+    for all but ``OFF_BY_ONE`` of the values; NaN exactly where the exact value is."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        exact64 = x.astype(np.float64) / DIVISORS.astype(dtype).astype(np.float64)
+    _assert_columns_rounded_once("x / d", dtype, got, exact64, x)
+
+
+@pytest.mark.skipif(not available(), reason="the CPU emulator needs Linux and g++")
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_quotient_is_within_an_ulp_for_every_input(fmt: str) -> None:
+    """x / d: fp16 takes welder_div16 (a reciprocal and a product), bf16 IEEE division;
+    within one unit in the last place of the float64 quotient rounded once, for every value
+    of the format by 256 divisors (zeros, infinities, NaN, fp16's extremes), and that rarely.
+    tests/test_gpu.py runs the same check with the hardware's rcp.approx."""
+    dtype = FORMATS[fmt]
+    model, feeds = quotient_model(dtype)
+    kernels, got = emulated(model, feeds)
+    assert all(("welder_div16(" in k.source) == (fmt == "float16") for k in kernels)
+    assert_quotient_rounded_once(dtype, got, feeds["x"])

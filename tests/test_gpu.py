@@ -16,8 +16,10 @@ from test_fast_math import (
     FORMATS,
     FUNCTIONS,
     assert_difference_rounded_once,
+    assert_quotient_rounded_once,
     assert_rounded_once,
     difference_model,
+    quotient_model,
     unary_model,
 )
 
@@ -196,16 +198,21 @@ def test_generated_kernels_match_the_interpreter_and_the_emulator(context, sm):
     assert len(cases) > 900
 
 
+def _fast_math_output(model, feeds, name, sm):
+    """Output ``y`` of ``model`` run natively on the GPU, one config a group."""
+    graph = import_onnx(model)
+    kernels = _kernels(graph, name, topk=1)
+    return run_native(graph, kernels, GpuModule(compile_cubin([k.source for k in kernels], sm)), feeds)["y"]
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("op", list(FUNCTIONS))
 def test_16_bit_math_is_within_an_ulp_of_the_exact_value_for_every_input(context, sm, op, fmt):
-    """tests/test_fast_math.py's check with the hardware's ex2.approx and __fdividef."""
+    """tests/test_fast_math.py's check with the hardware's ex2.approx and rcp.approx."""
     dtype = FORMATS[fmt]
     model, feeds = unary_model(op, dtype)
-    graph = import_onnx(model)
-    kernels = _kernels(graph, f"fast_{op}_{fmt}", topk=1)
-    got = run_native(graph, kernels, GpuModule(compile_cubin([k.source for k in kernels], sm)), feeds)
-    assert_rounded_once(op, dtype, got["y"], feeds["x"])
+    got = _fast_math_output(model, feeds, f"fast_{op}_{fmt}", sm)
+    assert_rounded_once(op, dtype, got, feeds["x"])
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -213,10 +220,18 @@ def test_the_exp_of_a_difference_is_within_an_ulp_for_every_input(context, sm, f
     """tests/test_fast_math.py's check of welder_exp16_sub with the hardware's ex2.approx."""
     dtype = FORMATS[fmt]
     model, feeds = difference_model(dtype)
-    graph = import_onnx(model)
-    kernels = _kernels(graph, f"fast_exp_sub_{fmt}", topk=1)
-    got = run_native(graph, kernels, GpuModule(compile_cubin([k.source for k in kernels], sm)), feeds)
-    assert_difference_rounded_once(dtype, got["y"], feeds["x"])
+    got = _fast_math_output(model, feeds, f"fast_exp_sub_{fmt}", sm)
+    assert_difference_rounded_once(dtype, got, feeds["x"])
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_quotient_is_within_an_ulp_for_every_input(context, sm, fmt):
+    """tests/test_fast_math.py's check of x / d with the hardware's rcp.approx (fp16's
+    welder_div16) and IEEE division (bf16)."""
+    dtype = FORMATS[fmt]
+    model, feeds = quotient_model(dtype)
+    got = _fast_math_output(model, feeds, f"fast_div_{fmt}", sm)
+    assert_quotient_rounded_once(dtype, got, feeds["x"])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

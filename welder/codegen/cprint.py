@@ -348,11 +348,11 @@ def _always_evaluated(e: Expr, eager_logic: bool) -> tuple[Expr, ...]:
 
 def _divide(a: str, b: str, dtype: str) -> str:
     """C for ``a / b`` of ``dtype`` values.  fp16 values, computed in float, take the fast
-    division (2 ulp of float, exact once rounded to fp16; it differs only for divisors over
-    2^126, beyond fp16's range) instead of IEEE division's check and slow-path call, which
-    ends a basic block at every element.  bf16's range reaches 2^126: it keeps the IEEE
-    division, as float and double do."""
-    return f"__fdividef({a}, {b})" if dtype == "float16" else f"({a} / {b})"
+    division (welder_div16: a reciprocal and a product, 2 ulp of float, exact once rounded to
+    fp16; it differs only for divisors over 2^126, beyond fp16's range) instead of IEEE
+    division's check and slow-path call, which ends a basic block at every element.  bf16's
+    range reaches 2^126: it keeps the IEEE division, as float and double do."""
+    return f"welder_div16({a}, {b})" if dtype == "float16" else f"({a} / {b})"
 
 
 def _float_fn(fn: str, dtype: str) -> str:

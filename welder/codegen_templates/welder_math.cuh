@@ -53,20 +53,36 @@ __device__ __forceinline__ double welder_min(double a, double b) { return (a != 
 __device__ __forceinline__ bool welder_max(bool a, bool b) { return a || b; }
 __device__ __forceinline__ bool welder_min(bool a, bool b) { return a && b; }
 
+// a / b of a 16-bit result, computed in float: b's reciprocal (rcp.approx, within an ulp) times
+// a, within 2 ulp of float as __fdividef is.  __fdividef adds a range check for divisors past
+// 2^126 to every division, two or three instructions an element; there the flushed reciprocal
+// makes the quotient 0 (NaN for an infinite a), as __fdividef's is.  No 16-bit float but bf16
+// reaches 2^126, which is why bf16 keeps IEEE division (codegen/cprint.py's _divide).
+__device__ __forceinline__ float welder_div16(float a, float b) {
+#if !defined(WELDER_EMULATE) && defined(__CUDA_ARCH__)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return a * r;
+#else
+  const float r = 1.0f / b;
+  return a * (fabsf(r) < 1.17549435e-38f ? copysignf(0.0f, r) : r);
+#endif
+}
+
 // erf of a value a 16-bit float will hold: x P(x^2) / Q(x^2) on the input clamped to +-4, the
 // result clamped to +-1, which the fit reaches before 4 (scripts/fit_erf16.py fits and checks
 // the coefficients).  Its error, under 5e-6, is a fiftieth of an fp16 ulp at 1, and it is
-// exactly +-1 far out, as erff is (GELU's 1 + erf(x) vanishes there).  For sm_90 it is 20
-// instructions against erff's 24 (its two ranges' coefficient selects and an ex2).  The
-// comparisons keep a NaN.
+// exactly +-1 far out, as erff is (GELU's 1 + erf(x) vanishes there).  The clamps are
+// welder_max/min, which keep a NaN in one instruction each on sm_80 and later, and Q (1 to 81
+// on the clamped range) is divided by its reciprocal: 15 instructions on sm_90, against erff's
+// 24 (its two ranges' coefficient selects and an ex2).
 __device__ __forceinline__ float welder_erf16(float x) {
-  const float c = x > 4.0f ? 4.0f : (x < -4.0f ? -4.0f : x);
+  const float c = welder_min(welder_max(x, -4.0f), 4.0f);
   const float s = c * c;
   const float p = (((-4.50629614e-06f * s + 0.00107376336f) * s + 0.0472299792f) * s + 0.163363621f) * s +
                   1.12838447f;
   const float q = ((0.0110491896f * s + 0.100915395f) * s + 0.478209794f) * s + 1.0f;
-  const float r = __fdividef(c * p, q);
-  return r > 1.0f ? 1.0f : (r < -1.0f ? -1.0f : r);
+  return welder_min(welder_max(welder_div16(c * p, q), -1.0f), 1.0f);
 }
 
 // 2^x of a value a 16-bit float will hold: ex2.approx, flushing results under 2^-126 to zero.
