@@ -133,6 +133,54 @@ def test_keys_split_across_warps_match_the_interpreter(label: str) -> None:
     _assert_matches(graph, group, chosen)
 
 
+#: The one-pass cases a persistent block walks (the 300-key one runs in chunks only).
+ONE_PASS = [label for label, case in CASES.items() if case.tokens <= attention.MAX_KEYS]
+
+
+@needs_emulator
+@pytest.mark.parametrize("label", [*ONE_PASS, "transposed operands, O the output"])
+def test_persistent_blocks_match_the_interpreter(label: str) -> None:
+    """Two blocks walk every tile, each copying its next tile's Q, K and V into the other
+    ring slot while it multiplies this one's (9 to 24 tiles: each block takes several, an
+    odd count leaves one block a tile more, ragged rows and windows included)."""
+    model = _transposed_operands(elem=onnx.TensorProto.FLOAT16) if label not in CASES else None
+    graph = import_onnx(model or attention_model(CASES[label]))
+    group = make_group(graph, list(graph.nodes))
+    configs = attention.persistent_configs(group, _context(graph, topk=8), resident=2)
+    by_warps = {c.stages[0].warps: c for c in configs}  # one store form a block size
+    assert len(by_warps) >= 2, label
+    for cfg in by_warps.values():
+        st = cfg.stages[0]
+        assert st.persistent == 2 and st.family == "attention/persistent"
+        assert cfg.num_blocks >= attention.MIN_TILES_PER_BLOCK * st.persistent
+        kernel = generate_kernel(graph, group, cfg, "probe")
+        assert kernel.grid == st.persistent, (kernel.grid, st)
+    _assert_matches(graph, group, list(by_warps.values()))
+
+
+def test_persistent_blocks_are_offered_where_tiles_outnumber_the_blocks_twice() -> None:
+    """BERT-base's attention at batch 64 (1,536 tiles of 64 rows) gets persistent twins of
+    its one-pass configs, as many blocks as fit the SMs, a family of their own that the
+    tuner measures beside the rest; a batch of one (24 tiles) gets none."""
+    for batch, offered in ((64, True), (1, False)):
+        graph = import_onnx(attention_model(Case(batch, 12, 128, 64, "mask")))
+        group = make_group(graph, list(graph.nodes))
+        context = _context(graph, topk=20)
+        configs = attention.KIND.propose(group, context)
+        persistent = [c for c in configs if c.stages[0].persistent]
+        assert bool(persistent) == offered, batch
+        for c in persistent:
+            st = c.stages[0]
+            assert st.chunk == 0 and st.key_splits == 1 and st.family == "attention/persistent"
+            assert st.persistent == c.estimate.blocks_per_sm * context.arch.sm_count
+            assert c.smem_bytes <= context.arch.smem_per_block
+            # Q, K and V in two slots each: twice the one-slot config's operands.
+            att = attention.attention(group, context.shape_of)
+            assert att is not None
+            alone = attention.operand_bytes(att, st.warps)
+            assert attention.operand_bytes(att, st.warps, persistent=True) == 2 * alone
+
+
 def test_kernels_launch_the_blocks_their_estimates_priced() -> None:
     """Warps splitting keys are warps of one block, and split-K is blocks of one tile: a
     kernel launches the blocks its config's estimate counted.  Until the attention field
@@ -182,11 +230,12 @@ def test_keys_are_split_only_where_the_rows_make_few_warps() -> None:
         assert any(c.stages[0].key_splits > 1 for c in configs) == expected, batch
 
 
-def _transposed_operands(tokens: int = 24, width: int = 16) -> tuple:
+def _transposed_operands(tokens: int = 24, width: int = 16, elem: int = onnx.TensorProto.FLOAT) -> tuple:
     """Attention whose Q, K and V come in ``[batch, head, width, token]`` (tokens
     contiguous): Q's rows and V's columns run along the product's K, K's along its N -- the
-    operand layouts that models' exports leave untested."""
-    f32 = onnx.TensorProto.FLOAT
+    operand layouts that models' exports leave untested.  ``O`` is the output: no stage
+    follows the attention."""
+    f32 = elem
     shape = [2, 2, width, tokens]
     nodes = [
         helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 1, 3, 2]),

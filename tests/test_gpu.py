@@ -279,13 +279,38 @@ def test_attention_with_split_keys_matches_the_interpreter(context, sm):
         c for c in attention.KIND.propose(group, _context(graph, topk=64)) if c.stages[0].key_splits > 1
     ]
     assert {c.stages[0].key_splits for c in configs} == set(attention.SPLITS)
-    kernels = [generate_kernel(graph, group, c, f"split_attention_{i}") for i, c in enumerate(configs)]
+    _assert_attention_matches(graph, group, configs, sm, "split_attention")
+
+
+def _assert_attention_matches(graph, group, configs, sm: str, name: str) -> None:
+    """Every config of tests/test_attention.py's ``group``, natively, within fp16's threshold
+    of the interpreter on that file's inputs."""
+    import test_attention
+
+    kernels = [generate_kernel(graph, group, c, f"{name}_{i}") for i, c in enumerate(configs)]
     module = GpuModule(compile_cubin([k.source for k in kernels], sm))
     feeds = test_attention._feeds(graph)
     reference = graph.run(feeds)["y"]
     for cfg, kernel in zip(configs, kernels):
         got = run_native(graph, [kernel], module, feeds)["y"]
         assert error_metric(got, reference) <= threshold_for("float16"), cfg.stages[0]
+
+
+def test_persistent_attention_matches_the_interpreter(context, sm):
+    """tests/test_attention.py's persistent configs (two blocks walking every tile, each
+    copying the next tile's operands while it multiplies this one's), natively, where the
+    copies really run beside the products: a slot rewritten too early shows here."""
+    import test_attention
+    from test_mma import _context
+
+    from welder.schedule.kinds import attention
+
+    for label in test_attention.ONE_PASS:
+        graph = import_onnx(test_attention.attention_model(test_attention.CASES[label]))
+        group = make_group(graph, list(graph.nodes))
+        configs = attention.persistent_configs(group, _context(graph, topk=8), resident=2)
+        assert configs, label
+        _assert_attention_matches(graph, group, configs, sm, "persistent_attention")
 
 
 def test_a_deep_product_of_positive_terms_does_not_drift_on_the_tensor_cores(context, sm):

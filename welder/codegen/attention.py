@@ -71,6 +71,7 @@ class AttentionStageCtx(StageCtx):
     chunk_keys: int  # keys in shared memory at a time (chunk x splits, or all of them)
     warp_keys: int  # keys a warp multiplies a pass (chunk, or all of them)
     splits: int  # warps sharing a ring slot's keys (AttentionConfig.key_splits)
+    persistent: bool  # the block walks tiles, copying the next one's Q, K and V during this one's products
     row_warps: int  # warps of 16 rows (the block's rows)
     combine_stride: int  # floats a lane leaves for its row group's first warp, with splits
     part_view: str | None  # the float view (over the ring) they go through
@@ -124,10 +125,13 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     dtype = att.scores.compute.dtype
     item = att.scores.fmt.elem_bytes
     offset = st.operands_offset
-    slots = ring_slots(st.chunk)
-    kb.add_view(f"att{k}_q", dtype, offset, q_elems)
-    kb.add_view(f"att{k}_k", dtype, offset + q_elems * item, slots * k_elems)
-    kb.add_view(f"att{k}_v", dtype, offset + (q_elems + slots * k_elems) * item, slots * v_elems)
+    if st.persistent and (st.chunk or st.key_splits > 1 or isinstance(st, AttentionFfmaConfig)):
+        raise ValueError(f"{st.node}: persistent attention is one pass of 16-bit products, keys not split")
+    slots = ring_slots(st.chunk, bool(st.persistent))
+    q_all = st.q_slots * q_elems
+    kb.add_view(f"att{k}_q", dtype, offset, q_all)
+    kb.add_view(f"att{k}_k", dtype, offset + q_all * item, slots * k_elems)
+    kb.add_view(f"att{k}_v", dtype, offset + (q_all + slots * k_elems) * item, slots * v_elems)
     if st.key_splits > 1:  # the same bytes, once the keys are done (kinds.attention.operand_bytes)
         kb.add_view(f"att{k}_part", "float32", offset, combine_floats(att, st.warps, st.key_splits))
     # Every origin of S's region and of O's: the template's group kernel prints both lists.
@@ -162,6 +166,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
         chunk_keys=st.chunk_keys,
         warp_keys=st.warp_keys,
         splits=st.key_splits,
+        persistent=bool(st.persistent),
         row_warps=st.warps,
         combine_stride=lane_floats(att),
         part_view=f"att{k}_part" if st.key_splits > 1 else None,

@@ -162,6 +162,7 @@ class KernelBuilder:
             "views": self.views,
             "registers": self.registers,
             "block_coords": coords,
+            "origins": [o for s in stage_ctxs for o in s.origins],  # every stage's, in order
         }
         body = environment().get_template("group_kernel.cu.j2").render(k=ctx, stages=stage_ctxs)
         return Kernel(

@@ -104,6 +104,12 @@ BASE_REGISTERS = 56
 #: H100 (scripts/attention_bench.py) BERT's, ViT's and Swin's attention at batch 64 all took
 #: 1.42-1.44x the time the SIMT kinds' 0.8 predicted, the memory term dominating each.
 DRAM_EFFICIENCY = 0.56
+#: The same for persistent blocks (:attr:`AttentionConfig.persistent`), which copy the next
+#: tile's operands while multiplying this one's: a wave streams as the SIMT kinds' loads do
+#: (their 0.8).  Written before measuring (docs/codegen.md, "Attention across heads").
+STREAMING_DRAM_EFFICIENCY = 0.8
+#: Tiles a persistent block walks at the least: fewer and the ring has nothing to overlap.
+MIN_TILES_PER_BLOCK = 2
 #: Share of the CUDA cores' fp32 peak the fp32 kernel's products are expected to reach: about
 #: four FMAs per shared-memory load in ``O``'s product and eight in ``S``'s, plus the shuffles
 #: that gather ``P``; the ``ffma`` kind reaches 0.55-0.6 with some sixteen FMAs per load.  On
@@ -134,6 +140,10 @@ class AttentionConfig(StageConfig):
     # Warps per 16 rows, each multiplying its own chunk of every ring slot (only in chunks):
     # the parallelism of a batch-1 attention, whose rows make few warps (:data:`SPLITS`).
     key_splits: int = 1
+    # Blocks launched, each walking root tiles blockIdx.x, + gridDim.x, ... with Q, K and V in
+    # two slots, the next tile's copied while this one's are multiplied (0: a block a tile;
+    # only in one pass, fp16 or bf16, keys not split).
+    persistent: int = 0
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> AttentionConfig:
@@ -160,7 +170,14 @@ class AttentionConfig(StageConfig):
 
     @property
     def family(self) -> str:
+        if self.persistent:
+            return f"{self.kind}/persistent"
         return f"{self.kind}/split" if self.key_splits > 1 else self.kind
+
+    @property
+    def q_slots(self) -> int:
+        """Slots of Q's rows in shared memory: two in a persistent block, else one."""
+        return 2 if self.persistent else 1
 
     @property
     def block_m(self) -> int:
@@ -379,17 +396,21 @@ def operand_elements(att: Attention, warps: int, chunk: int = 0, splits: int = 1
     return q, k, v
 
 
-def ring_slots(chunk: int) -> int:
+def ring_slots(chunk: int, persistent: bool = False) -> int:
     """Slots of K and V in shared memory: one holding every key, or two chunks (one being
-    multiplied while the next lands)."""
-    return 2 if chunk else 1
+    multiplied while the next lands), or, in a persistent block, two tiles' keys."""
+    return 2 if chunk or persistent else 1
 
 
-def operand_bytes(att: Attention, warps: int, chunk: int = 0, splits: int = 1) -> int:
-    """Shared memory for Q's rows and the ring slots of K and V -- with ``splits``, at least
-    what the warps of a row group leave there for each other after the keys (:func:`combine_floats`)."""
+def operand_bytes(
+    att: Attention, warps: int, chunk: int = 0, splits: int = 1, persistent: bool = False
+) -> int:
+    """Shared memory for Q's rows and the ring slots of K and V (Q's too in a persistent
+    block) -- with ``splits``, at least what the warps of a row group leave there for each
+    other after the keys (:func:`combine_floats`)."""
     q, k, v = operand_elements(att, warps, chunk, splits)
-    ring = (q + ring_slots(chunk) * (k + v)) * att.scores.fmt.elem_bytes
+    slots = ring_slots(chunk, persistent)
+    ring = ((2 if persistent else 1) * q + slots * (k + v)) * att.scores.fmt.elem_bytes
     return max(ring, 4 * combine_floats(att, warps, splits)) if splits > 1 else ring
 
 
@@ -476,8 +497,23 @@ class AttentionKind:
             for chunk in chunk_choices(att):
                 for splits in (1, *(SPLITS if chunk and not self.fp32 else ())):
                     found += _config(group, att, warps, chunk, ctx, self, splits)
+                if chunk == 0 and not self.fp32:
+                    found += _config(group, att, warps, 0, ctx, self, persistent=True)
         found.sort(key=lambda c: c.estimate.latency_us)
         return top_by_family(found, ctx.options.topk)
+
+
+def persistent_configs(group: Group, ctx: ScheduleContext, resident: int) -> list[GroupConfig]:
+    """``group``'s persistent configs (:attr:`AttentionConfig.persistent`) of at most
+    ``resident`` blocks, whatever the SMs would hold: a small grid whose blocks each walk
+    several tiles, as the emulator's tests need; none where the group is no attention."""
+    att = attention(group, ctx.shape_of)
+    if att is None or ctx.arch.compute_capability < mma.MIN_COMPUTE_CAPABILITY or 0 not in chunk_choices(att):
+        return []
+    found = []
+    for warps in WARPS:
+        found += _config(group, att, warps, 0, ctx, KIND, persistent=True, resident=resident)
+    return found
 
 
 def _config(
@@ -488,10 +524,14 @@ def _config(
     ctx: ScheduleContext,
     rule: AttentionKind,
     splits: int = 1,
+    persistent: bool = False,
+    resident: int | None = None,
 ) -> list[GroupConfig]:
     """The configs of ``warps`` warps (16 rows each) taking ``chunk`` keys a pass (0: all),
     each with ``splits`` warps sharing a ring slot's keys; none where they do not fit, nor
-    split keys where the rows alone make warps enough (:data:`SPLIT_BELOW_WARPS`)."""
+    split keys where the rows alone make warps enough (:data:`SPLIT_BELOW_WARPS`).  With
+    ``persistent``, blocks that walk the tiles (as many as fit the SMs at once, or
+    ``resident``), none where each would walk fewer than :data:`MIN_TILES_PER_BLOCK`."""
     bm = 16 * warps
     if warps > 1 and bm // 2 >= _pad16(att.scores.m):
         return []  # mostly padding
@@ -535,7 +575,7 @@ def _config(
             return []
         later.append(st)
     info = simt.group_info(group, ctx.shape_of, ctx.dtype_of, ctx.arch)
-    operands = Buffer(OPERANDS, operand_bytes(att, warps, chunk, splits), 0, 0)
+    operands = Buffer(OPERANDS, operand_bytes(att, warps, chunk, splits, persistent), 0, 0)
     placeholder = simt.SimtConfig(att.out.name, stage.tile, (1,) * len(tile), (1,) * len(tile))
     # Without later stages O goes straight to global memory and needs no tile.
     offsets, smem = simt.place_smem(info, [placeholder, *later] if later else [], [operands])
@@ -546,6 +586,11 @@ def _config(
     regs = max([registers(att, warps, chunk), *(simt.registers(st) for st in later)])
     if regs > ctx.arch.max_regs_per_thread:
         return []
+    if persistent:
+        fit = simt.blocks_per_sm(threads, regs, smem, ctx.arch) * ctx.arch.sm_count
+        stage.persistent = min(resident or fit, fit)
+        if stage.persistent < 1 or math.prod(grid) < MIN_TILES_PER_BLOCK * stage.persistent:
+            return []
     estimate = _estimate(group, att, stage, later, regions, grid, smem, regs, ctx, rule.efficiency)
     if estimate is None:
         return []
@@ -675,9 +720,13 @@ def _estimate(
         regions.members, group.outputs, ctx.shape_of, ctx.dtype_of, arch.write_transaction
     )
     compulsory = simt.io_bytes(group, ctx.shape_of, ctx.dtype_of)
-    dram_us = compulsory / (arch.global_bw_gbs * 1e9 * DRAM_EFFICIENCY) * 1e6
+    # A persistent block copies its next tile during this one's products: its operands
+    # stream, and it waits for a fill once, not once a wave.
+    dram_share = STREAMING_DRAM_EFFICIENCY if stage.persistent else DRAM_EFFICIENCY
+    dram_us = compulsory / (arch.global_bw_gbs * 1e9 * dram_share) * 1e6
     l2_us = (read_block + write_block) * blocks / (arch.l2_bw_gbs * 1e9) * 1e6
-    fill_us = waves * mma.SLICE_LATENCY_US / max(1, blocks_per_sm)
+    fills = 1 if stage.persistent else waves
+    fill_us = fills * mma.SLICE_LATENCY_US / max(1, blocks_per_sm)
     latency = max(tc_us + simt_us, dram_us, l2_us) + fill_us + LAUNCH_OVERHEAD_US
     return Estimate(
         blocks=blocks,
