@@ -14,6 +14,7 @@ scores of unit variance.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,10 +27,11 @@ from test_mma import _context, _matmul, emulate_configs, needs_emulator
 
 from welder.arch import get_arch
 from welder.check import error_metric, threshold_for
-from welder.codegen import generate_kernel
+from welder.codegen import generate_kernel, model_source
 from welder.device.cubin import text_instructions
 from welder.device.gpu import compile_cubin
 from welder.frontend.onnx import import_onnx
+from welder.resources import TEMPLATE_DIR
 from welder.schedule.engine import CostModel, fuse
 from welder.schedule.group import make_group
 from welder.schedule.kinds import attention, config_from_json, mma
@@ -156,6 +158,25 @@ def test_persistent_blocks_match_the_interpreter(label: str) -> None:
         kernel = generate_kernel(graph, group, cfg, "probe")
         assert kernel.grid == st.persistent, (kernel.grid, st)
     _assert_matches(graph, group, list(by_warps.values()))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_attention_kernels_compile_without_warnings(tmp_path) -> None:
+    """nvcc builds BERT's attention kernels, one block a tile and persistent, for sm_90 with
+    every warning an error: a row stage's row and key indices are declared for the
+    expressions that may read them, and an unused one must not warn."""
+    graph = import_onnx(attention_model(CASES["bert: mask, 128 tokens"]))
+    group = make_group(graph, list(graph.nodes))
+    context = _context(graph, topk=4)
+    configs = [*attention.KIND.propose(group, context), *attention.persistent_configs(group, context, 2)[:2]]
+    kernels = [generate_kernel(graph, group, c, f"att_warn{i}") for i, c in enumerate(configs)]
+    source = tmp_path / "kernels.cu"
+    source.write_text(model_source(kernels))
+    command = ["nvcc", "-std=c++17", "-arch=sm_90", "-Werror", "all-warnings", "-I", str(TEMPLATE_DIR)]
+    done = subprocess.run(
+        [*command, "-ptx", str(source), "-o", str(tmp_path / "k.ptx")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_persistent_blocks_are_offered_where_tiles_outnumber_the_blocks_twice() -> None:
