@@ -143,10 +143,14 @@ ONE_PASS = [label for label, case in CASES.items() if case.tokens <= attention.M
 @pytest.mark.parametrize("label", [*ONE_PASS, "transposed operands, O the output"])
 def test_persistent_blocks_match_the_interpreter(label: str) -> None:
     """Two blocks walk every tile, each copying its next tile's Q, K and V into the other
-    ring slot while it multiplies this one's (9 to 24 tiles: each block takes several, an
-    odd count leaves one block a tile more, ragged rows and windows included)."""
-    model = _transposed_operands(elem=onnx.TensorProto.FLOAT16) if label not in CASES else None
-    graph = import_onnx(model or attention_model(CASES[label]))
+    ring slot while it multiplies this one's (4 to 36 tiles: each block takes several, an
+    odd count leaves one block a tile more, ragged rows and windows included, and ``O`` as
+    the group's output, where no later stage's barrier orders the slot's reuse)."""
+    if label in CASES:
+        model = attention_model(CASES[label])
+    else:
+        model = _transposed_operands(elem=onnx.TensorProto.FLOAT16)
+    graph = import_onnx(model)
     group = make_group(graph, list(graph.nodes))
     configs = attention.persistent_configs(group, _context(graph, topk=8), resident=2)
     by_warps = {c.stages[0].warps: c for c in configs}  # one store form a block size
@@ -190,14 +194,14 @@ def test_persistent_blocks_are_offered_where_tiles_outnumber_the_blocks_twice() 
         configs = attention.KIND.propose(group, context)
         persistent = [c for c in configs if c.stages[0].persistent]
         assert bool(persistent) == offered, batch
+        att = attention.attention(group, context.shape_of)
+        assert att is not None
         for c in persistent:
             st = c.stages[0]
             assert st.chunk == 0 and st.key_splits == 1 and st.family == "attention/persistent"
             assert st.persistent == c.estimate.blocks_per_sm * context.arch.sm_count
             assert c.smem_bytes <= context.arch.smem_per_block
             # Q, K and V in two slots each: twice the one-slot config's operands.
-            att = attention.attention(group, context.shape_of)
-            assert att is not None
             alone = attention.operand_bytes(att, st.warps)
             assert attention.operand_bytes(att, st.warps, persistent=True) == 2 * alone
 
@@ -256,7 +260,6 @@ def _transposed_operands(tokens: int = 24, width: int = 16, elem: int = onnx.Ten
     contiguous): Q's rows and V's columns run along the product's K, K's along its N -- the
     operand layouts that models' exports leave untested.  ``O`` is the output: no stage
     follows the attention."""
-    f32 = elem
     shape = [2, 2, width, tokens]
     nodes = [
         helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 1, 3, 2]),
@@ -268,8 +271,8 @@ def _transposed_operands(tokens: int = 24, width: int = 16, elem: int = onnx.Ten
     graph = helper.make_graph(
         nodes,
         "transposed",
-        [helper.make_tensor_value_info(x, f32, shape) for x in ("q", "k", "v")],
-        [helper.make_tensor_value_info("y", f32, [2, 2, tokens, width])],
+        [helper.make_tensor_value_info(x, elem, shape) for x in ("q", "k", "v")],
+        [helper.make_tensor_value_info("y", elem, [2, 2, tokens, width])],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 

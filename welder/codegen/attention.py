@@ -26,6 +26,7 @@ from welder.schedule.kinds.attention import (
     attention,
     combine_floats,
     lane_floats,
+    q_slots,
     ring_slots,
     scores_config,
     values_config,
@@ -128,7 +129,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> AttentionStageCtx:
     if st.persistent and (st.chunk or st.key_splits > 1 or isinstance(st, AttentionFfmaConfig)):
         raise ValueError(f"{st.node}: persistent attention is one pass of 16-bit products, keys not split")
     slots = ring_slots(st.chunk, bool(st.persistent))
-    q_all = st.q_slots * q_elems
+    q_all = q_slots(bool(st.persistent)) * q_elems
     kb.add_view(f"att{k}_q", dtype, offset, q_all)
     kb.add_view(f"att{k}_k", dtype, offset + q_all * item, slots * k_elems)
     kb.add_view(f"att{k}_v", dtype, offset + (q_all + slots * k_elems) * item, slots * v_elems)

@@ -175,11 +175,6 @@ class AttentionConfig(StageConfig):
         return f"{self.kind}/split" if self.key_splits > 1 else self.kind
 
     @property
-    def q_slots(self) -> int:
-        """Slots of Q's rows in shared memory: two in a persistent block, else one."""
-        return 2 if self.persistent else 1
-
-    @property
     def block_m(self) -> int:
         return 16 * self.warps
 
@@ -402,6 +397,11 @@ def ring_slots(chunk: int, persistent: bool = False) -> int:
     return 2 if chunk or persistent else 1
 
 
+def q_slots(persistent: bool) -> int:
+    """Slots of Q's rows in shared memory: a persistent block's two tiles', else one."""
+    return 2 if persistent else 1
+
+
 def operand_bytes(
     att: Attention, warps: int, chunk: int = 0, splits: int = 1, persistent: bool = False
 ) -> int:
@@ -409,8 +409,7 @@ def operand_bytes(
     block) -- with ``splits``, at least what the warps of a row group leave there for each
     other after the keys (:func:`combine_floats`)."""
     q, k, v = operand_elements(att, warps, chunk, splits)
-    slots = ring_slots(chunk, persistent)
-    ring = ((2 if persistent else 1) * q + slots * (k + v)) * att.scores.fmt.elem_bytes
+    ring = (q_slots(persistent) * q + ring_slots(chunk, persistent) * (k + v)) * att.scores.fmt.elem_bytes
     return max(ring, 4 * combine_floats(att, warps, splits)) if splits > 1 else ring
 
 
