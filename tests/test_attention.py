@@ -185,7 +185,8 @@ def test_attention_kernels_compile_without_warnings(tmp_path) -> None:
 
 def test_persistent_blocks_are_offered_where_tiles_outnumber_the_blocks_twice() -> None:
     """BERT-base's attention at batch 64 (1,536 tiles of 64 rows) gets persistent twins of
-    its one-pass configs, as many blocks as fit the SMs, a family of their own that the
+    its one-pass configs, as many blocks as fit the SMs and never fewer than eight warps
+    an SM (its 1- and 2-warp twins leave two or four), a family of their own that the
     tuner measures beside the rest; a batch of one (24 tiles) gets none."""
     for batch, offered in ((64, True), (1, False)):
         graph = import_onnx(attention_model(Case(batch, 12, 128, 64, "mask")))
@@ -194,12 +195,15 @@ def test_persistent_blocks_are_offered_where_tiles_outnumber_the_blocks_twice() 
         configs = attention.KIND.propose(group, context)
         persistent = [c for c in configs if c.stages[0].persistent]
         assert bool(persistent) == offered, batch
+        if offered:
+            assert {c.stages[0].warps for c in persistent} == {4, 8}
         att = attention.attention(group, context.shape_of)
         assert att is not None
         for c in persistent:
             st = c.stages[0]
             assert st.chunk == 0 and st.key_splits == 1 and st.family == "attention/persistent"
             assert st.persistent == c.estimate.blocks_per_sm * context.arch.sm_count
+            assert c.estimate.blocks_per_sm * st.warps >= 8
             assert c.smem_bytes <= context.arch.smem_per_block
             # Q, K and V in two slots each: twice the one-slot config's operands.
             alone = attention.operand_bytes(att, st.warps)

@@ -1149,37 +1149,6 @@ def test_build_failure_shows_the_compiler_message(builds: Builds, tmp_path: Path
 
 
 @needs_nvcc_build
-@pytest.mark.slow
-def test_nvcc_builds_the_runtime_for_sm90(tmp_path: Path) -> None:
-    """The full CMake build for the GPU: the library and main_test link (no GPU needed)."""
-    emitted = emit_case(tmp_path / "gpu", CASES["bert_layer"], cuda_arch="90")
-    build = build_runtime(emitted.prefix)
-    assert (build / "libnnfusion_naive_rt.so").is_file() and (build / "main_test").is_file()
-    flags = (build / "CMakeFiles" / "nnfusion_naive_rt.dir" / "flags.make").read_text()
-    assert "arch=compute_90,code=[compute_90,sm_90]" in flags and "-O3" in flags
-    exported = subprocess.run(
-        ["nm", "-D", "--defined-only", str(build / "libnnfusion_naive_rt.so")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for symbol in (
-        "cuda_init",
-        "cuda_free",
-        "kernel_entry",
-        "kernel_entry_host",
-        "measure_latency",
-        "run_on_device",
-        "set_use_cuda_graph",
-        "get_cuda_graph_state",
-        "get_input_shape",
-        "get_last_error",
-    ):
-        assert re.search(rf"\bT {symbol}$", exported, re.MULTILINE), symbol
-    assert "welder_k0" not in exported  # only the C interface is exported
-
-
-@needs_nvcc_build
 @pytest.mark.parametrize(("arch", "waits"), [("90", True), ("80", False)])
 def test_an_sm90_kernel_waits_for_its_predecessor_before_touching_memory(
     tmp_path: Path, arch: str, waits: bool
@@ -1236,21 +1205,43 @@ def test_nvcc_compiles_every_case(tmp_path: Path) -> None:
 
 @needs_nvcc_build
 def test_nvcc_builds_and_links_kernels_of_several_files(tmp_path: Path) -> None:
-    """The CMake build for sm_90 compiles each kernel file on its own and links them with
-    nnfusion_rt.cu: every kernel defined once in the library, none left undefined, main_test
-    linked (no GPU needed)."""
+    """The full CMake build for sm_90 (no GPU needed) compiles each kernel file on its own
+    at -O3 and links them with nnfusion_rt.cu: every kernel defined once in the library,
+    none left undefined, main_test linked, and only the C interface exported."""
     emitted = emit_case(tmp_path / "gpu", CASES["bert_embeddings_unfused"], cuda_arch="90")
     assert len(emitted.spec.kernel_files) > 1
     build = build_runtime(emitted.prefix)
     objects = build / "CMakeFiles" / "nnfusion_naive_rt.dir"
     assert all((objects / f"{f.name}.o").is_file() for f in emitted.spec.kernel_files)
-    assert (build / "main_test").is_file()
+    assert (build / "libnnfusion_naive_rt.so").is_file() and (build / "main_test").is_file()
+    flags = (objects / "flags.make").read_text()
+    assert "arch=compute_90,code=[compute_90,sm_90]" in flags and "-O3" in flags
     symbols = subprocess.run(
         ["nm", str(build / "libnnfusion_naive_rt.so")], capture_output=True, text=True, check=True
     ).stdout
     for kernel in emitted.spec.launches:
         kinds = re.findall(rf"^\S* *([A-Za-z]) {kernel.name}$", symbols, re.MULTILINE)
         assert kinds in (["t"], ["T"]), (kernel.name, kinds)
+    exported = subprocess.run(
+        ["nm", "-D", "--defined-only", str(build / "libnnfusion_naive_rt.so")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for symbol in (
+        "cuda_init",
+        "cuda_free",
+        "kernel_entry",
+        "kernel_entry_host",
+        "measure_latency",
+        "run_on_device",
+        "set_use_cuda_graph",
+        "get_cuda_graph_state",
+        "get_input_shape",
+        "get_last_error",
+    ):
+        assert re.search(rf"\bT {symbol}$", exported, re.MULTILINE), symbol
+    assert not any(k.name in exported for k in emitted.spec.launches)
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU may be present")

@@ -51,7 +51,7 @@ from welder.schedule.kinds.base import KernelKind, Options, ScheduleContext, top
 #: as the SIMT kind's sliding-window twins; new tile shapes).  It is part of the tuning
 #: cache's key (``welder.tune.tuner.cache_key``): a cached winner was the best of what the
 #: search offered then, so a search that offers more must tune again.
-SEARCH_VERSION = 20  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
+SEARCH_VERSION = 21  # 4: attention past 256 keys (online softmax); 5: shorter softmaxes in chunks too;
 # 6: a family's tied estimates spread over block shapes (base.spread_ties); 7: SIMT streaming twins;
 # 8: streaming twins whose reductions share one staged row (simt.share_rows); 9: configs alike to
 # two before them give way to the next shapes (base.defer_alike).  Versions 7 and 8 reached row
@@ -78,6 +78,8 @@ SEARCH_VERSION = 20  # 4: attention past 256 keys (online softmax); 5: shorter s
 # and one hung MobileNetV2 b64 fp16's runtime on the GPU where it had timed well alone.
 # 20: one-pass attention of many tiles gets persistent twins that copy the next tile's operands
 # during this one's products (AttentionConfig.persistent, a family of its own).
+# 21: none that leave an SM fewer than eight warps of them (attention.MIN_PERSISTENT_WARPS_PER_SM),
+# whose places in the topk go to the next configs of every family.
 
 
 KINDS: dict[str, KernelKind] = {

@@ -110,6 +110,11 @@ DRAM_EFFICIENCY = 0.56
 STREAMING_DRAM_EFFICIENCY = 0.8
 #: Tiles a persistent block walks at the least: fewer and the ring has nothing to overlap.
 MIN_TILES_PER_BLOCK = 2
+#: Warps an SM holds of persistent blocks at the least.  Their ring doubles the operands,
+#: so fewer blocks fit: BERT-base's at batch 64 on the H200 (docs/codegen.md, "Attention
+#: across heads") with 2 warps a block (2 blocks, 4 warps an SM) took 1.3-1.8x their
+#: one-block-a-tile twins in both the tuner and the attention bench, with 1 warp 2.5x.
+MIN_PERSISTENT_WARPS_PER_SM = 8
 #: Share of the CUDA cores' fp32 peak the fp32 kernel's products are expected to reach: about
 #: four FMAs per shared-memory load in ``O``'s product and eight in ``S``'s, plus the shuffles
 #: that gather ``P``; the ``ffma`` kind reaches 0.55-0.6 with some sixteen FMAs per load.  On
@@ -530,7 +535,9 @@ def _config(
     each with ``splits`` warps sharing a ring slot's keys; none where they do not fit, nor
     split keys where the rows alone make warps enough (:data:`SPLIT_BELOW_WARPS`).  With
     ``persistent``, blocks that walk the tiles (as many as fit the SMs at once, or
-    ``resident``), none where each would walk fewer than :data:`MIN_TILES_PER_BLOCK`."""
+    ``resident``), none where each would walk fewer than :data:`MIN_TILES_PER_BLOCK` or,
+    without ``resident``, where an SM would hold fewer than
+    :data:`MIN_PERSISTENT_WARPS_PER_SM` warps of them."""
     bm = 16 * warps
     if warps > 1 and bm // 2 >= _pad16(att.scores.m):
         return []  # mostly padding
@@ -586,8 +593,10 @@ def _config(
     if regs > ctx.arch.max_regs_per_thread:
         return []
     if persistent:
-        fit = simt.blocks_per_sm(threads, regs, smem, ctx.arch) * ctx.arch.sm_count
-        stage.persistent = min(resident or fit, fit)
+        per_sm = simt.blocks_per_sm(threads, regs, smem, ctx.arch)
+        if resident is None and per_sm * warps < MIN_PERSISTENT_WARPS_PER_SM:
+            return []
+        stage.persistent = min(resident or per_sm * ctx.arch.sm_count, per_sm * ctx.arch.sm_count)
         if stage.persistent < 1 or math.prod(grid) < MIN_TILES_PER_BLOCK * stage.persistent:
             return []
     estimate = _estimate(group, att, stage, later, regions, grid, smem, regs, ctx, rule.efficiency)
