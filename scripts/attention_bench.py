@@ -1,6 +1,6 @@
 """welder's attention kernels beside PyTorch on the same tensors, in one run.
 
-    source .device/setup.sh; python scripts/attention_bench.py [--candidates 4] [--json OUT]
+    source .device/setup.sh; python scripts/attention_bench.py [--candidates 4] [--json OUT] [--tuner]
 
 Each case is the attention of one layer as the models export it, fp16: Q, K and V as
 ``[batch, tokens, heads x width]`` split into heads, ``softmax(Q K^T * scale + bias) V`` and
@@ -12,7 +12,9 @@ captured in one CUDA graph, on input copies rotated past twice the L2.  PyTorch 
 the same from the same tensors twice: eager (a product, softmax, a product: the scores
 in memory) and ``scaled_dot_product_attention`` (its fused kernels).  The floor is the
 larger of the products' FLOPs over the tensor-core peak and the compulsory bytes (Q, K,
-V, the output, the bias) over the DRAM bandwidth.
+V, the output, the bias) over the DRAM bandwidth.  ``--tuner`` also times every config as
+``welder tune`` times a candidate (:func:`tuner_times`): the two harnesses disagreed on
+BERT's persistent blocks (docs/codegen.md, "Attention across heads").
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ class Row:
     timings: list  # per candidate: config, measured us, max error
 
 
-def bench_case(label: str, candidates: int, arch, target: str, work: Path) -> Row | None:
+def bench_case(label: str, candidates: int, arch, target: str, work: Path, tuner: bool = False) -> Row | None:
     """One case: the attention kind's ``candidates`` best configs beside PyTorch (None where
     the kind proposes nothing)."""
     import cupy
@@ -208,6 +210,8 @@ def bench_case(label: str, candidates: int, arch, target: str, work: Path) -> Ro
         config = (
             f"{st.warps} warps, tile {'x'.join(map(str, cfg.block_tile))}, vector {cfg.stages[-1].vector}"
         )
+        if getattr(st, "persistent", 0):
+            config += f", {st.persistent} persistent blocks"
         timings.append(
             {
                 "config": config,
@@ -220,6 +224,10 @@ def bench_case(label: str, candidates: int, arch, target: str, work: Path) -> Ro
             f"  {label}: {config}: {us:.2f} us (predicted {cfg.estimate.latency_us:.2f}, error {err:.2e})",
             flush=True,
         )
+    if tuner:
+        for t, us in zip(timings, tuner_times(graph, group, kernels)):
+            t["tuner_us"] = us
+            print(f"  {label}: {t['config']}: {us:.2f} us as the tuner times it", flush=True)
     flops = 2 * b * h * n * n * d * 2
     io = set_bytes + b * n * h * d * 2 + (bias.numel() * 2 if bias is not None else 0)
     floor = max(flops / (arch.fp16_tc_tflops * 1e6), io / (arch.global_bw_gbs * 1e3))
@@ -227,11 +235,29 @@ def bench_case(label: str, candidates: int, arch, target: str, work: Path) -> Ro
     return Row(label, floor, eager_us, sdpa_us, best, timings)
 
 
+def tuner_times(graph, group, kernels) -> list[float]:
+    """Each kernel timed the way ``welder tune`` times a candidate: one program of all the
+    kernels, launched by :class:`welder.device.gpu.GpuDevice` in a worker process of its own
+    on the group's inputs as the tuner makes them -- for comparing the two harnesses on the
+    same configs."""
+    from welder.device.gpu import GpuDevice
+    from welder.tune.measure import group_inputs
+
+    feeds = group_inputs(graph, group)
+    inputs = [feeds[t] for t in group.inputs]
+    with GpuDevice() as device:
+        program = device.compile(kernels)
+        return [device.time(program, k, inputs) for k in kernels]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--candidates", type=int, default=6, help="configs per case")
     parser.add_argument("--cases", default=",".join(CASES), help="comma list of " + ", ".join(CASES))
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument(
+        "--tuner", action="store_true", help="also time each config as `welder tune` does (GpuDevice)"
+    )
     args = parser.parse_args(argv)
 
     name, arch, target = bench_device()
@@ -239,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         row
         for label in args.cases.split(",")
-        if (row := bench_case(label, args.candidates, arch, target, work))
+        if (row := bench_case(label, args.candidates, arch, target, work, args.tuner))
     ]
     columns = {"floor us": "floor_us", "eager us": "eager_us", "sdpa us": "sdpa_us", "welder us": "best_us"}
     report(name, rows, columns, "best_us", args.json)
