@@ -832,8 +832,9 @@ def _plan_dir(tmp_path: Path) -> Path:
 
 
 def test_table4_tunes_cold_then_warm_on_one_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Cold empties the case's cache before tuning, warm tunes again on it; candidates
-    come from tuned.json; max-autotune's compile time is its cell's build time."""
+    """Cold empties the case's cache before tuning, warm tunes again on it, each in a
+    prefix of its own (the cold run's tuned.json is not overwritten); candidates come from
+    tuned.json; max-autotune's compile time is its cell's build time."""
     table4 = script("Table4")
     runs = tmp_path / "runs"
     export = runs / "exports" / "nerf_b1_fp32"
@@ -841,9 +842,12 @@ def test_table4_tunes_cold_then_warm_on_one_cache(tmp_path: Path, monkeypatch: p
     (export / "export.json").write_text("{}")
     (export / "model.onnx").write_text("")
     tunes: list[tuple[Path, bool]] = []
+    prefixes: list[Path] = []
 
     def tune_and_build(prefix: Path, options: Any) -> tuple[float, float]:
         tunes.append((options.cache_dir, (options.cache_dir / "entry").exists()))
+        assert not (prefix / "tuned.json").exists()  # a prefix of its own, not the cold run's
+        prefixes.append(prefix)
         options.cache_dir.mkdir(parents=True, exist_ok=True)
         (options.cache_dir / "entry").write_text("x")
         _fake_plan(prefix)
@@ -859,6 +863,9 @@ def test_table4_tunes_cold_then_warm_on_one_cache(tmp_path: Path, monkeypatch: p
     (runs / "table4-cache" / "nerf_b1_fp32" / "entry").write_text("stale")
     assert table4.main([*argv, "--runs", str(runs)]) == 0
     assert [warm for _, warm in tunes] == [False, True]
+    assert len({cache for cache, _ in tunes}) == 1
+    assert [p.parent.name for p in prefixes] == ["table4-cold", "table4-warm"]
+    assert all((p / "tuned.json").is_file() for p in prefixes)
     rows = {r["system"]: r for r in paper.ResultsCsv(tmp_path / "table4.csv", table4.FIELDS).rows()}
     assert rows["welder-cold"]["build_s"] == "12" and rows["welder-cold"]["tune_s"] == "10"
     # the cached group's 3 candidates were timed by another run

@@ -3,8 +3,9 @@ candidates it measured, and torch.compile max-autotune's compile time beside it.
 
     python artifacts/Table4/run_all.py [--models bert,nerf] [--bs 1] [--dtype fp16]
 
-For each case welder tunes and builds the export twice in its own prefix
-(RUNS/table4/<case>) with a tuning cache of its own (RUNS/table4-cache/<case>): first
+For each case welder tunes and builds the export twice, each run in a prefix of its own
+(RUNS/table4-cold/<case>, RUNS/table4-warm/<case>: the cold run's tuned.json and tune log
+are kept beside the warm run's), with one tuning cache (RUNS/table4-cache/<case>): first
 emptied (``welder-cold``: every candidate compiled and measured, as Welder's published
 compile times are), then again on the cache the first run filled (``welder-warm``: what a
 user pays the second time).  ``tune_s`` is ``welder tune``'s wall time, ``build_s`` tune
@@ -91,11 +92,11 @@ def measure(case: benchmark.Config, todo: list[str], args: argparse.Namespace) -
         cell = benchmark.Cell(error=f"export failed: {benchmark._error(e)}")
         yield from (paper.cell_row(case, s, cell, gpu) for s in todo)
         return
-    prefix = paper.variant_prefix(export, "table4", runs)
     cache = runs / "table4-cache" / case.key
     for system in ("welder-cold", "welder-warm"):
         if system not in todo:
             continue
+        prefix = paper.variant_prefix(export, system.replace("welder", "table4"), runs)
         row = {k: v for k, v in paper.cell_row(case, system, benchmark.Cell(), gpu).items() if k in FIELDS}
         try:
             if system == "welder-cold" or not cache.is_dir():
