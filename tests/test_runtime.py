@@ -41,7 +41,7 @@ from welder.graph import Graph
 from welder.ir.compute import Compute, compute
 from welder.ir.expr import Load, cast, lt, select
 from welder.ir.interpret import evaluate, np_dtype
-from welder.ir.views import is_view
+from welder.ir.views import concat_slabs, is_view
 from welder.resources import EMU_DIR, TEMPLATE_DIR
 from welder.runtime.build import RuntimeBuildError, build_runtime, find_nvcc
 from welder.runtime.emit import PRELUDE_HEADERS, emit_runtime, normalize_cuda_arch
@@ -1282,3 +1282,149 @@ def test_gpu_main_test_and_test_acc(gpu_builds: Builds, capsys: pytest.CaptureFi
         assert 0 < low <= mean <= high
     assert load_script("test_acc").main([str(emitted.prefix)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "PASS"
+
+
+def _concat_model(batch: int, outputs: Sequence[str] = ("y", "r", "c")) -> tuple[onnx.ModelProto, Feeds]:
+    """Two convolutions concatenated along channels, the concatenation read by a third
+    (and a graph output itself), one of its inputs read by a ReLU too."""
+    rng = np.random.default_rng(3)
+    weights = {
+        "w1": rng.standard_normal((8, 4, 1, 1)).astype(np.float32),
+        "w2": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
+        "w3": rng.standard_normal((4, 16, 1, 1)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"]),
+        helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+        helper.make_node("Conv", ["c", "w3"], ["y"]),
+        helper.make_node("Relu", ["a"], ["r"]),
+    ]
+    feeds = {"x": rng.standard_normal((batch, 4, 8, 8)).astype(np.float32)}
+    return make_model(nodes, feeds, list(outputs), weights), feeds
+
+
+@needs_emulated_build
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_concatenation_of_contiguous_runs_is_written_in_place(tmp_path: Path, batch: int) -> None:
+    """One op a group (as when a tensor-core consumer cannot read the concatenation through
+    its loads): at batch 1 the channel concatenation is not launched -- the convolutions
+    write their runs of it, a graph output here -- and at batch 2, where its inputs' runs
+    are not contiguous, it is; both match onnxruntime."""
+    from welder.schedule.engine import CostModel
+    from welder.schedule.group import make_group
+    from welder.schedule.kinds import propose
+
+    model, feeds = _concat_model(batch)
+    graph = import_onnx(model)
+    context = CostModel(graph, ARCH, workers=1).context
+    groups = [make_group(graph, [node]) for node in graph.nodes]
+    chosen = [(g, propose(g, context)[0]) for g in groups]
+    kernels = generate_model(graph, chosen)
+    spec = runtime_spec(graph, chosen, kernels)
+    laid = batch == 1
+    assert (set(spec.slabs) == {"a", "b"}) == laid and bool(spec.slabs) == laid
+    assert len(spec.launches) == len(groups) - laid
+    if laid:
+        size = np.dtype(np.float32).itemsize
+        assert spec.slabs == {"a": ("c", 0), "b": ("c", 8 * 64 * size)}
+        outputs = spec.memory.storage
+        assert outputs["c"].place is Place.OUTPUT
+        assert outputs["b"] == Storage(Place.OUTPUT, outputs["c"].index, 8 * 64 * size)
+    emit_runtime(tmp_path, graph, chosen, kernels, None)
+    build_runtime(tmp_path, emulate=True)
+    with RuntimeLibrary(tmp_path) as lib:
+        assert_matches(lib.run(feeds), onnxruntime_outputs(model, feeds, graph.outputs))
+
+
+def _concat_of(shapes: Sequence[tuple[int, ...]], axis: int, perm: Sequence[int] | None = None) -> Graph:
+    """``Concat`` of inputs ``x0, x1, ...`` of ``shapes`` (the last transposed by ``perm``)."""
+    nodes, names = [], [f"x{k}" for k in range(len(shapes))]
+    if perm is not None:
+        nodes.append(helper.make_node("Transpose", [names[-1]], ["t"], perm=list(perm)))
+        names[-1] = "t"
+    nodes.append(helper.make_node("Concat", names, ["y"], axis=axis))
+    feeds = {f"x{k}": np.zeros(shape, np.float32) for k, shape in enumerate(shapes)}
+    return import_onnx(make_model(nodes, feeds, ["y"]))
+
+
+def brute_force_slabs(c: Compute, shape_of: Callable[[str], Sequence[int]]) -> list[tuple[str, int]] | None:
+    """Inputs are runs of ``c`` exactly when its flat output, computed with each input
+    holding its own flat positions, is the inputs' flat values one after another; each
+    run starts where the inputs before it end."""
+    values = {
+        t: (1000 * (k + 1) + np.arange(math.prod(shape_of(t)))).reshape(shape_of(t))
+        for k, t in enumerate(c.inputs)
+    }
+    out = np.asarray(evaluate(c, values)).ravel()
+    order = sorted(c.inputs, key=lambda t: int(np.flatnonzero(np.isin(out, values[t].ravel()))[0]))
+    if not np.array_equal(out, np.concatenate([values[t].ravel() for t in order])):
+        return None
+    return list(zip(order, np.cumsum([0] + [values[t].size for t in order])[:-1].tolist()))
+
+
+@pytest.mark.parametrize(
+    ("shapes", "axis", "perm", "laid"),
+    [
+        ([(1, 3, 4, 4), (1, 5, 4, 4)], 1, None, True),  # a batch of one along channels
+        ([(2, 3, 4, 4), (2, 5, 4, 4)], 1, None, False),  # two images: runs interleave
+        ([(3, 4), (5, 4), (1, 4)], 0, None, True),  # along the first axis, three inputs
+        ([(1, 1, 1, 3), (1, 1, 1, 5)], 3, None, True),  # along the last, ones before it
+        ([(1, 1, 2, 3), (1, 1, 2, 5)], 3, None, False),  # along the last, rows before it
+        ([(1, 3, 4, 4), (1, 4, 5, 4)], 1, (0, 2, 1, 3), True),  # a transposed input, its own kernel
+    ],
+)
+def test_concat_slabs_agree_with_brute_force(
+    shapes: list[tuple[int, ...]], axis: int, perm: tuple[int, ...] | None, laid: bool
+) -> None:
+    graph = _concat_of(shapes, axis, perm)
+    c = graph.nodes["y"].compute
+    slabs = concat_slabs(c, lambda t: graph.tensor(t).shape)
+    assert slabs == brute_force_slabs(c, lambda t: graph.tensor(t).shape)
+    assert (slabs is not None) == laid
+
+
+def test_concat_slabs_refuse_an_input_read_out_of_order() -> None:
+    """A concatenation whose second input is read transposed in place (a select over the
+    channels, one leaf loading ``x1[n, c - 3, w, h]``) is no run of its output."""
+    shapes = {"x0": (1, 3, 4, 4), "x1": (1, 5, 4, 4)}
+    for transposed in (False, True):
+        c = compute(
+            "y",
+            (1, 8, 4, 4),
+            lambda n, ch, h, w, t=transposed: select(
+                lt(ch, 3),
+                Load("x0", (n, ch, h, w), "float32"),
+                Load("x1", (n, ch - 3, w, h) if t else (n, ch - 3, h, w), "float32"),
+            ),
+        )
+        slabs = concat_slabs(c, shapes.__getitem__)
+        assert slabs == brute_force_slabs(c, shapes.__getitem__)
+        assert (slabs is None) == transposed
+
+
+def test_a_concatenation_laid_in_place_lives_from_its_first_input_to_its_last_reader() -> None:
+    """The pool holds the concatenation from the first write of an input to its last
+    reader, its inputs at their runs' offsets; a kernel reading it before every input is
+    written is refused."""
+    from welder.runtime.memory import KernelIO, plan_memory
+
+    model, _ = _concat_model(1, outputs=("y", "r"))
+    graph = import_onnx(model)
+    run = 8 * 64 * 4
+    slabs = {"a": ("c", 0), "b": ("c", run)}
+    kernels = [
+        KernelIO(("x", "w1"), ("a",)),
+        KernelIO(("a",), ("r",)),
+        KernelIO(("x", "w2"), ("b",)),
+        KernelIO(("c", "w3"), ("y",)),
+    ]
+    memory = plan_memory(graph, kernels, {}, slabs=slabs)
+    assert memory.lifetimes == {"c": (0, 3)}
+    assert memory["a"] == memory["c"] and memory["a"].place is Place.POOL
+    assert memory["b"] == Storage(Place.POOL, 0, memory["c"].offset + run)
+    early = [kernels[0], KernelIO(("c",), ("r",)), *kernels[2:]]
+    with pytest.raises(ValueError, match="reads 'c' before"):
+        plan_memory(graph, early, {}, slabs=slabs)
+    with pytest.raises(ValueError, match="no kernel writes it"):
+        plan_memory(graph, kernels[:2], {}, slabs=slabs)

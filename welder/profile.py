@@ -219,7 +219,7 @@ def profile_prefix(
     profiled = []
     for g in groups:
         if g["root"] not in times_us:
-            continue  # a view: no step runs it
+            continue  # a view, or a concatenation laid out in place: no step runs it
         kind = _kind(g)
         flops = sum(int(nodes[m].get("flops", 0)) for m in g["members"])
         moved = nbytes([*g["inputs"], *g["outputs"]])

@@ -23,7 +23,19 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from welder.ir.compute import Axis, Compute
-from welder.ir.expr import INDEX, Const, Expr, Load, free_vars, row_major_offset, substitute, walk
+from welder.ir.expr import (
+    INDEX,
+    Binary,
+    Const,
+    Expr,
+    Load,
+    Select,
+    Var,
+    free_vars,
+    row_major_offset,
+    substitute,
+    walk,
+)
 from welder.ir.interpret import evaluate
 
 
@@ -122,3 +134,70 @@ def _indices_in_range(
 def _evaluate(expr: Expr, axes: Sequence[Axis]) -> np.ndarray:
     """``expr`` at every point of the box spanned by ``axes`` (exact int64 arithmetic)."""
     return np.asarray(evaluate(Compute("view_check", tuple(axes), expr, INDEX), {}))
+
+
+def concat_slabs(compute: Compute, shape_of: Callable[[str], Sequence[int]]) -> list[tuple[str, int]] | None:
+    """Each input of a concatenation whose inputs are contiguous runs of its output, with
+    the flat element offset its run starts at; None where ``compute`` is no such thing.
+
+    A concatenation along an axis before which every dimension is 1 (a batch of one along
+    channels; any concatenation along the first axis) lays each input out in a run of the
+    output's memory, in the input's own row-major order, so the producers of the inputs
+    may write straight into the output and nothing needs launching.  Proved as
+    :func:`is_view` proves a reshape: the body must be a tree of selects on the one axis
+    against constants (the frontend's Concat), each leaf a load that copies its whole input
+    in row-major order over its range of that axis."""
+    if compute.is_reduction:
+        return None
+    extents = [a.extent for a in compute.axes]
+    leaves: list[tuple[Load, int, int]] = []
+    axis_name: list[str] = []
+
+    def collect(e: Expr, lo: int, hi: int) -> bool:
+        if isinstance(e, Load):
+            leaves.append((e, lo, hi))
+            return e.dtype == compute.dtype and lo < hi
+        if not isinstance(e, Select):
+            return False
+        cond = e.cond
+        if not (
+            isinstance(cond, Binary)
+            and cond.op == "lt"
+            and isinstance(cond.a, Var)
+            and isinstance(cond.b, Const)
+            and cond.a.name == (axis_name or [cond.a.name])[0]
+        ):
+            return False
+        axis_name[:] = [cond.a.name]
+        cut = int(cond.b.value)
+        return collect(e.a, lo, min(hi, cut)) and collect(e.b, max(lo, cut), hi)
+
+    names = [a.name for a in compute.axes]
+    if not isinstance(compute.body, Select) or not collect(compute.body, 0, 1 << 62) or not axis_name:
+        return None
+    axis = names.index(axis_name[0])
+    if math.prod(extents[:axis]) != 1:
+        return None
+    inner = math.prod(extents[axis + 1 :])
+    slabs = []
+    covered = 0
+    for load, lo, hi in sorted(leaves, key=lambda leaf: leaf[1]):
+        hi = min(hi, extents[axis])
+        if lo != covered or hi <= lo:
+            return None
+        covered = hi
+        shifted = _shifted(load.indices, axis_name[0], lo)
+        axes = tuple(Axis(a.name, hi - lo) if k == axis else a for k, a in enumerate(compute.axes))
+        shape = tuple(int(s) for s in shape_of(load.tensor))
+        if not _keeps_offsets(axes, shifted, shape):
+            return None
+        slabs.append((load.tensor, lo * inner))
+    if covered != extents[axis] or len({t for t, _ in slabs}) != len(slabs):
+        return None
+    return slabs
+
+
+def _shifted(indices: Sequence[Expr], name: str, shift: int) -> tuple[Expr, ...]:
+    """``indices`` with axis ``name`` replaced by ``name + shift``."""
+    moved = {name: Var(name) + Const(shift)} if shift else {}
+    return tuple(substitute(i, moved) for i in indices)

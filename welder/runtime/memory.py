@@ -70,22 +70,54 @@ class MemoryPlan:
 
 
 def plan_memory(
-    graph: Graph, kernels: Sequence[KernelIO], views: Mapping[str, str], align: int = ALIGNMENT
+    graph: Graph,
+    kernels: Sequence[KernelIO],
+    views: Mapping[str, str],
+    align: int = ALIGNMENT,
+    slabs: Mapping[str, tuple[str, int]] | None = None,
 ) -> MemoryPlan:
     """Storage for every tensor the ``kernels`` (in launch order) and the graph outputs use.
 
     ``views`` maps a view tensor to the tensor it aliases (possibly another view).
+    ``slabs`` maps an input of a concatenation that is not launched to the concatenation
+    and the byte offset of its run there (``welder.ir.views.concat_slabs``): the input's
+    producer writes into the concatenation's memory, which lives from the first such write
+    to its last reader.  No graph output may resolve into a slab; the concatenation itself,
+    or a view of it, may be one.
     """
+    slabs = slabs or {}
     produced = {t: step for step, k in enumerate(kernels) for t in k.writes}
+    parts: dict[str, list[str]] = {}
+    for part, (whole, _) in slabs.items():
+        if part not in produced:
+            raise ValueError(f"{part!r} is laid into {whole!r} but no kernel writes it")
+        parts.setdefault(whole, []).append(part)
 
-    def root(tensor: str) -> str:
-        seen = set()
-        while tensor in views:
+    def resolve(tensor: str) -> tuple[str, int]:
+        """The tensor owning ``tensor``'s memory, and the byte offset of ``tensor`` in it."""
+        seen, offset = set(), 0
+        while tensor in views or tensor in slabs:
             if tensor in seen:
                 raise ValueError(f"views form a cycle through {tensor!r}")
             seen.add(tensor)
+            if tensor in views:
+                tensor = views[tensor]
+            else:
+                tensor, at = slabs[tensor]
+                offset += at
+        return tensor, offset
+
+    def root(tensor: str) -> str:
+        return resolve(tensor)[0]
+
+    def written(tensor: str) -> int | None:
+        """The launch after which ``tensor`` (a view followed) holds all its values."""
+        while tensor in views:
             tensor = views[tensor]
-        return tensor
+        if tensor in produced:
+            return produced[tensor]
+        steps = [written(p) for p in parts.get(tensor, ())]
+        return None if not steps or None in steps else max(steps)  # type: ignore[type-var]
 
     storage: dict[str, Storage] = {t.name: Storage(Place.INPUT, i) for i, t in enumerate(graph.inputs)}
     needed = {root(t) for k in kernels for t in k.reads} | {root(o) for o in graph.outputs}
@@ -93,35 +125,48 @@ def plan_memory(
     weights, weight_bytes = _pack([(c, graph.tensor(c).nbytes) for c in used_constants], align)
     storage.update({c: Storage(Place.WEIGHT, offset=o) for c, o in weights.items()})
 
+    first_write: dict[str, int] = {}
+    for t, step in produced.items():
+        owner = root(t)
+        first_write[owner] = min(first_write.get(owner, step), step)
     copies = []
     for j, name in enumerate(graph.outputs):
-        source = root(name)
-        if source in produced and source not in storage:
+        source, offset = resolve(name)
+        if offset or graph.tensor(source).nbytes != graph.tensor(name).nbytes:
+            raise ValueError(f"graph output {name!r} lies inside {source!r}, laid out in place")
+        if source in first_write and source not in storage:
             storage[source] = Storage(Place.OUTPUT, j)
         else:
             if source not in storage:
                 raise ValueError(f"graph output {name!r} is neither computed, an input nor a constant")
             copies.append(OutputCopy(j, storage[source], graph.tensor(name).nbytes))
 
-    last_use = dict(produced)
+    last_use = {owner: step for owner, step in first_write.items()}
+    for t, step in produced.items():
+        owner = root(t)
+        last_use[owner] = max(last_use[owner], step)
     for step, k in enumerate(kernels):
         for t in k.reads:
             r = root(t)
-            if r not in produced and r not in storage:
+            if r not in first_write and r not in storage:
                 raise ValueError(f"kernel {step} reads {t!r}, which nothing before it provides")
-            if r in produced and produced[r] >= step:
-                raise ValueError(f"kernel {step} reads {t!r} before kernel {produced[r]} writes it")
+            if r in first_write:
+                ready = written(t)
+                if ready is None or ready >= step:
+                    raise ValueError(f"kernel {step} reads {t!r} before kernel {ready} writes it")
             last_use[r] = max(last_use.get(r, step), step)
     buffers = [
         Buffer(t, max(graph.tensor(t).nbytes, 1), step, last_use[t])
-        for t, step in produced.items()
+        for t, step in first_write.items()
         if t not in storage
     ]
     offsets, pool_bytes = plan_pool(buffers, align)
     storage.update({t: Storage(Place.POOL, offset=o) for t, o in offsets.items()})
-    for tensor in views:
-        if root(tensor) in storage:  # a view nothing reads needs no storage
-            storage[tensor] = storage[root(tensor)]
+    for tensor in [*views, *slabs]:
+        owner, offset = resolve(tensor)
+        if owner in storage:  # a view nothing reads needs no storage
+            at = storage[owner]
+            storage[tensor] = Storage(at.place, at.index, at.offset + offset)
     return MemoryPlan(
         storage,
         pool_bytes,

@@ -19,7 +19,7 @@ from welder.codegen.cprint import STORAGE_TYPES, c_string
 from welder.codegen.tensor_map import TensorMapArg
 from welder.graph import Graph
 from welder.ir.interpret import np_dtype
-from welder.ir.views import aliased_input
+from welder.ir.views import aliased_input, concat_slabs
 from welder.runtime.layout import kernel_source_name
 from welder.runtime.memory import ALIGNMENT, KernelIO, MemoryPlan, Place, Storage, plan_memory
 from welder.schedule.config import GroupConfig
@@ -202,6 +202,7 @@ class RuntimeSpec:
     arch_specific: bool = False  # some kernel needs the arch-specific variant (sm_90a)
     cuda_libraries: tuple[str, ...] = field(default_factory=tuple)
     cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES
+    slabs: dict[str, tuple[str, int]] = field(default_factory=dict)  # input -> (concatenation, bytes in)
 
     @property
     def launches(self) -> list[LaunchSpec]:
@@ -247,6 +248,49 @@ def find_views(graph: Graph, groups: Sequence[Group]) -> dict[str, str]:
     return views
 
 
+def find_slabs(graph: Graph, groups: Sequence[Group], views: dict[str, str]) -> dict[str, tuple[str, int]]:
+    """Input -> (concatenation, byte offset) for every group that is one concatenation whose
+    inputs are runs of its memory (``welder.ir.views.concat_slabs``) and whose inputs are
+    all written by launched kernels: those kernels write into the concatenation, which is
+    not launched.  An input qualifies where it is no graph input, constant, view, graph
+    output (nor one's aliased tensor), input of another such concatenation, nor itself a
+    concatenation laid out in place, and its run starts on the pool's alignment."""
+    exposed = set()
+    for name in graph.outputs:
+        exposed.add(name)
+        while name in views:
+            name = views[name]
+            exposed.add(name)
+    written = {o for g in groups if g.root not in views for o in g.outputs}
+    found: dict[str, list[tuple[str, int]]] = {}
+    for group in groups:
+        if len(group.stages) != 1 or group.outputs != group.stages or group.root in views:
+            continue
+        compute = group.computes[group.stages[0]]
+        runs = concat_slabs(compute, lambda t: graph.tensor(t).shape)
+        if runs is not None:
+            size = np_dtype(compute.dtype).itemsize
+            found[group.root] = [(part, at * size) for part, at in runs]
+    taken: set[str] = set()
+    slabs = {}
+    for whole, runs in found.items():
+        parts = [part for part, _ in runs]
+        if any(
+            part not in written
+            or part in views
+            or part in exposed
+            or part in taken
+            or part in found
+            or part in graph.constants
+            or at % ALIGNMENT
+            for part, at in runs
+        ):
+            continue
+        taken.update(parts)
+        slabs.update({part: (whole, at) for part, at in runs})
+    return slabs
+
+
 def runtime_spec(
     graph: Graph,
     groups_with_configs: Sequence[tuple[Group, GroupConfig]],
@@ -264,9 +308,11 @@ def runtime_spec(
     order = execution_order([g for g, _ in groups_with_configs])
     ordered = [groups_with_configs[k] for k in order]
     views = find_views(graph, [g for g, _ in ordered])
-    kept = [(g, cfg) for g, cfg in ordered if g.root not in views]
+    slabs = find_slabs(graph, [g for g, _ in ordered], views)
+    laid = {whole for whole, _ in slabs.values()}
+    kept = [(g, cfg) for g, cfg in ordered if g.root not in views and g.root not in laid]
     runs = [_run(cfg, kernel_of.get(g.root)) for g, cfg in kept]
-    memory = plan_memory(graph, [_io(r) for r in runs], views)
+    memory = plan_memory(graph, [_io(r) for r in runs], views, slabs=slabs)
     inputs, outputs, shapes, staging_bytes = _interface(graph)
     libraries = [*cuda_libraries, *(["cublas"] if any(isinstance(r, GemmSpec) for r in runs) else [])]
     return RuntimeSpec(
@@ -279,6 +325,7 @@ def runtime_spec(
         weights=[_weight(k, name, offset, graph) for k, (name, offset) in enumerate(memory.weights.items())],
         memory=memory,
         views=views,
+        slabs=slabs,
         kernel_files=kernel_files([r for r in runs if isinstance(r, Kernel)]),
         arch_specific=any(r.arch_specific for r in runs if isinstance(r, Kernel)),
         staging_bytes=staging_bytes,
@@ -470,7 +517,8 @@ def _address(storage: Storage, extra_bytes: int = 0) -> str:
     if storage.place in (Place.INPUT, Place.OUTPUT):
         name = f"{'in' if storage.place is Place.INPUT else 'out'}{storage.index}"
         qualifier = "const " if storage.place is Place.INPUT else ""
-        return f"reinterpret_cast<{qualifier}unsigned char*>({name}) + {extra_bytes}" if extra_bytes else name
+        at = storage.offset + extra_bytes  # an output's offset: an input of it laid in place
+        return f"reinterpret_cast<{qualifier}unsigned char*>({name}) + {at}" if at else name
     base = "g_weights" if storage.place is Place.WEIGHT else "g_pool"
     offset = storage.offset + extra_bytes
     return f"{base} + {offset}" if offset else base
