@@ -1203,6 +1203,12 @@ def test_nvcc_compiles_every_case(tmp_path: Path) -> None:
             assert done.returncode == 0, done.stderr
 
 
+def library_symbols(build: Path, *flags: str) -> str:
+    """``nm [flags]`` of the runtime library a build folder holds."""
+    library = build / "libnnfusion_naive_rt.so"
+    return subprocess.run(["nm", *flags, str(library)], capture_output=True, text=True, check=True).stdout
+
+
 @needs_nvcc_build
 def test_nvcc_builds_and_links_kernels_of_several_files(tmp_path: Path) -> None:
     """The full CMake build for sm_90 (no GPU needed) compiles each kernel file on its own
@@ -1216,18 +1222,11 @@ def test_nvcc_builds_and_links_kernels_of_several_files(tmp_path: Path) -> None:
     assert (build / "libnnfusion_naive_rt.so").is_file() and (build / "main_test").is_file()
     flags = (objects / "flags.make").read_text()
     assert "arch=compute_90,code=[compute_90,sm_90]" in flags and "-O3" in flags
-    symbols = subprocess.run(
-        ["nm", str(build / "libnnfusion_naive_rt.so")], capture_output=True, text=True, check=True
-    ).stdout
+    symbols = library_symbols(build)
     for kernel in emitted.spec.launches:
         kinds = re.findall(rf"^\S* *([A-Za-z]) {kernel.name}$", symbols, re.MULTILINE)
         assert kinds in (["t"], ["T"]), (kernel.name, kinds)
-    exported = subprocess.run(
-        ["nm", "-D", "--defined-only", str(build / "libnnfusion_naive_rt.so")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    exported = library_symbols(build, "-D", "--defined-only")
     for symbol in (
         "cuda_init",
         "cuda_free",

@@ -22,7 +22,7 @@ import pytest
 from models import Feeds, bert_encoder_layer, swin_window_attention_block
 from onnx import helper
 from onnx_util import make_model
-from test_runtime import needs_emulated_build, needs_gpu, needs_nvcc_build
+from test_runtime import library_symbols, needs_emulated_build, needs_gpu, needs_nvcc_build
 
 from welder.arch import get_arch
 from welder.check import compare, onnxruntime_outputs, random_inputs
@@ -314,12 +314,7 @@ def test_nvcc_builds_and_links_the_skip_dot_runtime(tmp_path: Path) -> None:
         if "This runtime calls cublas, which the CUDA toolkit" in str(e):
             pytest.skip(f"the CUDA toolkit has no cuBLAS: {e}")
         raise
-    undefined = subprocess.run(
-        ["nm", "-D", "--undefined-only", str(build / "libnnfusion_naive_rt.so")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    undefined = library_symbols(build, "-D", "--undefined-only")
     for symbol in ("cublasGemmStridedBatchedEx", "cublasCreate", "cublasSetWorkspace", "cublasDestroy"):
         assert re.search(rf"\b{symbol}(_v2)?@", undefined), symbol
     assert (build / "main_test").is_file()

@@ -110,14 +110,12 @@ def plan_memory(
     def root(tensor: str) -> str:
         return resolve(tensor)[0]
 
-    def written(tensor: str) -> int | None:
-        """The launch after which ``tensor`` (a view followed) holds all its values."""
+    def written(tensor: str) -> int:
+        """The launch after which ``tensor`` (a kernel's, a view of one, or a concatenation
+        laid out in place) holds all its values."""
         while tensor in views:
             tensor = views[tensor]
-        if tensor in produced:
-            return produced[tensor]
-        steps = [written(p) for p in parts.get(tensor, ())]
-        return None if not steps or None in steps else max(steps)  # type: ignore[type-var]
+        return produced[tensor] if tensor in produced else max(written(p) for p in parts[tensor])
 
     storage: dict[str, Storage] = {t.name: Storage(Place.INPUT, i) for i, t in enumerate(graph.inputs)}
     needed = {root(t) for k in kernels for t in k.reads} | {root(o) for o in graph.outputs}
@@ -125,10 +123,12 @@ def plan_memory(
     weights, weight_bytes = _pack([(c, graph.tensor(c).nbytes) for c in used_constants], align)
     storage.update({c: Storage(Place.WEIGHT, offset=o) for c, o in weights.items()})
 
-    first_write: dict[str, int] = {}
+    first_write: dict[str, int] = {}  # owner -> the first launch writing into it
+    last_use: dict[str, int] = {}  # owner -> the last launch writing or reading it
     for t, step in produced.items():
         owner = root(t)
         first_write[owner] = min(first_write.get(owner, step), step)
+        last_use[owner] = max(last_use.get(owner, step), step)
     copies = []
     for j, name in enumerate(graph.outputs):
         source, offset = resolve(name)
@@ -141,19 +141,13 @@ def plan_memory(
                 raise ValueError(f"graph output {name!r} is neither computed, an input nor a constant")
             copies.append(OutputCopy(j, storage[source], graph.tensor(name).nbytes))
 
-    last_use = {owner: step for owner, step in first_write.items()}
-    for t, step in produced.items():
-        owner = root(t)
-        last_use[owner] = max(last_use[owner], step)
     for step, k in enumerate(kernels):
         for t in k.reads:
             r = root(t)
             if r not in first_write and r not in storage:
                 raise ValueError(f"kernel {step} reads {t!r}, which nothing before it provides")
-            if r in first_write:
-                ready = written(t)
-                if ready is None or ready >= step:
-                    raise ValueError(f"kernel {step} reads {t!r} before kernel {ready} writes it")
+            if r in first_write and written(t) >= step:
+                raise ValueError(f"kernel {step} reads {t!r} before kernel {written(t)} writes it")
             last_use[r] = max(last_use.get(r, step), step)
     buffers = [
         Buffer(t, max(graph.tensor(t).nbytes, 1), step, last_use[t])

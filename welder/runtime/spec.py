@@ -205,6 +205,11 @@ class RuntimeSpec:
     slabs: dict[str, tuple[str, int]] = field(default_factory=dict)  # input -> (concatenation, bytes in)
 
     @property
+    def laid_in_place(self) -> set[str]:
+        """The concatenations not launched: their inputs' kernels write into them."""
+        return laid_in_place(self.slabs)
+
+    @property
     def launches(self) -> list[LaunchSpec]:
         return [s for s in self.steps if isinstance(s, LaunchSpec)]
 
@@ -291,6 +296,11 @@ def find_slabs(graph: Graph, groups: Sequence[Group], views: dict[str, str]) -> 
     return slabs
 
 
+def laid_in_place(slabs: dict[str, tuple[str, int]]) -> set[str]:
+    """The concatenations whose inputs ``slabs`` (:func:`find_slabs`) lays into them."""
+    return {whole for whole, _ in slabs.values()}
+
+
 def runtime_spec(
     graph: Graph,
     groups_with_configs: Sequence[tuple[Group, GroupConfig]],
@@ -309,7 +319,7 @@ def runtime_spec(
     ordered = [groups_with_configs[k] for k in order]
     views = find_views(graph, [g for g, _ in ordered])
     slabs = find_slabs(graph, [g for g, _ in ordered], views)
-    laid = {whole for whole, _ in slabs.values()}
+    laid = laid_in_place(slabs)
     kept = [(g, cfg) for g, cfg in ordered if g.root not in views and g.root not in laid]
     runs = [_run(cfg, kernel_of.get(g.root)) for g, cfg in kept]
     memory = plan_memory(graph, [_io(r) for r in runs], views, slabs=slabs)
