@@ -41,7 +41,7 @@ if [ -d .table-state ] && [ ! -d "$state" ]; then
 fi
 mkdir -p "$state/cache"
 # The rows so far go to $out every 15 s: a call cut short by the device's own limit (which
-# can be lower than LIMIT once the session's device time runs low) still brings them back.
+# can be lower than LIMIT once the machine's lent time runs low) still brings them back.
 ( while sleep 15; do cp "$state/$name.json" "$state/$name.md" "$out/" 2>/dev/null; done ) &
 copier=$!
 timeout "${LIMIT:-540}" python scripts/benchmark.py --configs "$configs" --systems "$systems" --topk "${TOPK:-20}" \
