@@ -5,6 +5,7 @@ metric and against brute force."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import json
@@ -41,7 +42,7 @@ from welder.graph import Graph
 from welder.ir.compute import Compute, compute
 from welder.ir.expr import Load, cast, lt, select
 from welder.ir.interpret import evaluate, np_dtype
-from welder.ir.views import concat_slabs, is_view
+from welder.ir.views import Slab, concat_slabs, is_view
 from welder.resources import EMU_DIR, TEMPLATE_DIR
 from welder.runtime.build import RuntimeBuildError, build_runtime, find_nvcc
 from welder.runtime.emit import PRELUDE_HEADERS, emit_runtime, normalize_cuda_arch
@@ -1309,7 +1310,7 @@ def test_a_concatenation_of_contiguous_runs_is_written_in_place(tmp_path: Path, 
     """One op a group (as when a tensor-core consumer cannot read the concatenation through
     its loads): at batch 1 the channel concatenation is not launched -- the convolutions
     write their runs of it, a graph output here -- and at batch 2, where its inputs' runs
-    are not contiguous, it is; both match onnxruntime."""
+    interleave and one is read by the ReLU too, it is; both match onnxruntime."""
     from welder.schedule.engine import CostModel
     from welder.schedule.group import make_group
     from welder.schedule.kinds import propose
@@ -1336,6 +1337,90 @@ def test_a_concatenation_of_contiguous_runs_is_written_in_place(tmp_path: Path, 
         assert_matches(lib.run(feeds), onnxruntime_outputs(model, feeds, graph.outputs))
 
 
+def _strided_concat_model(dtype: type) -> tuple[onnx.ModelProto, Feeds]:
+    """Two images: a sigmoid and a convolution concatenated along channels (each read by
+    the concatenation alone), the concatenation read by a second convolution and a graph
+    output itself."""
+    rng = np.random.default_rng(5)
+    weights = {
+        "w2": (rng.standard_normal((64, 32, 1, 1)) / 4).astype(dtype),
+        "w3": (rng.standard_normal((16, 96, 1, 1)) / 8).astype(dtype),
+    }
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["a"]),
+        helper.make_node("Conv", ["x", "w2"], ["b"]),
+        helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+        helper.make_node("Conv", ["c", "w3"], ["y"]),
+    ]
+    feeds = {"x": rng.standard_normal((2, 32, 16, 16)).astype(dtype)}
+    return make_model(nodes, feeds, ["y", "c"], weights), feeds
+
+
+@needs_emulated_build
+@pytest.mark.parametrize(
+    ("dtype", "kind", "declined"),
+    [
+        (np.float32, "simt", False),
+        (np.float32, "simt", True),
+        (np.float16, "mma", False),
+        (np.float16, "wgmma", False),
+    ],
+)
+def test_a_strided_concatenation_is_written_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: type, kind: str, declined: bool
+) -> None:
+    """At batch 2 the inputs' runs interleave: the kernels writing them -- the sigmoid's
+    SIMT stage, the convolution's stage of ``kind`` (its epilogue storing the fp16
+    product) -- offered the concatenation's strides, write there and the concatenation is
+    not launched.  Where the sigmoid's stage declines the offer, the convolution's kernel
+    is generated again at its own strides and the concatenation launched.  Both match
+    onnxruntime."""
+    from welder.runtime import spec as spec_module
+    from welder.runtime.spec import generate_laid_out
+    from welder.schedule.engine import CostModel
+    from welder.schedule.group import make_group
+    from welder.schedule.kinds import propose
+
+    model, feeds = _strided_concat_model(dtype)
+    graph = import_onnx(model)
+    context = CostModel(graph, ARCH, workers=1).context
+    members: dict[str, list[str]] = {}
+    for node in graph.nodes:  # a half-precision convolution's accumulation with its cast
+        members.setdefault(node.split(":")[0], []).append(node)
+    groups = [make_group(graph, nodes) for nodes in members.values()]
+    chosen = [(g, propose(g, context, kinds=(kind,) if g.root == "b" else None)[0]) for g in groups]
+    assert [st.kind for g, cfg in chosen if g.root == "b" for st in cfg.stages] == [kind]
+    if declined:
+        real = spec_module.generate_model
+
+        def sigmoid_declines(graph, groups, layouts=None):  # type: ignore[no-untyped-def]
+            return real(graph, groups, {t: s for t, s in (layouts or {}).items() if t != "a"})
+
+        monkeypatch.setattr(spec_module, "generate_model", sigmoid_declines)
+    kernels = generate_laid_out(graph, chosen)
+    storage = {p.tensor: p.storage for k in kernels for p in k.params if p.is_output}
+    spec = runtime_spec(graph, chosen, kernels)
+    if declined:
+        assert storage["a"] is None and storage["b"] is None and not spec.slabs
+        assert len(spec.launches) == len(groups)
+    else:
+        assert storage["a"] == (2, 96, 16, 16) and storage["b"] == (2, 96, 16, 16)
+        size = np.dtype(dtype).itemsize
+        assert spec.slabs == {"a": ("c", 0), "b": ("c", 32 * 256 * size)}
+        assert len(spec.launches) == len(groups) - 1
+    emit_runtime(tmp_path, graph, chosen, kernels, None)
+    build_runtime(tmp_path, emulate=True)
+    with RuntimeLibrary(tmp_path) as lib:
+        assert_matches(lib.run(feeds), onnxruntime_outputs(model, feeds, graph.outputs))
+    if not declined:  # a kernel written at strides the runtime would not lay out is refused
+        unlaid = [k if k.root != "b" else copy.deepcopy(k) for k in kernels]
+        for k in unlaid:
+            for p in k.params:
+                p.storage = None if k.root == "b" else p.storage
+        with pytest.raises(ValueError, match=r"write \['a'\] at a concatenation's strides"):
+            runtime_spec(graph, chosen, unlaid)
+
+
 def _concat_of(shapes: Sequence[tuple[int, ...]], axis: int, perm: Sequence[int] | None = None) -> Graph:
     """``Concat`` of inputs ``x0, x1, ...`` of ``shapes`` (the last transposed by ``perm``)."""
     nodes, names = [], [f"x{k}" for k in range(len(shapes))]
@@ -1347,59 +1432,70 @@ def _concat_of(shapes: Sequence[tuple[int, ...]], axis: int, perm: Sequence[int]
     return import_onnx(make_model(nodes, feeds, ["y"]))
 
 
-def brute_force_slabs(c: Compute, shape_of: Callable[[str], Sequence[int]]) -> list[tuple[str, int]] | None:
-    """Inputs are runs of ``c`` exactly when its flat output, computed with each input
-    holding its own flat positions, is the inputs' flat values one after another; each
-    run starts where the inputs before it end."""
+def laid_by_brute_force(c: Compute, shape_of: Callable[[str], Sequence[int]], slabs: Sequence[Slab]) -> bool:
+    """Whether ``slabs`` lay ``c``'s inputs out as ``c`` computes them: each input written
+    into a flat buffer of ``c``'s size at its offset and its storage's row-major strides
+    (by numpy's strided view), the buffer equals ``c`` evaluated by the interpreter, and
+    every element is written once."""
     values = {
         t: (1000 * (k + 1) + np.arange(math.prod(shape_of(t)))).reshape(shape_of(t))
         for k, t in enumerate(c.inputs)
     }
     out = np.asarray(evaluate(c, values)).ravel()
-    order = sorted(c.inputs, key=lambda t: int(np.flatnonzero(np.isin(out, values[t].ravel()))[0]))
-    if not np.array_equal(out, np.concatenate([values[t].ravel() for t in order])):
-        return None
-    return list(zip(order, np.cumsum([0] + [values[t].size for t in order])[:-1].tolist()))
+    buffer = np.full(out.size, -1, dtype=np.int64)
+    written = np.zeros(out.size, dtype=np.int64)
+    for slab in slabs:
+        shape = tuple(shape_of(slab.tensor))
+        strides = [math.prod(slab.storage[d + 1 :]) * buffer.itemsize for d in range(len(shape))]
+        if slab.offset + sum((n - 1) * s // buffer.itemsize for n, s in zip(shape, strides)) >= out.size:
+            return False
+        for target in (buffer, written):
+            view = np.lib.stride_tricks.as_strided(target[slab.offset :], shape, strides)
+            view[...] = values[slab.tensor] if target is buffer else view + 1
+    return bool(np.array_equal(buffer, out) and np.all(written == 1))
 
 
 @pytest.mark.parametrize(
-    ("shapes", "axis", "perm", "laid"),
+    ("shapes", "axis", "perm", "strided"),
     [
-        ([(1, 3, 4, 4), (1, 5, 4, 4)], 1, None, True),  # a batch of one along channels
-        ([(2, 3, 4, 4), (2, 5, 4, 4)], 1, None, False),  # two images: runs interleave
-        ([(3, 4), (5, 4), (1, 4)], 0, None, True),  # along the first axis, three inputs
-        ([(1, 1, 1, 3), (1, 1, 1, 5)], 3, None, True),  # along the last, ones before it
-        ([(1, 1, 2, 3), (1, 1, 2, 5)], 3, None, False),  # along the last, rows before it
-        ([(1, 3, 4, 4), (1, 4, 5, 4)], 1, (0, 2, 1, 3), True),  # a transposed input, its own kernel
+        ([(1, 3, 4, 4), (1, 5, 4, 4)], 1, None, False),  # a batch of one along channels
+        ([(2, 3, 4, 4), (2, 5, 4, 4)], 1, None, True),  # two images: runs interleave
+        ([(3, 4), (5, 4), (1, 4)], 0, None, False),  # along the first axis, three inputs
+        ([(1, 1, 1, 3), (1, 1, 1, 5)], 3, None, False),  # along the last, ones before it
+        ([(1, 1, 2, 3), (1, 1, 2, 5)], 3, None, True),  # along the last, rows before it
+        ([(1, 3, 4, 4), (1, 4, 5, 4)], 1, (0, 2, 1, 3), False),  # a transposed input, its own kernel
     ],
 )
 def test_concat_slabs_agree_with_brute_force(
-    shapes: list[tuple[int, ...]], axis: int, perm: tuple[int, ...] | None, laid: bool
+    shapes: list[tuple[int, ...]], axis: int, perm: tuple[int, ...] | None, strided: bool
 ) -> None:
     graph = _concat_of(shapes, axis, perm)
     c = graph.nodes["y"].compute
     slabs = concat_slabs(c, lambda t: graph.tensor(t).shape)
-    assert slabs == brute_force_slabs(c, lambda t: graph.tensor(t).shape)
-    assert (slabs is not None) == laid
+    assert slabs is not None and laid_by_brute_force(c, lambda t: graph.tensor(t).shape, slabs)
+    assert {s.strided for s in slabs} == {strided} and {s.axis for s in slabs} == {axis}
 
 
 def test_concat_slabs_refuse_an_input_read_out_of_order() -> None:
     """A concatenation whose second input is read transposed in place (a select over the
-    channels, one leaf loading ``x1[n, c - 3, w, h]``) is no run of its output."""
-    shapes = {"x0": (1, 3, 4, 4), "x1": (1, 5, 4, 4)}
-    for transposed in (False, True):
-        c = compute(
-            "y",
-            (1, 8, 4, 4),
-            lambda n, ch, h, w, t=transposed: select(
-                lt(ch, 3),
-                Load("x0", (n, ch, h, w), "float32"),
-                Load("x1", (n, ch - 3, w, h) if t else (n, ch - 3, h, w), "float32"),
-            ),
-        )
-        slabs = concat_slabs(c, shapes.__getitem__)
-        assert slabs == brute_force_slabs(c, shapes.__getitem__)
-        assert (slabs is None) == transposed
+    channels, one leaf loading ``x1[n, c - 3, w, h]``) is no run of its output, at a batch
+    of one or two."""
+    for batch in (1, 2):
+        shapes = {"x0": (batch, 3, 4, 4), "x1": (batch, 5, 4, 4)}
+        for transposed in (False, True):
+            c = compute(
+                "y",
+                (batch, 8, 4, 4),
+                lambda n, ch, h, w, t=transposed: select(
+                    lt(ch, 3),
+                    Load("x0", (n, ch, h, w), "float32"),
+                    Load("x1", (n, ch - 3, w, h) if t else (n, ch - 3, h, w), "float32"),
+                ),
+            )
+            slabs = concat_slabs(c, shapes.__getitem__)
+            assert (slabs is None) == transposed
+            if slabs is not None:
+                assert laid_by_brute_force(c, shapes.__getitem__, slabs)
 
 
 def test_a_concatenation_laid_in_place_lives_from_its_first_input_to_its_last_reader() -> None:

@@ -22,7 +22,7 @@ import onnx
 import welder
 from welder.arch import Arch, get_arch
 from welder.check import model_file
-from welder.codegen import Kernel, generate_model
+from welder.codegen import Kernel
 from welder.device.gpu import GpuDevice, gpu_available
 from welder.errors import WelderError
 from welder.files import write_json
@@ -32,6 +32,7 @@ from welder.lock import prefix_lock
 from welder.runtime.build import build_runtime, check_cuda_arch, find_nvcc
 from welder.runtime.emit import emit_runtime, normalize_cuda_arch
 from welder.runtime.library import parse_summary
+from welder.runtime.spec import generate_laid_out
 from welder.schedule.kinds import Options
 from welder.schedule.kinds.mma import TF32_KIND
 from welder.schedule.plan import Plan, plan_model, tuned_json
@@ -212,7 +213,7 @@ def _tune_into(
     else:
         plan = _tune_on_gpu(graph, arch, options, str(model))
     groups = [(g.group, g.configs[0]) for g in plan.groups]
-    kernels = generate_model(graph, groups)
+    kernels = generate_laid_out(graph, groups)
     emit_runtime(out, graph, groups, kernels, options.cuda_arch)
     build_start = time.perf_counter()
     built = _build(out, options, notes)

@@ -8,7 +8,7 @@ runtime calls the library for them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from welder.codegen.common import (
     TEMPLATE_DIR,
@@ -29,11 +29,18 @@ def kernel_name(index: int, group: Group) -> str:
     return f"welder_k{index}_{sanitize_identifier(group.root, 32)}"
 
 
-def generate_model(graph: Graph, groups: Sequence[tuple[Group, GroupConfig]]) -> list[Kernel]:
+def generate_model(
+    graph: Graph,
+    groups: Sequence[tuple[Group, GroupConfig]],
+    layouts: Mapping[str, tuple[int, ...]] | None = None,
+) -> list[Kernel]:
     """One kernel per group that is a generated kernel (not a library call), in the groups'
-    order; kernel names keep the group's index."""
+    order; kernel names keep the group's index.  ``layouts`` offers outputs storage shapes
+    (:func:`~welder.codegen.kernel.generate_kernel`)."""
     return [
-        generate_kernel(graph, g, cfg, kernel_name(k, g)) for k, (g, cfg) in enumerate(groups) if cfg.kernel
+        generate_kernel(graph, g, cfg, kernel_name(k, g), layouts)
+        for k, (g, cfg) in enumerate(groups)
+        if cfg.kernel
     ]
 
 

@@ -4,6 +4,7 @@ parameters, names made safe for C, the template environment, and small C-printin
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,23 @@ class KernelParam:
     dtype: str
     shape: tuple[int, ...]
     is_output: bool
+    # An output written into a concatenation's memory at its strides: the shape whose
+    # row-major strides address it (``welder.ir.views.Slab.storage``); None: its own.
+    storage: tuple[int, ...] | None = None
+
+    @property
+    def addressed(self) -> tuple[int, ...]:
+        """The shape whose row-major strides address the tensor in memory."""
+        return self.storage or self.shape
+
+    @property
+    def span(self) -> int:
+        """Elements from the tensor's first in memory to its last, both included (more than
+        it holds where it is laid out at a concatenation's strides)."""
+        if 0 in self.shape:
+            return 0
+        strides = [math.prod(self.addressed[d + 1 :]) for d in range(len(self.shape))]
+        return 1 + sum((n - 1) * s for n, s in zip(self.shape, strides))
 
     @property
     def decl(self) -> str:

@@ -17,7 +17,7 @@ its config into the context its template reads.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from welder.graph import Graph
@@ -59,6 +59,11 @@ STAGE_EMITTERS: dict[str, StageEmitter] = {
 }
 
 
+#: The kinds whose stages can store an output at strides other than its own (a part of a
+#: concatenation laid out in its memory); the others are never offered any.
+STRIDED_STORES = frozenset({"simt", "mma", "mma_tf32", "mma_tf32x3", "ffma", "wgmma"})
+
+
 class UnsupportedStage(ValueError):
     """A config holds a stage of a kind codegen cannot render into a kernel."""
 
@@ -66,7 +71,14 @@ class UnsupportedStage(ValueError):
 class KernelBuilder:
     """One group under one config, on its way to a :class:`Kernel`; stage emitters read it."""
 
-    def __init__(self, graph: Graph, group: Group, config: GroupConfig, name: str) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        group: Group,
+        config: GroupConfig,
+        name: str,
+        layouts: Mapping[str, tuple[int, ...]] | None = None,
+    ) -> None:
         for st in config.stages:
             if st.kind not in STAGE_EMITTERS:
                 raise UnsupportedStage(f"{st.node}: codegen renders no {st.kind!r} stage into a kernel")
@@ -80,6 +92,9 @@ class KernelBuilder:
             self._param(t, False)
         for t in group.outputs:
             self._param(t, True)
+            writer = self._writer(t)
+            if layouts and t in layouts and writer is not None and writer.kind in STRIDED_STORES:
+                self.params[t].storage = tuple(layouts[t])
         stages = [group.computes[s] for s in group.stages]
         self.regions = propagate_group(stages, group.root, config.block_tile, self.shape_of)
         self.stage_index = {s: k for k, s in enumerate(group.stages)}
@@ -98,6 +113,19 @@ class KernelBuilder:
                 self.add_view(view, self.graph.tensor(st.node).dtype, offset, math.prod(tile))
                 self.tile_views[st.node] = view
                 self.tiles[st.node] = tuple(tile)
+
+    def _writer(self, tensor: str) -> StageConfig | None:
+        """The stage config that stores ``tensor``: its own stage, or the stage it is an
+        epilogue of."""
+        for st in self.cfg.stages:
+            if st.node == tensor or tensor in getattr(st, "epilogue", ()):
+                return st
+        return None
+
+    def decline_layout(self, tensor: str) -> None:
+        """Writes output ``tensor`` at its own strides after all: a stage whose stores cannot
+        take the strides it was offered says so before rendering them."""
+        self.params[tensor].storage = None
 
     def _param(self, tensor: str, is_output: bool) -> None:
         info = self.graph.tensor(tensor)
@@ -214,9 +242,19 @@ class KernelBuilder:
         """``ld`` as a read of its kernel parameter in global memory."""
         param = self.params[ld.tensor]
         idx = [p(i) for i in ld.indices]
-        return read_value(f"{param.name}[{flat_index(idx, param.shape)}]", ld.dtype)
+        return read_value(f"{param.name}[{flat_index(idx, param.addressed)}]", ld.dtype)
 
 
-def generate_kernel(graph: Graph, group: Group, config: GroupConfig, name: str) -> Kernel:
-    """CUDA source for one group under one config (a generated kernel: ``config.kernel``)."""
-    return KernelBuilder(graph, group, config, name).render()
+def generate_kernel(
+    graph: Graph,
+    group: Group,
+    config: GroupConfig,
+    name: str,
+    layouts: Mapping[str, tuple[int, ...]] | None = None,
+) -> Kernel:
+    """CUDA source for one group under one config (a generated kernel: ``config.kernel``).
+
+    ``layouts`` offers outputs a storage shape (``KernelParam.storage``): the kernel writes
+    such an output at those strides where its writing stage's kind can, and its param
+    says which it took."""
+    return KernelBuilder(graph, group, config, name, layouts).render()

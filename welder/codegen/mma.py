@@ -12,6 +12,7 @@ starts, which axis its shared-memory rows run along, and the per-lane ``ldmatrix
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -189,7 +190,7 @@ def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contractio
     region = kb.regions.members[st.node]
     o = [kb.origin_name(k, d) for d in range(len(c.axes))]
     k_tiles = -(-con.k_extent // st.block_k)
-    out_strides = row_major_strides(c.shape)
+    out_strides = row_major_strides(stored_shape(kb, st, con))
     dtype = c.dtype
     pack2, pack1 = pair_packers(dtype)
     return dict(
@@ -222,6 +223,34 @@ def contraction_fields(kb: KernelBuilder, k: int, st: MmaConfig, con: Contractio
         out_offset=" + ".join(f"{o[d]} * {out_strides[d]}" for d in con.batch_axes) or "0",
         **_epilogue(kb, st, con, o),
     )
+
+
+def stored_shape(kb: KernelBuilder, st: MmaConfig, con: Contraction) -> tuple[int, ...]:
+    """The shape, in the product's axes, whose row-major strides address the stage's
+    outputs, all laid out like the product: that of a concatenation an output is laid out
+    in (``KernelParam.storage``) where the stage stores that one output only, the output's
+    dimensions up to the concatenation's axis are the product's (those after it may split
+    the product's last ones), and every axis before it is a batch axis (whose strides
+    ``out_offset`` applies; the M and N strides stay the product's); else the product's
+    own, the offer declined."""
+    c = con.compute
+    stored = [t for t in (st.node, *st.epilogue) if t in kb.group.outputs]
+    laid = [t for t in stored if kb.params[t].storage is not None]
+    if not laid:
+        return c.shape
+    param = kb.params[laid[0]]
+    storage, shape = param.addressed, param.shape
+    axis = next(d for d, (a, b) in enumerate(zip(storage, shape)) if a != b)
+    if (
+        len(stored) == 1
+        and shape[: axis + 1] == c.shape[: axis + 1]
+        and math.prod(shape[axis + 1 :]) == math.prod(c.shape[axis + 1 :])
+        and set(range(axis)) <= set(con.batch_axes)
+    ):
+        return (*c.shape[:axis], storage[axis], *c.shape[axis + 1 :])
+    for t in laid:
+        kb.decline_layout(t)
+    return c.shape
 
 
 def _epilogue(kb: KernelBuilder, st: MmaConfig, con: Contraction, origins: list[str]) -> dict:

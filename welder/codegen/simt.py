@@ -310,7 +310,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
         tile_view=kb.tile_views.get(st.node),
         local_flat=flat_index([f"l{d}" for d in range(len(shape))], st.tile),
         out_param=kb.params[st.node].name if st.node in kb.group.outputs else None,
-        global_flat=flat_index([f"i{d}" for d in range(len(shape))], shape),
+        global_flat=flat_index([f"i{d}" for d in range(len(shape))], _addressed(kb, st.node)),
         origins=origins,
         unroll_reduce=st.window,
     )
@@ -324,6 +324,13 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
     if st.vector > 1:
         _vectorize(kb, ctx, st, c, printer, {sd.tensor: (sd, staged_names[sd.tensor]) for sd in st.staged})
     return ctx
+
+
+def _addressed(kb: KernelBuilder, node: str) -> tuple[int, ...]:
+    """The shape whose strides address stage ``node``'s stores: its output param's (its own,
+    or a concatenation's it is laid out in), or its own where it is no output."""
+    param = kb.params.get(node)
+    return param.addressed if param is not None and param.is_output else kb.graph.tensor(node).shape
 
 
 def _padding_read_staged(c: Compute, st: SimtConfig, shape_of) -> Expr:
@@ -449,7 +456,8 @@ def _vectorize(
     width, axis = st.vector, len(c.shape) - 1
     ctx.vector, ctx.vaxis = width, axis
     ctx.vout_type = _vec_type(c.dtype, width)
-    ctx.vflat = flat_index([f"i{d}" + ("v" if d == axis else "") for d in range(len(c.shape))], c.shape)
+    vaxes = [f"i{d}" + ("v" if d == axis else "") for d in range(len(c.shape))]
+    ctx.vflat = flat_index(vaxes, _addressed(kb, st.node))
     _vector_reads(kb, ctx, c, scalar, f"i{axis}", width, staged)
     _read_held(kb, ctx, st, c, scalar)
 

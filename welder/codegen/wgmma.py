@@ -41,6 +41,7 @@ from .mma import (
     operand_offset,
     pair_rows,
     stage_contraction,
+    stored_shape,
 )
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ def _tma_store(kb: KernelBuilder, k: int, st: WgmmaConfig, con: Contraction, ori
     (one 128-byte swizzled row) by a warp's 16 rows, and the staging view of the whole tile."""
     out = kb.group.outputs[0]
     shape = con.compute.shape
-    strides = row_major_strides(shape)
+    strides = row_major_strides(stored_shape(kb, st, con))
     batch = output_batch_axes(con)
     item = np_dtype(kb.graph.tensor(out).dtype).itemsize
     dims = (con.n, con.m, *(shape[d] for d in batch))

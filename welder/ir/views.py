@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -136,14 +137,30 @@ def _evaluate(expr: Expr, axes: Sequence[Axis]) -> np.ndarray:
     return np.asarray(evaluate(Compute("view_check", tuple(axes), expr, INDEX), {}))
 
 
-def concat_slabs(compute: Compute, shape_of: Callable[[str], Sequence[int]]) -> list[tuple[str, int]] | None:
-    """Each input of a concatenation whose inputs are contiguous runs of its output, with
-    the flat element offset its run starts at; None where ``compute`` is no such thing.
+@dataclass(frozen=True)
+class Slab:
+    """Where one input of a concatenation lies in the concatenation's memory: from element
+    ``offset`` of it, at the row-major strides of ``storage`` -- the input's shape with the
+    concatenation's extent along the axis.  Where every dimension before the axis is 1 the
+    input is one contiguous run (``strided`` False) and its own strides address it too;
+    otherwise each index before the axis steps over the other inputs' runs."""
 
-    A concatenation along an axis before which every dimension is 1 (a batch of one along
-    channels; any concatenation along the first axis) lays each input out in a run of the
-    output's memory, in the input's own row-major order, so the producers of the inputs
-    may write straight into the output and nothing needs launching.  Proved as
+    tensor: str
+    offset: int
+    storage: tuple[int, ...]
+    axis: int
+    strided: bool
+
+
+def concat_slabs(compute: Compute, shape_of: Callable[[str], Sequence[int]]) -> list[Slab] | None:
+    """Where each input of ``compute`` lies in its memory, if ``compute`` is a concatenation
+    that copies each input whole; None where it is no such thing.
+
+    A concatenation along an axis lays each input out in its memory at the input's own
+    strides but for the dimensions before the axis, which step over the whole: the producers
+    of the inputs may write straight into the output and nothing needs launching.  Along an
+    axis before which every dimension is 1 (a batch of one along channels; any
+    concatenation along the first axis) each input is a contiguous run.  Proved as
     :func:`is_view` proves a reshape: the body must be a tree of selects on the one axis
     against constants (the frontend's Concat), each leaf a load that copies its whole input
     in row-major order over its range of that axis."""
@@ -176,9 +193,8 @@ def concat_slabs(compute: Compute, shape_of: Callable[[str], Sequence[int]]) -> 
     if not isinstance(compute.body, Select) or not collect(compute.body, 0, 1 << 62) or not axis_name:
         return None
     axis = names.index(axis_name[0])
-    if math.prod(extents[:axis]) != 1:
-        return None
     inner = math.prod(extents[axis + 1 :])
+    strided = math.prod(extents[:axis]) != 1
     slabs = []
     covered = 0
     for load, lo, hi in sorted(leaves, key=lambda leaf: leaf[1]):
@@ -191,8 +207,11 @@ def concat_slabs(compute: Compute, shape_of: Callable[[str], Sequence[int]]) -> 
         shape = tuple(int(s) for s in shape_of(load.tensor))
         if not _keeps_offsets(axes, shifted, shape):
             return None
-        slabs.append((load.tensor, lo * inner))
-    if covered != extents[axis] or len({t for t, _ in slabs}) != len(slabs):
+        if strided and shape != tuple(a.extent for a in axes):
+            return None  # the strides address the input by the output's dimensions
+        storage = tuple(extents[axis] if k == axis else a.extent for k, a in enumerate(axes))
+        slabs.append(Slab(load.tensor, lo * inner, storage, axis, strided))
+    if covered != extents[axis] or len({s.tensor for s in slabs}) != len(slabs):
         return None
     return slabs
 

@@ -9,17 +9,24 @@ input, what C types the interface uses: all of it is settled here, so that the t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from welder.check import integer_input_bounds
-from welder.codegen import Kernel, sanitize_comment, sanitize_identifier
+from welder.codegen import (
+    Kernel,
+    generate_kernel,
+    generate_model,
+    kernel_name,
+    sanitize_comment,
+    sanitize_identifier,
+)
 from welder.codegen.cprint import STORAGE_TYPES, c_string
 from welder.codegen.tensor_map import TensorMapArg
 from welder.graph import Graph
 from welder.ir.interpret import np_dtype
-from welder.ir.views import aliased_input, concat_slabs
+from welder.ir.views import Slab, aliased_input, concat_slabs
 from welder.runtime.layout import kernel_source_name
 from welder.runtime.memory import ALIGNMENT, KernelIO, MemoryPlan, Place, Storage, plan_memory
 from welder.schedule.config import GroupConfig
@@ -253,13 +260,45 @@ def find_views(graph: Graph, groups: Sequence[Group]) -> dict[str, str]:
     return views
 
 
-def find_slabs(graph: Graph, groups: Sequence[Group], views: dict[str, str]) -> dict[str, tuple[str, int]]:
+def find_slabs(
+    graph: Graph,
+    groups: Sequence[Group],
+    views: dict[str, str],
+    written_as: Mapping[str, tuple[int, ...]] | None = None,
+) -> dict[str, tuple[str, int]]:
     """Input -> (concatenation, byte offset) for every group that is one concatenation whose
-    inputs are runs of its memory (``welder.ir.views.concat_slabs``) and whose inputs are
-    all written by launched kernels: those kernels write into the concatenation, which is
-    not launched.  An input qualifies where it is no graph input, constant, view, graph
-    output (nor one's aliased tensor), input of another such concatenation, nor itself a
-    concatenation laid out in place, and its run starts on the pool's alignment."""
+    inputs its kernels can write straight into its memory (``welder.ir.views.concat_slabs``):
+    it is not launched.  An input qualifies where it is written by a launched kernel and is
+    no graph input, constant, view, graph output (nor one's aliased tensor), input of
+    another such concatenation, nor itself a concatenation laid out in place, and its run
+    starts on the pool's alignment.  A strided input (dimensions before the axis of more
+    than one element) also needs the concatenation for its only reader, a 16-byte multiple
+    for its stride over them (vector stores stay aligned), and its kernel to write it at
+    the concatenation's strides: ``written_as`` maps each output a kernel writes so to the
+    shape it addresses it by (``KernelParam.storage``); None takes every kernel to, as the
+    offer to codegen does (:func:`strided_layouts`)."""
+    return {
+        slab.tensor: (whole, slab.offset * np_dtype(graph.tensor(whole).dtype).itemsize)
+        for whole, slab in _laid_slabs(graph, groups, views, written_as)
+    }
+
+
+def strided_layouts(graph: Graph, groups: Sequence[Group]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each strided input :func:`find_slabs` would lay into its concatenation, were every
+    kernel to write it so, with that concatenation and the input's storage shape: what
+    codegen offers the kernels."""
+    ordered = [groups[k] for k in execution_order(groups)]
+    views = find_views(graph, ordered)
+    laid = _laid_slabs(graph, ordered, views, None)
+    return {slab.tensor: (whole, slab.storage) for whole, slab in laid if slab.strided}
+
+
+def _laid_slabs(
+    graph: Graph,
+    groups: Sequence[Group],
+    views: dict[str, str],
+    written_as: Mapping[str, tuple[int, ...]] | None,
+) -> list[tuple[str, Slab]]:
     exposed = set()
     for name in graph.outputs:
         exposed.add(name)
@@ -267,33 +306,68 @@ def find_slabs(graph: Graph, groups: Sequence[Group], views: dict[str, str]) -> 
             name = views[name]
             exposed.add(name)
     written = {o for g in groups if g.root not in views for o in g.outputs}
-    found: dict[str, list[tuple[str, int]]] = {}
+    readers: dict[str, int] = {}
+    for g in groups:
+        for t in g.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    found: dict[str, list[Slab]] = {}
     for group in groups:
         if len(group.stages) != 1 or group.outputs != group.stages or group.root in views:
             continue
-        compute = group.computes[group.stages[0]]
-        runs = concat_slabs(compute, lambda t: graph.tensor(t).shape)
-        if runs is not None:
-            size = np_dtype(compute.dtype).itemsize
-            found[group.root] = [(part, at * size) for part, at in runs]
+        slabs = concat_slabs(group.computes[group.stages[0]], lambda t: graph.tensor(t).shape)
+        if slabs is not None:
+            found[group.root] = slabs
     taken: set[str] = set()
-    slabs = {}
-    for whole, runs in found.items():
-        parts = [part for part, _ in runs]
+    laid = []
+    for whole, slabs in found.items():
+        size = np_dtype(graph.tensor(whole).dtype).itemsize
+
+        def fits(slab: Slab, size: int = size) -> bool:
+            if not slab.strided:
+                return True
+            stride = math.prod(slab.storage[slab.axis :]) * size
+            return (
+                readers.get(slab.tensor) == 1
+                and stride % 16 == 0
+                and (written_as is None or written_as.get(slab.tensor) == slab.storage)
+            )
+
         if any(
-            part not in written
-            or part in views
-            or part in exposed
-            or part in taken
-            or part in found
-            or part in graph.constants
-            or at % ALIGNMENT
-            for part, at in runs
+            slab.tensor not in written
+            or slab.tensor in views
+            or slab.tensor in exposed
+            or slab.tensor in taken
+            or slab.tensor in found
+            or slab.tensor in graph.constants
+            or slab.offset * size % ALIGNMENT
+            or not fits(slab)
+            for slab in slabs
         ):
             continue
-        taken.update(parts)
-        slabs.update({part: (whole, at) for part, at in runs})
-    return slabs
+        taken.update(slab.tensor for slab in slabs)
+        laid.extend((whole, slab) for slab in slabs)
+    return laid
+
+
+def generate_laid_out(graph: Graph, groups: Sequence[tuple[Group, GroupConfig]]) -> list[Kernel]:
+    """:func:`~welder.codegen.generate_model`'s kernels, those writing a strided input of a
+    concatenation laid out in place writing it at the concatenation's strides.  Offered the
+    layouts of :func:`strided_layouts`, a stage that cannot store at other strides declines
+    (``KernelParam.storage`` stays None); the concatenation is then launched after all, and
+    the kernels that took the offer for its other inputs are generated again without it."""
+    offers = strided_layouts(graph, [g for g, _ in groups])
+    kernels = generate_model(graph, groups, {t: storage for t, (_, storage) in offers.items()})
+    taken = {p.tensor for k in kernels for p in k.params if p.is_output and p.storage}
+    refused = {offers[t][0] for t in offers if t not in taken}
+    if not refused:
+        return kernels
+    kept = {t: storage for t, (whole, storage) in offers.items() if whole not in refused}
+    again = taken - set(kept)
+    generated = [(k, g, cfg) for k, (g, cfg) in enumerate(groups) if cfg.kernel]
+    return [
+        generate_kernel(graph, g, cfg, kernel_name(k, g), kept) if again & set(g.outputs) else kernel
+        for (k, g, cfg), kernel in zip(generated, kernels)
+    ]
 
 
 def laid_in_place(slabs: dict[str, tuple[str, int]]) -> set[str]:
@@ -318,7 +392,14 @@ def runtime_spec(
     order = execution_order([g for g, _ in groups_with_configs])
     ordered = [groups_with_configs[k] for k in order]
     views = find_views(graph, [g for g, _ in ordered])
-    slabs = find_slabs(graph, [g for g, _ in ordered], views)
+    written_as = {p.tensor: p.storage for k in kernels for p in k.params if p.is_output and p.storage}
+    slabs = find_slabs(graph, [g for g, _ in ordered], views, written_as)
+    stray = sorted(set(written_as) - set(slabs))
+    if stray:
+        raise ValueError(
+            f"the kernels write {stray} at a concatenation's strides, but the runtime does not lay "
+            "that concatenation out in place (generate the kernels with generate_laid_out)"
+        )
     laid = laid_in_place(slabs)
     kept = [(g, cfg) for g, cfg in ordered if g.root not in views and g.root not in laid]
     runs = [_run(cfg, kernel_of.get(g.root)) for g, cfg in kept]
@@ -470,7 +551,7 @@ def _weight(k: int, name: str, offset: int, graph: Graph) -> WeightSpec:
 def _launch(kernel: Kernel, memory: MemoryPlan) -> LaunchSpec:
     args = []
     for p in kernel.params:
-        nbytes = math.prod(p.shape) * np_dtype(p.dtype).itemsize
+        nbytes = p.span * np_dtype(p.dtype).itemsize
         args.append(ArgSpec(STORAGE_TYPES[p.dtype], not p.is_output, _address(memory[p.tensor]), nbytes))
     return LaunchSpec(
         kernel.name,
