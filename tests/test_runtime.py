@@ -755,6 +755,18 @@ def test_env_ab_times_each_setting_in_turns_and_names_a_failing_one(builds: Buil
     assert ratio == "1.000x" and third == "failed"
 
 
+def test_build_ab_refuses_what_is_no_source_tree(tmp_path: Path) -> None:
+    """scripts/build_ab.sh needs an older welder tree and a model: without either it says
+    so (exit 2) before exporting or tuning anything."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build_ab.sh"
+    env = dict(os.environ, OUT=str(tmp_path / "out"), WORK=str(tmp_path / "work"))
+    for args in ([], [str(tmp_path)], [str(tmp_path), "bsrn"]):
+        command = ["bash", str(script), *args]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 2 and "usage:" in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "work").exists()
+
+
 @needs_emulated_build
 @pytest.mark.parametrize("name", ["bert_layer", "views", "fp16", "bf16"])
 def test_main_test_reads_inputs_from_files(builds: Builds, tmp_path: Path, name: str) -> None:

@@ -53,7 +53,8 @@ class KernelParam:
     @property
     def comment(self) -> str:
         role = "out" if self.is_output else "in"
-        return f"{role} {sanitize_comment(self.tensor)} {list(self.shape)} {self.dtype}"
+        laid = f", at the strides of {list(self.storage)}" if self.storage else ""
+        return f"{role} {sanitize_comment(self.tensor)} {list(self.shape)} {self.dtype}{laid}"
 
 
 @dataclass(frozen=True)
