@@ -15,11 +15,21 @@ larger of the products' FLOPs over the tensor-core peak and the compulsory bytes
 V, the output, the bias) over the DRAM bandwidth.  ``--tuner`` also times every config as
 ``welder tune`` times a candidate (:func:`tuner_times`): the two harnesses disagreed on
 BERT's persistent blocks (docs/codegen.md, "Attention across heads").
+
+    python scripts/attention_bench.py --group PREFIX [--layer 0] [--candidates 8]
+
+times the attention group a tune planned instead (PREFIX: the folder ``welder tune``
+wrote, with model.onnx and tuned.json): the model's own group, with whatever the export
+put around the softmax, on the inputs the tuner makes for it.  Each config the attention
+kind proposes for it is timed both ways -- graph replays and the tuner's harness --
+beside the time the tune recorded for it (tuned.json's ``timed``), so that a config the
+tune timed slower than the bench does shows which of the two differs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
@@ -39,6 +49,7 @@ from mma_bench import bench_device, error_of_one_launch, generated_kernel_launch
 from welder.codegen import generate_kernel, model_source  # noqa: E402
 from welder.device.gpu import compile_cubin  # noqa: E402
 from welder.frontend.onnx import import_onnx  # noqa: E402
+from welder.ir.interpret import np_dtype  # noqa: E402
 from welder.schedule.group import make_group  # noqa: E402
 from welder.schedule.kinds import Options, ScheduleContext, attention  # noqa: E402
 
@@ -206,12 +217,7 @@ def bench_case(label: str, candidates: int, arch, target: str, work: Path, tuner
         launch = generated_kernel_launch(module, kernel, graph, feeds, out, turn)
         err = error_of_one_launch(launch, out, reference, turn, len(feeds))
         us = time_us(launch) if err <= 2e-2 else math.nan
-        st = cfg.stages[0]
-        config = (
-            f"{st.warps} warps, tile {'x'.join(map(str, cfg.block_tile))}, vector {cfg.stages[-1].vector}"
-        )
-        if getattr(st, "persistent", 0):
-            config += f", {st.persistent} persistent blocks"
+        config = config_label(cfg)
         timings.append(
             {
                 "config": config,
@@ -233,6 +239,94 @@ def bench_case(label: str, candidates: int, arch, target: str, work: Path, tuner
     floor = max(flops / (arch.fp16_tc_tflops * 1e6), io / (arch.global_bw_gbs * 1e3))
     best = min((t["measured_us"] for t in timings if not math.isnan(t["measured_us"])), default=math.nan)
     return Row(label, floor, eager_us, sdpa_us, best, timings)
+
+
+def config_label(cfg) -> str:
+    """A config as the rows name it: warps, block tile, vector width, persistent blocks."""
+    st = cfg.stages[0]
+    label = f"{st.warps} warps, tile {'x'.join(map(str, cfg.block_tile))}, vector {cfg.stages[-1].vector}"
+    if getattr(st, "persistent", 0):
+        label += f", {st.persistent} persistent blocks"
+    return label
+
+
+def _attention(stage: dict) -> bool:
+    return stage["kind"].startswith("attention")
+
+
+def model_group(prefix: Path, layer: int = 0):
+    """The ``layer``-th attention group of the plan ``welder tune`` wrote into ``prefix``,
+    on the graph it planned: (graph, group, the times its tune recorded by config label)."""
+    import json
+
+    from welder.pipeline import planned_graph
+    from welder.schedule.kinds import config_from_json
+
+    tuned = json.loads((prefix / "tuned.json").read_text())
+    found = [g for g in tuned["groups"] if any(_attention(st) for st in g["configs"][0]["stages"])]
+    if layer >= len(found):
+        raise SystemExit(f"{prefix}/tuned.json has {len(found)} attention groups, no layer {layer}")
+    entry = found[layer]
+    graph = planned_graph(import_onnx(str(prefix / "model.onnx")))
+    group = make_group(graph, entry["members"])
+    timed = tuned.get("timed", {}).get(entry["signature"], [])
+    recorded = {config_label(config_from_json(t["config"])): t["measured_us"] for t in timed}
+    return graph, group, recorded
+
+
+def bench_group(prefix: Path, layer: int, candidates: int, arch, target: str, work: Path) -> list[dict]:
+    """Every config the attention kind proposes for a tuned model's attention group (the
+    first ``candidates``), timed by graph replays on rotated copies of the tuner's inputs
+    and by the tuner's harness, beside what the tune recorded; each output's largest
+    difference from the first config's, a check that the kernels compute one thing."""
+    import cupy
+    import torch
+
+    from welder.tune.measure import group_inputs
+
+    graph, group, recorded = model_group(prefix, layer)
+    ctx = ScheduleContext(
+        lambda t, g=graph: g.tensor(t).shape, lambda t, g=graph: g.tensor(t).dtype, arch, Options(topk=64)
+    )
+    configs = (attention.KIND.propose(group, ctx) or [])[:candidates]
+    if not configs or len(group.outputs) != 1:
+        print(f"  {prefix}: no single-output attention group the kind proposes for", flush=True)
+        return []
+    kernels = [generate_kernel(graph, group, cfg, f"attn_{j}") for j, cfg in enumerate(configs)]
+    path = work / "group.cubin"
+    path.write_bytes(compile_cubin(model_source(kernels), target))
+    module = cupy.RawModule(path=str(path))
+    inputs = group_inputs(graph, group)
+    set_bytes = sum(v.nbytes for t, v in inputs.items() if t not in graph.constants)
+    copies = max(1, math.ceil(2 * arch.l2_bytes / max(set_bytes, 1)))
+    on_gpu = {t: torch.from_numpy(np.ascontiguousarray(v)).cuda() for t, v in inputs.items()}
+    feeds = [on_gpu] + [{t: v.clone() for t, v in on_gpu.items()} for _ in range(copies - 1)]
+    info = graph.tensor(group.outputs[0])
+    out = torch.empty(info.shape, device="cuda", dtype=getattr(torch, np.dtype(np_dtype(info.dtype)).name))
+    turn = [0]
+    launches = [generated_kernel_launch(module, k, graph, feeds, out, turn) for k in kernels]
+    launches[0]()
+    first = out.float().clone()
+    rows = []
+    for cfg, launch, us in zip(configs, launches, tuner_times(graph, group, kernels)):
+        launch()
+        label = config_label(cfg)
+        row = {
+            "config": label,
+            "tune_us": recorded.get(label, math.nan),
+            "tuner_us": us,
+            "bench_us": time_us(launch),
+            "predicted_us": cfg.estimate.latency_us,
+            "difference": float((out.float() - first).abs().max()),
+        }
+        rows.append(row)
+        print(
+            f"  {label}: tune {row['tune_us']:.2f} us, tuner's harness {us:.2f}, graph replays "
+            f"{row['bench_us']:.2f} (predicted {row['predicted_us']:.2f}; "
+            f"output within {row['difference']:.1e})",
+            flush=True,
+        )
+    return rows
 
 
 def tuner_times(graph, group, kernels) -> list[float]:
@@ -258,10 +352,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tuner", action="store_true", help="also time each config as `welder tune` does (GpuDevice)"
     )
+    parser.add_argument("--group", type=Path, metavar="PREFIX", help="time a tuned model's attention group")
+    parser.add_argument("--layer", type=int, default=0, help="which of its attention groups (0: the first)")
     args = parser.parse_args(argv)
 
     name, arch, target = bench_device()
     work = Path(tempfile.mkdtemp(prefix="welder-attention-bench-"))
+    if args.group is not None:
+        rows = bench_group(args.group, args.layer, args.candidates, arch, target, work)
+        if args.json:
+            record = {"device": name, "group": str(args.group), "rows": rows}
+            Path(args.json).write_text(json.dumps(record, indent=1))
+        return 0 if rows else 1
     rows = [
         row
         for label in args.cases.split(",")

@@ -13,6 +13,7 @@ scores of unit variance.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -595,3 +596,35 @@ def test_largest_agrees_with_counting_down() -> None:
         for bound in range(0, hi + 2):
             expected = next((t for t in range(hi, 0, -1) if t <= bound), 1)
             assert attention._largest(hi, lambda t, bound=bound: t <= bound) == expected, (hi, bound)
+
+
+def test_the_bench_finds_a_tuned_models_attention_group(tmp_path: Path) -> None:
+    """``attention_bench.py --group PREFIX`` times the attention group a tune planned: the
+    group it rebuilds from tuned.json is the plan's (its members, its inputs), on the graph
+    the tune planned, and the attention kind proposes configs for it; a layer the plan does
+    not have is named."""
+    from attention_bench import model_group
+    from models import bert_encoder_layer
+    from onnx_util import to_half
+
+    from welder.cli import main
+    from welder.schedule.kinds import Options, ScheduleContext
+
+    model, _ = bert_encoder_layer(batch=2, seq=32, hidden=128, heads=2, layers=2)
+    prefix = tmp_path / "bert"
+    prefix.mkdir()
+    onnx.save(to_half(model), prefix / "model.onnx")
+    assert main(["tune", str(prefix), "--cost-model", "--arch", "H100", "--topk", "2", "--no-build"]) == 0
+    tuned = json.loads((prefix / "tuned.json").read_text())
+    planned = [g for g in tuned["groups"] if g["configs"][0]["stages"][0]["kind"] == "attention"]
+    assert len(planned) == 2
+    graph, group, recorded = model_group(prefix, layer=1)
+    assert sorted(group.members) == sorted(planned[1]["members"])
+    assert list(group.inputs) == planned[1]["inputs"] and list(group.outputs) == planned[1]["outputs"]
+    assert recorded == {}  # a cost-model plan times nothing
+    ctx = ScheduleContext(
+        lambda t: graph.tensor(t).shape, lambda t: graph.tensor(t).dtype, get_arch("H100"), Options(topk=8)
+    )
+    assert attention.KIND.propose(group, ctx)
+    with pytest.raises(SystemExit, match="2 attention groups, no layer 2"):
+        model_group(prefix, layer=2)
