@@ -400,7 +400,7 @@ def gather_access(
         if isinstance(e, Const):
             return "false", None
         if isinstance(e, Load):
-            return "true", flat_index([printer(i) for i in e.indices], param.shape)
+            return "true", flat_index([printer(i) for i in e.indices], param.addressed)
         assert isinstance(e, Select)
         cond = printer(e.cond)
         (valid_a, index_a), (valid_b, index_b) = access(e.a), access(e.b)

@@ -486,7 +486,7 @@ def _read_held(kb: KernelBuilder, ctx: SimtStageCtx, st: SimtConfig, c: Compute,
             if (w.passes, w.width, w.reduce_threads, w.threads[:rows]) != layout:
                 continue
             at = CPrinter(kb.global_load, var={f"i{last}": f"{w.rvar}v"}, nonneg=scalar.nonneg)
-            if flat_index([at(i) for i in ld.indices], kb.params[ld.tensor].shape) == w.flat:
+            if flat_index([at(i) for i in ld.indices], kb.params[ld.tensor].addressed) == w.flat:
                 v.held, v.slot = held.array, "j"
                 break
 
@@ -574,7 +574,7 @@ def _vector_reads(
             source, flat = view, flat_index(local, sd.extents)
         else:
             param = kb.params[ld.tensor]
-            source, flat = param.name, flat_index(idx, param.shape)
+            source, flat = param.name, flat_index(idx, param.addressed)
         names[ld] = f"vl{len(names)}"
         ctx.vloads.append(_VectorLoad(names[ld], _vec_type(ld.dtype, width), source, flat, source=ld))
 
