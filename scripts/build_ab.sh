@@ -9,7 +9,8 @@
 # newer tune finds every config cached, so the two builds differ by what changed after
 # planning (codegen, the runtime) alone.  Then: the newer build checked against onnxruntime
 # on the GPU, both timed in turns by scripts/env_ab.py (ROUNDS rounds, default 5, of
-# `welder run --iters 50 --number 10`), `welder profile` of each as JSON, and the newer
+# `welder run --iters ITERS --number NUMBER`, default 50 and 10: fewer for a model of tens
+# of milliseconds), `welder profile` of each as JSON, and the newer
 # main_test under compute-sanitizer's memcheck.  Everything goes to $OUT (default
 # /tmp/welder-ab): ab.txt (the log; its tail is the summary), profile_old.json and
 # profile_new.json.  Exit 2 on bad arguments, 1 when a step failed.
@@ -48,7 +49,7 @@ for v in old new; do
 done
 step "check new" new check "$work/new" --backend gpu
 step "turns" python scripts/env_ab.py "$work/old" "$work/new" --set WELDER_AB=1 --rounds "${ROUNDS:-5}" \
-  --iters 50 --number 10
+  --iters "${ITERS:-50}" --number "${NUMBER:-10}"
 step "profile old" new profile "$work/old" --json "$out/profile_old.json" --top 5
 step "profile new" new profile "$work/new" --json "$out/profile_new.json" --top 5
 step "memcheck new" compute-sanitizer --tool memcheck --error-exitcode 1 \
