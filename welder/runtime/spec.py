@@ -264,7 +264,7 @@ def find_slabs(
     graph: Graph,
     groups: Sequence[Group],
     views: dict[str, str],
-    written_as: Mapping[str, tuple[int, ...]] | None = None,
+    written_as: Mapping[str, tuple[int, ...]],
 ) -> dict[str, tuple[str, int]]:
     """Input -> (concatenation, byte offset) for every group that is one concatenation whose
     inputs its kernels can write straight into its memory (``welder.ir.views.concat_slabs``):
@@ -275,8 +275,8 @@ def find_slabs(
     than one element) also needs the concatenation for its only reader, a 16-byte multiple
     for its stride over them (vector stores stay aligned), and its kernel to write it at
     the concatenation's strides: ``written_as`` maps each output a kernel writes so to the
-    shape it addresses it by (``KernelParam.storage``); None takes every kernel to, as the
-    offer to codegen does (:func:`strided_layouts`)."""
+    shape it addresses it by (``KernelParam.storage``; :func:`strided_layouts` finds what
+    to offer codegen as if every kernel did)."""
     return {
         slab.tensor: (whole, slab.offset * np_dtype(graph.tensor(whole).dtype).itemsize)
         for whole, slab in _laid_slabs(graph, groups, views, written_as)
