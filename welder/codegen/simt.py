@@ -329,8 +329,7 @@ def emit_stage(kb: KernelBuilder, k: int, st: StageConfig) -> SimtStageCtx:
 def _addressed(kb: KernelBuilder, node: str) -> tuple[int, ...]:
     """The shape whose strides address stage ``node``'s stores: its output param's (its own,
     or a concatenation's it is laid out in), or its own where it is no output."""
-    param = kb.params.get(node)
-    return param.addressed if param is not None and param.is_output else kb.graph.tensor(node).shape
+    return kb.params[node].addressed if node in kb.group.outputs else kb.graph.tensor(node).shape
 
 
 def _padding_read_staged(c: Compute, st: SimtConfig, shape_of) -> Expr:
